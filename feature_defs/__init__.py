@@ -1,0 +1,32 @@
+"""mlplane's feature catalogue, declared with the DSL in `feature_defs.dsl`.
+
+Importing this package validates every definition; `catalogue` holds them all.
+"""
+
+from feature_defs.dsl import Catalogue
+from feature_defs.entities import item, user
+from feature_defs.item_features import item_content, item_popularity, item_trending
+from feature_defs.safety_features import item_reports, user_chat, user_reports
+from feature_defs.services import personalization_ranking, safety, search
+from feature_defs.sources import abuse_reports, chat_messages, creators, interactions, items, users
+from feature_defs.user_features import user_activity_realtime, user_engagement
+from feature_defs.user_item_features import user_item_affinity
+
+catalogue = Catalogue(
+    entities=(user, item),
+    sources=(interactions, chat_messages, abuse_reports, items, users, creators),
+    views=(
+        user_engagement,
+        user_activity_realtime,
+        item_popularity,
+        item_trending,
+        item_content,
+        user_item_affinity,
+        user_reports,
+        user_chat,
+        item_reports,
+    ),
+    services=(personalization_ranking, search, safety),
+)
+
+__all__ = ["catalogue"]

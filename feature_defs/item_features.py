@@ -1,0 +1,56 @@
+from feature_defs.dsl import Feature, FeatureView, count, distinct_count, mean, ratio, sum_, transform
+from feature_defs.entities import item
+from feature_defs.expr import col
+from feature_defs.sources import interactions, items
+from feature_defs.user_features import click, impression, play, purchase
+
+item_popularity = FeatureView(
+    name="item_popularity",
+    entities=[item],
+    source=interactions,
+    description="How often an item is shown, clicked, played and bought",
+    features=[
+        Feature("impressions_7d", count("7d", where=impression)),
+        Feature("clicks_7d", count("7d", where=click)),
+        Feature("plays_7d", count("7d", where=play)),
+        Feature("purchases_30d", count("30d", where=purchase)),
+        Feature("clicks_30d", count("30d", where=click)),
+        Feature("ctr_7d", ratio("clicks_7d", "impressions_7d")),
+        Feature("conversion_rate_30d", ratio("purchases_30d", "clicks_30d")),
+        Feature("distinct_users_7d", distinct_count("user_id", "7d"), "Users who saw or used the item"),
+        Feature("revenue_30d", sum_("amount", "30d", where=purchase)),
+        Feature("mean_play_seconds_7d", mean("play_seconds", "7d", where=play)),
+    ],
+)
+
+item_trending = FeatureView(
+    name="item_trending",
+    entities=[item],
+    source=interactions,
+    streaming=True,
+    description="What is hot right now; kept fresh by the streaming job",
+    features=[
+        Feature("impressions_1h", count("1h", where=impression)),
+        Feature("clicks_1h", count("1h", where=click)),
+        Feature("plays_1h", count("1h", where=play)),
+        Feature("ctr_1h", ratio("clicks_1h", "impressions_1h")),
+    ],
+)
+
+item_content = FeatureView(
+    name="item_content",
+    entities=[item],
+    source=items,
+    description="Catalogue attributes of an item and simple transforms of them",
+    features=[
+        Feature("category", transform("category")),
+        Feature("price", transform("price")),
+        Feature("log_price", transform(col("price").log1p())),
+        Feature("vertex_count", transform("vertex_count")),
+        Feature("face_count", transform("face_count")),
+        Feature("bbox_volume", transform(col("bbox_x") * col("bbox_y") * col("bbox_z"))),
+        Feature("is_high_poly", transform(col("vertex_count") > 20_000), "More than 20k vertices"),
+        Feature("title_length", transform(col("title").str_len())),
+        Feature("description_length", transform(col("description").str_len())),
+    ],
+)
