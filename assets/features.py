@@ -1,0 +1,138 @@
+"""Offline feature tables (one per feature view, daily partitions) and the Feast feature store:
+registry, online store and their checks."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import great_expectations.expectations as gxe
+import polars as pl
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetDep,
+    AssetKey,
+    AssetsDefinition,
+    BackfillPolicy,
+    Failure,
+    MaterializeResult,
+    TimeWindowPartitionMapping,
+    asset,
+)
+
+from assets.ingestion import warehouse_key
+from assets.metadata import check_metadata, frame_metadata, table
+from assets.partitions import daily_partitions, partition_days
+from engines.feature_tables import OFFLINE_ZONE, build_view_day
+from engines.quality import Suite
+from feature_defs import catalogue
+from feature_defs.compile.polars import TIMESTAMP, lookback
+from feature_defs.dsl import Aggregation, FeatureView
+from resources.feature_store import FeatureStoreResource
+from resources.lake import LakeResource
+from resources.quality import QualityResource
+
+
+def offline_key(view: FeatureView) -> AssetKey:
+    return AssetKey(["offline", view.name])
+
+
+def feature_table_suite(view: FeatureView) -> Suite:
+    """Derived from the definition: keys present and unique per timestamp, counts never negative."""
+    expectations = [gxe.ExpectColumnValuesToNotBeNull(column=k) for k in view.join_keys + [TIMESTAMP]]
+    expectations.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=view.join_keys + [TIMESTAMP]))
+    for f in view.features:
+        if isinstance(f.spec, Aggregation) and f.spec.kind in ("count", "distinct_count"):
+            expectations.append(gxe.ExpectColumnValuesToBeBetween(column=f.name, min_value=0))
+            expectations.append(gxe.ExpectColumnValuesToNotBeNull(column=f.name))
+    return Suite(f"offline_{view.name}", expectations)
+
+
+def feature_table_asset(view: FeatureView) -> AssetsDefinition:
+    key = offline_key(view)
+    suite = feature_table_suite(view)
+    history_days = 0 if view.is_table_view else lookback(view).days + 1
+
+    @asset(
+        key=key,
+        group_name="features",
+        description=f"{view.description}. Offline table of feature view {view.name!r} "
+                    f"({len(view.features)} features{', streaming' if view.streaming else ''}).",
+        partitions_def=daily_partitions,
+        backfill_policy=BackfillPolicy.single_run(),
+        deps=[AssetDep(warehouse_key(view.source),
+                       partition_mapping=TimeWindowPartitionMapping(start_offset=-history_days,
+                                                                    allow_nonexistent_upstream_partitions=True))],
+        kinds={"polars", "parquet", "feast"},
+        owners=["team:ml-platform"],
+        metadata={"features": table([{"feature": f.name, "type": view.dtype_of(f), "description": f.description}
+                                     for f in view.features])},
+        check_specs=[AssetCheckSpec("great_expectations", asset=key, blocking=True,
+                                    description=f"great-expectations suite {suite.name}")],
+    )
+    def _feature_table(context, lake: LakeResource, quality: QualityResource):
+        days = partition_days(context)
+        frames = [build_view_day(lake.lake(), view, day) for day in days]
+        frame = pl.concat(frames)
+        summary = quality.engine().validate(suite, frame, run_name=f"{suite.name} {days[0]}..{days[-1]}")
+        yield AssetCheckResult(check_name="great_expectations", passed=summary.success,
+                               metadata=check_metadata(summary))
+        if not summary.success:
+            raise Failure(f"feature table {view.name} {days[0]}..{days[-1]} failed data quality, nothing written")
+        for day, day_frame in zip(days, frames):
+            lake.lake().write_partition(OFFLINE_ZONE, view.name, day, day_frame)
+        yield MaterializeResult(metadata={
+            **frame_metadata(frame, TIMESTAMP),
+            "rows_per_day": table([{"day": d.isoformat(), "rows": f.height} for d, f in zip(days, frames)]),
+        })
+
+    return _feature_table
+
+
+feature_table_assets = [feature_table_asset(v) for v in catalogue.views]
+
+
+@asset(
+    group_name="feature_store",
+    description="`feast apply` of the feature DSL: entities, sources, feature views and services in the "
+                "Feast registry, plus a generated Feast repository so the feast CLI works on it.",
+    kinds={"feast"},
+    owners=["team:ml-platform"],
+)
+def feature_registry(feature_store: FeatureStoreResource) -> MaterializeResult:
+    engine = feature_store.engine()
+    engine.apply()
+    return MaterializeResult(metadata={
+        "feature_views": table([
+            {"view": v.name, "entities": ",".join(v.join_keys), "features": len(v.features),
+             "source": v.source.name, "streaming": v.streaming} for v in catalogue.views]),
+        "feature_services": table([{"service": s.name, "views": ",".join(v.name for v in s.views)}
+                                   for s in catalogue.services]),
+        "feature_count": catalogue.feature_count,
+        "repo": engine.settings.repo_dir.as_posix(),
+    })
+
+
+@asset(
+    group_name="feature_store",
+    description="Each day's feature rows loaded into the online store (SQLite locally, Redis in production).",
+    partitions_def=daily_partitions,
+    backfill_policy=BackfillPolicy.single_run(),
+    deps=[AssetKey("feature_registry"), *[offline_key(v) for v in catalogue.views]],
+    kinds={"feast", "redis"},
+    owners=["team:ml-platform"],
+)
+def online_features(context, lake: LakeResource, feature_store: FeatureStoreResource) -> MaterializeResult:
+    engine = feature_store.engine()
+    engine.ensure_registry()
+    rows = []
+    for day in partition_days(context):
+        engine.materialize_day(day)
+        for view in catalogue.views:
+            rows.append({"day": day.isoformat(), "view": view.name,
+                         "rows": lake.lake().read_partition(OFFLINE_ZONE, view.name, day).height})
+        context.log.info(f"materialized {day} into the {feature_store.online_store} online store")
+    return MaterializeResult(metadata={"materialized": table(rows), "online_store": feature_store.online_store})
+
+
+feature_store_assets = [feature_registry, online_features]

@@ -1,0 +1,55 @@
+"""Metadata helpers shared by the asset modules: tables, row counts, null rates, freshness."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import polars as pl
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+
+from engines.quality import ValidationSummary, null_rates
+
+
+def table(rows: list[dict]) -> MetadataValue:
+    """A Dagster table from a list of dicts (all with the same keys)."""
+    if not rows:
+        return MetadataValue.md("(none)")
+    columns = list(rows[0])
+    return MetadataValue.table(
+        records=[TableRecord({c: _plain(r[c]) for c in columns}) for r in rows],
+        schema=TableSchema(columns=[TableColumn(c, _type(rows[0][c])) for c in columns]),
+    )
+
+
+def frame_metadata(frame: pl.DataFrame, timestamp_column: str | None = None) -> dict:
+    meta: dict = {"dagster/row_count": frame.height}
+    rates = null_rates(frame) if frame.height else {}
+    nonzero = {c: r for c, r in rates.items() if r > 0}
+    meta["null_rates"] = table([{"column": c, "null_rate": round(r, 4)} for c, r in nonzero.items()])
+    if timestamp_column and frame.height:
+        latest = frame.get_column(timestamp_column).max()
+        meta["latest_record_at"] = MetadataValue.timestamp(latest)
+        lag = datetime.now(timezone.utc) - latest
+        meta["freshness_lag_hours"] = round(lag.total_seconds() / 3600, 2)
+    return meta
+
+
+def check_metadata(summary: ValidationSummary) -> dict:
+    stats = summary.statistics
+    return {
+        "suite": summary.suite_name,
+        "evaluated": stats.get("evaluated_expectations", 0),
+        "failed": stats.get("unsuccessful_expectations", 0),
+        "results": table([
+            {"expectation": o.expectation, "column": o.column or "", "success": o.success, "observed": o.observed}
+            for o in summary.outcomes
+        ]),
+    }
+
+
+def _plain(value):
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+
+
+def _type(value) -> str:
+    return {bool: "bool", int: "int", float: "float"}.get(type(value), "string")

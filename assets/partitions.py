@@ -1,0 +1,14 @@
+import os
+from datetime import date
+
+from dagster import DailyPartitionsDefinition
+
+# The marketplace's history starts here; set MLPLANE_START_DATE to move it.
+START_DATE = os.environ.get("MLPLANE_START_DATE", "2026-01-01")
+
+daily_partitions = DailyPartitionsDefinition(start_date=START_DATE, timezone="UTC")
+
+
+def partition_days(context) -> list[date]:
+    """The days a run covers: one partition, or a range under a single-run backfill policy."""
+    return [date.fromisoformat(k) for k in context.partition_keys]

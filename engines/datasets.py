@@ -1,0 +1,41 @@
+"""Training datasets: labelled impressions joined point-in-time with feature services."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from engines.feature_store import FeatureStoreEngine
+
+LABEL_EVENTS = ("click", "play")
+
+
+def labelled_impressions(interactions: pl.DataFrame) -> pl.DataFrame:
+    """One row per impression: did the user click or play the shown item later in the session?
+
+    The row's `event_timestamp` is the impression time, so every feature joined to it was
+    observed before the outcome it is labelled with.
+    """
+    impressions = interactions.filter(pl.col("event_type") == "impression").select(
+        "event_id", "user_id", "item_id", "session_id", "event_timestamp")
+    outcomes = (
+        interactions.filter(pl.col("event_type").is_in(LABEL_EVENTS))
+        .select("user_id", "item_id", "session_id", "event_type", pl.col("event_timestamp").alias("outcome_at"))
+    )
+    joined = impressions.join(outcomes, on=["user_id", "item_id", "session_id"], how="left")
+    later = pl.col("outcome_at") >= pl.col("event_timestamp")
+    return (
+        joined.group_by("event_id", "user_id", "item_id", "session_id", "event_timestamp")
+        .agg(
+            (later & (pl.col("event_type") == "click")).any().alias("label_click"),
+            (later & (pl.col("event_type") == "play")).any().alias("label_play"),
+        )
+        .sort("event_timestamp", "event_id")
+    )
+
+
+def training_rows(store: FeatureStoreEngine, labelled: pl.DataFrame, service: str) -> pl.DataFrame:
+    """Join the service's features as of each row's `event_timestamp` (Feast historical retrieval)."""
+    if labelled.is_empty():
+        raise ValueError("no labelled rows to build a training set from")
+    features = store.historical_features(labelled.to_pandas(), service)
+    return pl.from_pandas(features).sort("event_timestamp", "event_id")

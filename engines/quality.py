@@ -1,0 +1,183 @@
+"""Data-quality engine: validates data frames against code-declared great-expectations suites.
+
+Every validation result is stored in a file-based GX project, so ``build_docs`` can render
+Data Docs with one validation page per run. Plain Python on purpose: the Dagster asset checks
+and the Data Docs asset wrap it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import great_expectations as gx
+import pandas as pd
+from great_expectations.data_context.types.base import ProgressBarsConfig
+from great_expectations.expectations import Expectation
+
+# One pandas data source holds one dataframe asset per suite; the frame is passed per run.
+_DATASOURCE = "mlplane"
+_BATCH_DEFINITION = "whole_dataframe"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A named expectation suite declared in code; the engine syncs it into the GX project."""
+
+    name: str
+    expectations: Sequence[Expectation]
+
+
+class Outcome(NamedTuple):
+    expectation: str  # GX expectation type, e.g. "expect_column_values_to_not_be_null"
+    column: str | None  # None for table-level expectations
+    success: bool
+    observed: str  # short human-readable description of what was measured
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    suite_name: str
+    run_name: str
+    success: bool
+    # evaluated_expectations, successful_expectations, unsuccessful_expectations, success_percent
+    statistics: dict[str, Any]
+    outcomes: list[Outcome]
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.success]
+
+    def as_table_rows(self) -> list[dict[str, Any]]:
+        return [o._asdict() for o in self.outcomes]
+
+
+class QualityEngine:
+    """Validates frames in a file-based GX project under ``root_dir`` (created on first use)."""
+
+    def __init__(self, root_dir: Path) -> None:
+        self.root_dir = Path(root_dir)
+        self._gx_context: Any = None
+
+    @property
+    def docs_index_path(self) -> Path:
+        # GX's default "local_site" Data Docs site of a file project rooted at root_dir.
+        return self.root_dir / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+
+    def validate(self, suite: Suite, df: Any, run_name: str) -> ValidationSummary:
+        """Validate a pandas or polars frame and store the result for Data Docs."""
+        context = self._context()
+        # Copies, because GX binds expectations to the suite they are added to (sets their id)
+        # and refuses to add a bound one to a second suite, so reusing the caller's objects
+        # would fail from the second call on.
+        gx_suite = context.suites.add_or_update(
+            gx.ExpectationSuite(name=suite.name, expectations=[copy.copy(e) for e in suite.expectations])
+        )
+        # Get-or-create in one call; the stored definition refers to the suite and batch
+        # definition by id, so it follows suite updates.
+        definition = context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=suite.name, data=self._batch_definition(suite.name), suite=gx_suite)
+        )
+        # ValidationDefinition.run stores the result in the project's validation results store;
+        # rendering Data Docs is left to build_docs because it costs ~5x the validation itself.
+        result = definition.run(
+            batch_parameters={"dataframe": _to_pandas(df)},
+            # The filesystem results store rejects "/" and "\\" in key parts (run names are one).
+            run_id=gx.RunIdentifier(run_name=run_name.replace("/", "_").replace("\\", "_")),
+        )
+        return ValidationSummary(
+            suite_name=suite.name,
+            run_name=run_name,
+            success=bool(result.success),
+            statistics=dict(result.statistics),
+            outcomes=[_outcome(r) for r in result.results],
+        )
+
+    def build_docs(self) -> Path:
+        """Render Data Docs (suite pages and one page per stored validation) and return index.html."""
+        self._context().build_data_docs()
+        return self.docs_index_path
+
+    def _context(self) -> Any:
+        if self._gx_context is None:
+            context = gx.get_context(mode="file", project_root_dir=self.root_dir)
+            # In memory only, so opening a project never rewrites great_expectations.yml.
+            context.variables.progress_bars = ProgressBarsConfig(globally=False)
+            self._gx_context = context
+        return self._gx_context
+
+    def _batch_definition(self, asset_name: str) -> Any:
+        # Get-or-create: the data source and asset live in great_expectations.yml, so a
+        # reopened project (or another process) already has them. Only the get_* methods bind
+        # the asset to its context; assets from get_assets_as_dict() fail later with
+        # MissingDataContextError.
+        sources = self._context().data_sources
+        try:
+            datasource = sources.get(_DATASOURCE)
+        except KeyError:
+            datasource = sources.add_pandas(_DATASOURCE)
+        try:
+            asset = datasource.get_asset(asset_name)
+        except LookupError:
+            asset = datasource.add_dataframe_asset(asset_name)
+        try:
+            return asset.get_batch_definition(_BATCH_DEFINITION)
+        except KeyError:
+            return asset.add_batch_definition_whole_dataframe(_BATCH_DEFINITION)
+
+
+def null_rates(df: Any) -> dict[str, float]:
+    """Fraction of missing values per column, as GX's not-null checks see them (NaN counts)."""
+    frame = _to_pandas(df)
+    if frame.empty:
+        return {str(c): 0.0 for c in frame.columns}
+    return {str(c): float(v) for c, v in frame.isna().mean().items()}
+
+
+def _to_pandas(df: Any) -> pd.DataFrame:
+    # GX has no polars data source; polars (and pyarrow) frames convert via to_pandas().
+    return df if isinstance(df, pd.DataFrame) else df.to_pandas()
+
+
+def _outcome(result: Any) -> Outcome:
+    config = result.expectation_config
+    return Outcome(
+        expectation=config.type,
+        column=config.kwargs.get("column"),
+        success=bool(result.success),
+        observed=_describe(result),
+    )
+
+
+def _describe(result: Any) -> str:
+    error = _error_message(result.exception_info or {})
+    if error:
+        return f"error: {error}"
+    measured = result.result or {}
+    if "observed_value" in measured:
+        return f"observed {measured['observed_value']}"
+    if "unexpected_count" in measured:
+        text = (
+            f"{measured['unexpected_count']} of {measured['element_count']} unexpected"
+            f" ({measured.get('unexpected_percent') or 0:.2f}%)"
+        )
+        # Samples of NaN (from the not-null checks) say nothing, so only real values are shown.
+        sample = [v for v in measured.get("partial_unexpected_list", [])[:3] if not _is_missing(v)]
+        return f"{text}, e.g. {sample}" if sample else text
+    return "n/a"
+
+
+def _error_message(info: dict[str, Any]) -> str | None:
+    # exception_info is either one {"raised_exception", "exception_message", ...} dict or,
+    # when metrics failed, a dict of those keyed by metric id.
+    for candidate in [info, *(v for v in info.values() if isinstance(v, dict))]:
+        if candidate.get("raised_exception"):
+            return str(candidate.get("exception_message"))
+    return None
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or value != value  # NaN is the only value unequal to itself

@@ -1,0 +1,17 @@
+"""The one Definitions object of mlplane. It assembles; the domains compute."""
+
+from dagster import Definitions
+
+from assets import all_assets
+from jobs import all_jobs
+from orchestration.profiles import current_profile, resources_for
+from orchestration.schedules import daily_pipeline_schedule
+from orchestration.sensors import landing_sensor, notify_run_failure
+
+defs = Definitions(
+    assets=all_assets,
+    jobs=all_jobs,
+    schedules=[daily_pipeline_schedule],
+    sensors=[landing_sensor, notify_run_failure],
+    resources=resources_for(current_profile()),
+)

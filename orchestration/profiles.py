@@ -1,0 +1,50 @@
+"""The resource set of each profile. `MLPLANE_PROFILE=local` (default) runs everything embedded
+on one machine; `prod` points the same code at shared services."""
+
+import os
+from pathlib import Path
+
+from dagster import EnvVar
+
+from resources.feature_store import FeatureStoreResource
+from resources.lake import LakeResource
+from resources.notifications import WebhookNotifier
+from resources.quality import QualityResource
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROFILES = ("local", "prod")
+
+
+def current_profile() -> str:
+    profile = EnvVar("MLPLANE_PROFILE").get_value("local")
+    if profile not in PROFILES:
+        raise ValueError(f"MLPLANE_PROFILE must be one of {', '.join(PROFILES)}, not {profile!r}")
+    return profile
+
+
+def local_data_dir() -> str:
+    return os.environ.get("MLPLANE_DATA_DIR", str(PROJECT_ROOT / "data"))
+
+
+def resources_for(profile: str) -> dict:
+    if profile == "local":
+        lake = LakeResource(root=local_data_dir())
+        feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
+        notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
+    elif profile == "prod":
+        lake = LakeResource(root=EnvVar("MLPLANE_DATA_DIR"))
+        feature_store = FeatureStoreResource(
+            lake=lake,
+            online_store="redis",
+            redis_url=EnvVar("MLPLANE_REDIS_URL"),
+            registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
+        )
+        notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
+    else:
+        raise ValueError(f"unknown profile {profile!r}")
+    return {
+        "lake": lake,
+        "feature_store": feature_store,
+        "quality": QualityResource(lake=lake),
+        "notifier": notifier,
+    }

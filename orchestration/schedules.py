@@ -1,0 +1,6 @@
+from dagster import build_schedule_from_partitioned_job
+
+from jobs import daily_pipeline
+
+# Yesterday's partition, early morning UTC, after upstream systems have delivered the day.
+daily_pipeline_schedule = build_schedule_from_partitioned_job(daily_pipeline, hour_of_day=2, minute_of_hour=15)

@@ -1,0 +1,79 @@
+"""Sensors: a run when a day lands (or changes) in landing, and a notification when a run fails."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import date
+
+from dagster import (
+    DefaultSensorStatus,
+    RunFailureSensorContext,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    run_failure_sensor,
+    sensor,
+)
+
+from assets.partitions import daily_partitions
+from engines.lake import Lake
+from feature_defs.sources import all_sources
+from jobs import daily_pipeline
+from resources.lake import LakeResource
+from resources.notifications import WebhookNotifier
+
+
+def landing_fingerprints(lake: Lake) -> dict[str, str]:
+    """Per day on which every stream has landed: a hash of the day's files (name, size, mtime)."""
+    days: set[date] | None = None
+    for source in all_sources:
+        landed = set(lake.landing_days(source.name))
+        days = landed if days is None else days & landed
+    fingerprints = {}
+    for day in sorted(days or ()):
+        files = [(s.name, p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                 for s in all_sources for p in lake.landing_files(s.name, day)]
+        if all(lake.landing_files(s.name, day) for s in all_sources):
+            fingerprints[day.isoformat()] = hashlib.sha256(repr(files).encode()).hexdigest()[:16]
+    return fingerprints
+
+
+@sensor(
+    job=daily_pipeline,
+    minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Runs the daily pipeline for a day once all its streams have landed, and again when late "
+                "or corrected files arrive for it.",
+)
+def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
+    seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+    current = landing_fingerprints(lake.lake())
+    valid_keys = set(daily_partitions.get_partition_keys())
+    changed = {day: fp for day, fp in current.items() if seen.get(day) != fp and day in valid_keys}
+    if not changed:
+        return SkipReason("no new or changed landing files")
+    return SensorResult(
+        run_requests=[RunRequest(partition_key=day, run_key=f"{day}:{fp}") for day, fp in sorted(changed.items())],
+        cursor=json.dumps({**seen, **changed}, sort_keys=True),
+    )
+
+
+@run_failure_sensor(
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Posts every failed run to the webhook in the notifier resource (MLPLANE_WEBHOOK_URL).",
+)
+def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifier):
+    run = context.dagster_run
+    payload = {
+        "text": f"mlplane run {run.run_id[:8]} of {run.job_name} failed: {context.failure_event.message}",
+        "run_id": run.run_id,
+        "job": run.job_name,
+        "partition": run.tags.get("dagster/partition"),
+        "error": context.failure_event.message,
+    }
+    if notifier.post(payload):
+        context.log.info(f"notified {notifier.url} of failed run {run.run_id}")
+    else:
+        context.log.warning(f"run {run.run_id} failed; no webhook configured (set MLPLANE_WEBHOOK_URL)")

@@ -1,0 +1,15 @@
+from pathlib import Path
+
+from dagster import ConfigurableResource
+
+from engines.quality import QualityEngine
+from resources.lake import LakeResource
+
+
+class QualityResource(ConfigurableResource):
+    """great-expectations validations and Data Docs, stored in the lake's `quality/` folder."""
+
+    lake: LakeResource
+
+    def engine(self) -> QualityEngine:
+        return QualityEngine(Path(self.lake.root) / "quality")

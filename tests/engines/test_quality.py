@@ -1,0 +1,114 @@
+from pathlib import Path
+
+import great_expectations.expectations as gxe
+import pandas as pd
+import polars as pl
+import pytest
+
+from engines.quality import QualityEngine, Suite, null_rates
+
+
+def _suite(*extra: gxe.Expectation) -> Suite:
+    return Suite(
+        name="interactions",
+        expectations=[
+            gxe.ExpectColumnValuesToNotBeNull(column="event_id"),
+            gxe.ExpectColumnValuesToNotBeNull(column="user_id"),
+            gxe.ExpectColumnValuesToBeInSet(column="kind", value_set=["view", "buy"]),
+            gxe.ExpectTableRowCountToBeBetween(min_value=1),
+            *extra,
+        ],
+    )
+
+
+def _frame(user_ids: list) -> pd.DataFrame:
+    n = len(user_ids)
+    return pd.DataFrame({"event_id": range(n), "user_id": user_ids, "kind": ["view", "buy"] * (n // 2)})
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> QualityEngine:
+    return QualityEngine(root_dir=tmp_path / "gx")
+
+
+def test_clean_polars_frame_passes_quietly(engine: QualityEngine, capfd: pytest.CaptureFixture[str]) -> None:
+    summary = engine.validate(_suite(), pl.from_pandas(_frame([1, 2, 3, 4])), run_name="interactions 2026-01-01")
+
+    assert capfd.readouterr() == ("", "")  # no GX progress bars
+    assert summary.success
+    assert summary.failures == []
+    assert summary.statistics["evaluated_expectations"] == 4
+    assert summary.statistics["successful_expectations"] == 4
+    rows = summary.as_table_rows()
+    assert {(r["expectation"], r["column"], r["success"]) for r in rows} >= {
+        ("expect_column_values_to_not_be_null", "user_id", True),
+        ("expect_table_row_count_to_be_between", None, True),
+    }
+    assert next(r for r in rows if r["column"] is None)["observed"] == "observed 4"
+
+
+def test_nulls_in_not_null_column_fail_and_name_the_column(engine: QualityEngine) -> None:
+    summary = engine.validate(_suite(), _frame([1, None, 3, 4]), run_name="interactions 2026-01-02")
+
+    assert not summary.success
+    assert summary.statistics["unsuccessful_expectations"] == 1
+    [failure] = summary.failures
+    assert (failure.expectation, failure.column) == ("expect_column_values_to_not_be_null", "user_id")
+    assert failure.observed.startswith("1 of 4 unexpected")
+
+
+def test_failure_shows_offending_values_and_missing_columns(engine: QualityEngine) -> None:
+    suite = _suite(gxe.ExpectColumnValuesToBeBetween(column="no_such_column", min_value=0))
+    frame = _frame([1, 2, 3, 4]).assign(kind=["view", "sell", "view", "buy"])
+
+    observed = {f.column: f.observed for f in engine.validate(suite, frame, run_name="r").failures}
+
+    assert observed["kind"] == "1 of 4 unexpected (25.00%), e.g. ['sell']"
+    assert observed["no_such_column"].startswith("error: ") and "no_such_column" in observed["no_such_column"]
+
+
+def test_docs_have_a_validation_page_per_run(engine: QualityEngine) -> None:
+    engine.validate(_suite(), _frame([1, 2, 3, 4]), run_name="interactions 2026-01-01")
+    engine.validate(_suite(), _frame([1, None, 3, 4]), run_name="interactions 2026-01-02")
+
+    index = engine.build_docs()
+
+    assert index == engine.docs_index_path and index.is_file()
+    suite_dir = index.parent / "validations" / "interactions"
+    # One page per run: validations/<suite>/<run name>/<run time>/<datasource>-<asset>.html
+    pages = {p.relative_to(suite_dir).parts[0]: p.read_text() for p in suite_dir.rglob("*.html")}
+    assert sorted(pages) == ["interactions 2026-01-01", "interactions 2026-01-02"]
+    failed_marker = "fa-times text-danger"  # the red cross GX renders for failed results
+    assert failed_marker in pages["interactions 2026-01-02"]
+    assert failed_marker not in pages["interactions 2026-01-01"]
+    assert "interactions 2026-01-02" in index.read_text()
+
+
+def test_second_engine_on_same_folder_reuses_project_and_applies_suite_changes(tmp_path: Path) -> None:
+    # One Suite object reused across calls and engines, as a module-level declaration would be.
+    suite = _suite()
+    QualityEngine(tmp_path).validate(suite, _frame([1, 2, 3, 4]), run_name="first")
+    # A fresh engine reloads everything from disk, as a later process would.
+    reopened = QualityEngine(tmp_path)
+    stricter = _suite(gxe.ExpectTableRowCountToBeBetween(min_value=10))
+
+    again = reopened.validate(suite, _frame([1, 2, 3, 4]), run_name="second")
+    changed = reopened.validate(stricter, _frame([1, 2, 3, 4]), run_name="third")
+    reverted = reopened.validate(suite, _frame([1, 2, 3, 4]), run_name="fourth")
+
+    assert again.success and again.statistics["evaluated_expectations"] == 4
+    assert not changed.success and changed.statistics["evaluated_expectations"] == 5
+    assert [f.expectation for f in changed.failures] == ["expect_table_row_count_to_be_between"]
+    assert reverted.success and reverted.statistics["evaluated_expectations"] == 4
+
+
+def test_run_names_with_slashes_are_stored(engine: QualityEngine) -> None:
+    assert engine.validate(_suite(), _frame([1, 2]), run_name="shop/a 2026-01-01").success
+    assert (engine.root_dir / "gx" / "uncommitted" / "validations" / "interactions" / "shop_a 2026-01-01").is_dir()
+
+
+def test_null_rates_count_nulls_and_nan_per_column() -> None:
+    frame = pl.DataFrame({"a": [1.0, None, float("nan"), 4.0], "b": ["x", "y", None, "z"]})
+
+    assert null_rates(frame) == {"a": 0.5, "b": 0.25}
+    assert null_rates(pd.DataFrame({"a": []})) == {"a": 0.0}
