@@ -115,10 +115,12 @@ class FeatureStoreEngine:
             return set()
 
     # --- offline -------------------------------------------------------------------------
+    # Columns are named <view>__<feature>: views of one service share feature names like clicks_7d.
     def historical_features(self, entity_df: pd.DataFrame, service: str) -> pd.DataFrame:
         """Point-in-time join: each row gets the latest feature values stamped at or before its
         `event_timestamp` (and not older than the view's ttl)."""
-        job = self.store.get_historical_features(entity_df=entity_df, features=self.feature_service(service))
+        job = self.store.get_historical_features(entity_df=entity_df, features=self.feature_service(service),
+                                                 full_feature_names=True)
         return job.to_df()
 
     # --- online --------------------------------------------------------------------------
@@ -130,8 +132,8 @@ class FeatureStoreEngine:
         return names
 
     def online_features(self, service: str, entity_rows: list[dict[str, Any]]) -> dict[str, list]:
-        return self.store.get_online_features(features=self.feature_service(service),
-                                              entity_rows=entity_rows).to_dict()
+        return self.store.get_online_features(features=self.feature_service(service), entity_rows=entity_rows,
+                                              full_feature_names=True).to_dict()
 
     def push(self, view: FeatureView, rows: pd.DataFrame) -> None:
         """Write streaming feature values straight to the online store (Feast PushSource)."""

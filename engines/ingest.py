@@ -66,11 +66,15 @@ def read_landing_file(path: Path, source: Source, day: date) -> pl.DataFrame:
         raise LandingFileError(f"{path.name}: {key_nulls} row(s) have no {source.key}")
     ts = frame.get_column(source.timestamp_field)
     start = datetime.combine(day, time(), tzinfo=timezone.utc)
-    outside = frame.filter(ts.is_null() | (ts < start) | (ts >= start + timedelta(days=1))).height
+    end = start + timedelta(days=1)
+    if source.kind == "events":
+        outside = frame.filter(ts.is_null() | (ts < start) | (ts >= end)).height
+        rule = f"outside {day.isoformat()} (UTC); an event file in date={day.isoformat()} holds that day's events only"
+    else:  # a dimension's day may deliver rows changed earlier (the first delivery is a full snapshot)
+        outside = frame.filter(ts.is_null() | (ts >= end)).height
+        rule = f"after {day.isoformat()} (UTC); a file in date={day.isoformat()} cannot hold later changes"
     if outside:
-        raise LandingFileError(
-            f"{path.name}: {outside} row(s) have {source.timestamp_field} outside {day.isoformat()} (UTC) "
-            f"or none at all; a file in date={day.isoformat()} must hold that day's rows only")
+        raise LandingFileError(f"{path.name}: {outside} row(s) have no {source.timestamp_field} or one {rule}")
     return frame
 
 

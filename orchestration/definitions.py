@@ -1,6 +1,6 @@
 """The one Definitions object of mlplane. It assembles; the domains compute."""
 
-from dagster import Definitions
+from dagster import Definitions, in_process_executor
 
 from assets import all_assets
 from jobs import all_jobs
@@ -14,4 +14,7 @@ defs = Definitions(
     schedules=[daily_pipeline_schedule],
     sensors=[landing_sensor, notify_run_failure],
     resources=resources_for(current_profile()),
+    # One process per run: on small machines the per-step process start (Feast, GX imports) costs
+    # more than it saves, and GX's project file must not be written by two steps at once.
+    executor=in_process_executor,
 )

@@ -125,8 +125,10 @@ class Simulator:
         self._check_stream(stream)
         if kind not in MALFORMED_KINDS:
             raise ValueError(f"kind must be one of {MALFORMED_KINDS}")
-        table = getattr(self.events(day, LATE_VOLUME, id_tag=f"-bad-{kind}", rng_stream=MALFORMED,
-                                    batch=MALFORMED_KINDS.index(kind)), stream).slice(0, 50)
+        events = self.events(day, id_tag=f"-bad-{kind}", rng_stream=MALFORMED, batch=MALFORMED_KINDS.index(kind))
+        table = getattr(events, stream).slice(0, 50)
+        if table.num_rows == 0:
+            raise RuntimeError(f"no {stream} rows on {day} to build a malformed file from")
         name = f"malformed-{kind}"
         column = _USER_COLUMN[stream]
         if kind == "bad_json":

@@ -181,6 +181,8 @@ def _make_variants(rng, items: pd.DataFrame, rows: np.ndarray, references: pd.Da
 class World:
     """Deterministic world of a config; `at(k)` gives the state after day k and day k's changes."""
 
+    CACHED_DAYS = 8
+
     def __init__(self, cfg: SimulatorConfig):
         self.cfg = cfg
         rng = rng_for(cfg.seed, INIT)
@@ -226,12 +228,13 @@ class World:
         if day_index < 0:
             raise ValueError("day is before start_date")
         if day_index not in self._days:
-            known = [k for k in self._days if k < day_index]
-            k = max(known, default=-1)
-            state = self._days[k][0] if known else self._initial
-            for k in range(k + 1, day_index + 1):
+            last = max((k for k in self._days if k < day_index), default=-1)
+            state = self._days[last][0] if last >= 0 else self._initial
+            for k in range(last + 1, day_index + 1):
                 self._days[k] = self._advance(state, k)
                 state = self._days[k][0]
+            for old in sorted(self._days)[:-self.CACHED_DAYS]:  # bound memory on long runs
+                del self._days[old]
         return self._days[day_index]
 
     def _advance(self, state: Tables, k: int) -> tuple[Tables, Tables]:
@@ -258,15 +261,16 @@ class World:
 
         repriced = np.flatnonzero(rng.random(len(items)) < cfg.price_change_fraction)
         items.loc[repriced, "prev_price"] = items.loc[repriced, "price"]
-        items.loc[repriced, "price"] = _price(items.loc[repriced, "price"].to_numpy() * rng.uniform(0.6, 1.3, len(repriced)))
+        new_price = items.loc[repriced, "price"].to_numpy() * rng.uniform(0.6, 1.3, len(repriced))
+        items.loc[repriced, "price"] = _price(new_price)
         items.loc[repriced, "updated_at"] = times(len(repriced))
 
         # New items come from creators who joined before today.
         makers = creators[creators.joined_at < start]
         weights = makers.productivity.to_numpy() / makers.productivity.sum()
         n_new = cfg.new_items_per_day
-        new_items = _make_items(rng, len(items) + 1, makers.creator_id.to_numpy()[rng.choice(len(makers), n_new, p=weights)],
-                                times(n_new))
+        maker = makers.creator_id.to_numpy()[rng.choice(len(makers), n_new, p=weights)]
+        new_items = _make_items(rng, len(items) + 1, maker, times(n_new))
         variants = np.flatnonzero(rng.random(n_new) < cfg.violation_fraction)
         _make_variants(rng, new_items, variants, self.references, makers)
 
