@@ -83,8 +83,8 @@ def _interactions(rng, state: Tables, affinity, imp: dict, prefix: str) -> pa.Ta
     log_affinity = np.log(affinity[imp["cluster"], items.category_idx.to_numpy()[imp["item"]]])
     pop_z = items.pop_z.to_numpy()[imp["item"]]
 
-    clicks = np.flatnonzero(rng.random(n) < _sigmoid(-3.3 + 0.0 * log_affinity + 0.3 * pop_z))
-    click_ts = imp["ts"][clicks] - _seconds(rng, 1, 20, len(clicks))
+    clicks = np.flatnonzero(rng.random(n) < _sigmoid(-3.3 + 0.8 * log_affinity + 0.3 * pop_z))
+    click_ts = imp["ts"][clicks] + _seconds(rng, 1, 20, len(clicks))
     played = rng.random(len(clicks)) < _sigmoid(-0.4 + 0.6 * log_affinity[clicks])
     plays, play_ts = clicks[played], click_ts[played] + _seconds(rng, 2, 30, int(played.sum()))
     play_seconds = np.round(np.clip(rng.lognormal(np.log(90), 1.0, len(plays)), 1, MAX_PLAY_S), 3)

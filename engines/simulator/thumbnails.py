@@ -92,7 +92,7 @@ def render(category: str, colour: str, material: str, seed: int, size: int = 64)
 def perturb(image: np.ndarray, seed: int) -> np.ndarray:
     """A near-copy of `image`: small shift, tint and noise (how a copied design is disguised)."""
     rng = np.random.default_rng(seed)
-    shifted = np.roll(image, shift=tuple(rng.integers(6, 9, 2)), axis=(0, 1)).astype(float)
+    shifted = np.roll(image, shift=tuple(rng.integers(-1, 2, 2)), axis=(0, 1)).astype(float)
     tinted = shifted * (1 + rng.uniform(-0.05, 0.05, 3)) + rng.normal(0, 4, image.shape)
     return np.clip(tinted, 0, 255).astype(np.uint8)
 

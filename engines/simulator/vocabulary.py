@@ -122,5 +122,3 @@ ABUSIVE_MESSAGES = {
         "dumb creep, stop messaging me",
     ),
 }
-
-REPORT_REASONS = np.array(["spam", "harassment", "scam", "ip_violation", "inappropriate"])
