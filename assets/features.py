@@ -21,7 +21,7 @@ from dagster import (
 )
 
 from assets.ingestion import warehouse_key
-from assets.metadata import check_metadata, frame_metadata, table
+from assets.metadata import check_metadata, failure_summary, frame_metadata, table
 from assets.partitions import daily_partitions, partition_days
 from engines.feature_tables import OFFLINE_ZONE, build_view_day
 from engines.quality import Suite
@@ -73,16 +73,16 @@ def feature_table_asset(view: FeatureView) -> AssetsDefinition:
     def _feature_table(context, lake: LakeResource, quality: QualityResource):
         days = partition_days(context)
         frames = [build_view_day(lake.lake(), view, day) for day in days]
-        frame = pl.concat(frames)
-        summary = quality.engine().validate(suite, frame, run_name=f"{suite.name} {days[0]}..{days[-1]}")
-        yield AssetCheckResult(check_name="great_expectations", passed=summary.success,
-                               metadata=check_metadata(summary))
-        if not summary.success:
-            raise Failure(f"feature table {view.name} {days[0]}..{days[-1]} failed data quality, nothing written")
+        summaries = [quality.engine().validate(suite, f, run_name=f"{suite.name} {d}") for d, f in zip(days, frames)]
+        passed = all(s.success for s in summaries)
+        yield AssetCheckResult(check_name="great_expectations", passed=passed, metadata=check_metadata(summaries))
+        if not passed:
+            raise Failure(f"feature table {view.name} failed data quality, nothing written: "
+                          f"{failure_summary(summaries)}")
         for day, day_frame in zip(days, frames):
             lake.lake().write_partition(OFFLINE_ZONE, view.name, day, day_frame)
         yield MaterializeResult(metadata={
-            **frame_metadata(frame, TIMESTAMP),
+            **frame_metadata(pl.concat(frames), TIMESTAMP),
             "rows_per_day": table([{"day": d.isoformat(), "rows": f.height} for d, f in zip(days, frames)]),
         })
 

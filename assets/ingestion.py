@@ -17,7 +17,7 @@ from dagster import (
     asset,
 )
 
-from assets.metadata import check_metadata, frame_metadata, table
+from assets.metadata import check_metadata, failure_summary, frame_metadata, table
 from assets.partitions import daily_partitions, partition_days
 from engines.ingest import load_day, write_day
 from engines.quality import Suite
@@ -90,25 +90,23 @@ def ingestion_asset(source: Source) -> AssetsDefinition:
             context.log.info(f"{source.name} {day}: {report.rows} rows from {len(report.files_loaded)} file(s)")
             frames.append(frame)
             reports.append(report)
-        frame = pl.concat(frames)
-        summary = quality.engine().validate(suite, frame, run_name=f"{suite.name} {days[0]}..{days[-1]}")
-        if not summary.success:
+        summaries = [quality.engine().validate(suite, f, run_name=f"{suite.name} {d}") for d, f in zip(days, frames)]
+        if not all(s.success for s in summaries):
             # Gate before writing: the warehouse keeps its previous partitions and nothing downstream runs.
-            yield AssetCheckResult(check_name="great_expectations", passed=False, metadata=check_metadata(summary))
-            raise Failure(f"{source.name} {days[0]}..{days[-1]} failed data quality, nothing written: "
-                          + "; ".join(f"{o.expectation}({o.column}): {o.observed}" for o in summary.failures))
+            yield AssetCheckResult(check_name="great_expectations", passed=False, metadata=check_metadata(summaries))
+            raise Failure(f"{source.name} failed data quality, nothing written: {failure_summary(summaries)}")
         for day, day_frame in zip(days, frames):
             write_day(lake.lake(), source, day, day_frame)
         quarantined = [{"day": r.day.isoformat(), "file": f, "problem": p}
                        for r in reports for f, p in r.quarantined.items()]
         yield MaterializeResult(metadata={
-            **frame_metadata(frame, source.timestamp_field),
+            **frame_metadata(pl.concat(frames), source.timestamp_field),
             "days": table([{"day": r.day.isoformat(), "rows": r.rows, "files": len(r.files_loaded),
                             "quarantined": len(r.quarantined), "duplicates_dropped": r.duplicate_rows}
                            for r in reports]),
             "quarantined_files": table(quarantined),
         })
-        yield AssetCheckResult(check_name="great_expectations", passed=True, metadata=check_metadata(summary))
+        yield AssetCheckResult(check_name="great_expectations", passed=True, metadata=check_metadata(summaries))
         yield AssetCheckResult(check_name="no_quarantined_files", passed=not quarantined,
                                severity=AssetCheckSeverity.WARN, metadata={"quarantined_files": table(quarantined)})
 

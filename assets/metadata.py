@@ -34,17 +34,22 @@ def frame_metadata(frame: pl.DataFrame, timestamp_column: str | None = None) -> 
     return meta
 
 
-def check_metadata(summary: ValidationSummary) -> dict:
-    stats = summary.statistics
+def check_metadata(summaries: list[ValidationSummary]) -> dict:
+    """One row per (validation run, expectation), for the check's page in the UI."""
     return {
-        "suite": summary.suite_name,
-        "evaluated": stats.get("evaluated_expectations", 0),
-        "failed": stats.get("unsuccessful_expectations", 0),
+        "suite": summaries[0].suite_name if summaries else "",
+        "runs": len(summaries),
+        "failed_expectations": sum(len(s.failures) for s in summaries),
         "results": table([
-            {"expectation": o.expectation, "column": o.column or "", "success": o.success, "observed": o.observed}
-            for o in summary.outcomes
+            {"run": s.run_name, "expectation": o.expectation, "column": o.column or "", "success": o.success,
+             "observed": o.observed}
+            for s in summaries for o in s.outcomes
         ]),
     }
+
+
+def failure_summary(summaries: list[ValidationSummary]) -> str:
+    return "; ".join(f"{s.run_name}: {o.expectation}({o.column}) {o.observed}" for s in summaries for o in s.failures)
 
 
 def _plain(value):

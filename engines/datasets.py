@@ -10,24 +10,31 @@ LABEL_EVENTS = ("click", "play")
 
 
 def labelled_impressions(interactions: pl.DataFrame) -> pl.DataFrame:
-    """One row per impression: did the user click or play the shown item later in the session?
+    """One row per impression: did the user click or play the shown item afterwards in the session,
+    before the item was shown to them again? (A later impression gets its own outcome.)
 
     The row's `event_timestamp` is the impression time, so every feature joined to it was
     observed before the outcome it is labelled with.
     """
-    impressions = interactions.filter(pl.col("event_type") == "impression").select(
-        "event_id", "user_id", "item_id", "session_id", "event_timestamp")
+    shown = ["user_id", "item_id", "session_id"]
+    impressions = (
+        interactions.filter(pl.col("event_type") == "impression")
+        .select("event_id", *shown, "event_timestamp")
+        .sort("event_timestamp", "event_id")
+        .with_columns(pl.col("event_timestamp").shift(-1).over(shown).alias("shown_again_at"))
+    )
     outcomes = (
         interactions.filter(pl.col("event_type").is_in(LABEL_EVENTS))
-        .select("user_id", "item_id", "session_id", "event_type", pl.col("event_timestamp").alias("outcome_at"))
+        .select(*shown, "event_type", pl.col("event_timestamp").alias("outcome_at"))
     )
-    joined = impressions.join(outcomes, on=["user_id", "item_id", "session_id"], how="left")
-    later = pl.col("outcome_at") >= pl.col("event_timestamp")
+    joined = impressions.join(outcomes, on=shown, how="left")
+    attributed = (pl.col("outcome_at") >= pl.col("event_timestamp")) & (
+        pl.col("shown_again_at").is_null() | (pl.col("outcome_at") < pl.col("shown_again_at")))
     return (
-        joined.group_by("event_id", "user_id", "item_id", "session_id", "event_timestamp")
+        joined.group_by("event_id", *shown, "event_timestamp")
         .agg(
-            (later & (pl.col("event_type") == "click")).any().alias("label_click"),
-            (later & (pl.col("event_type") == "play")).any().alias("label_play"),
+            (attributed & (pl.col("event_type") == "click")).any().alias("label_click"),
+            (attributed & (pl.col("event_type") == "play")).any().alias("label_play"),
         )
         .sort("event_timestamp", "event_id")
     )

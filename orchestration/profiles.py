@@ -26,13 +26,14 @@ def local_data_dir() -> str:
     return os.environ.get("MLPLANE_DATA_DIR", str(PROJECT_ROOT / "data"))
 
 
-def resources_for(profile: str) -> dict:
+def resources_for(profile: str, data_dir: str | None = None) -> dict:
+    """The resources of a profile; `data_dir` overrides the lake root (tests, one-off runs)."""
     if profile == "local":
-        lake = LakeResource(root=local_data_dir())
+        lake = LakeResource(root=data_dir or local_data_dir())
         feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
     elif profile == "prod":
-        lake = LakeResource(root=EnvVar("MLPLANE_DATA_DIR"))
+        lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
             lake=lake,
             online_store="redis",

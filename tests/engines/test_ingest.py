@@ -1,0 +1,89 @@
+from datetime import date
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from engines.ingest import load_day, write_day
+from engines.lake import Lake
+from engines.simulator import MALFORMED_KINDS, Simulator, SimulatorConfig
+from feature_defs.sources import interactions
+
+DAY = date(2026, 1, 1)
+CONFIG = SimulatorConfig(seed=3, start_date=DAY).scaled(0.1)
+
+
+@pytest.fixture()
+def sim(tmp_path) -> Simulator:
+    sim = Simulator(CONFIG, tmp_path)
+    sim.write_day(DAY)
+    return sim
+
+
+def landing_rows(lake: Lake) -> int:
+    return sum(pq.read_metadata(p).num_rows for p in lake.landing_files("interactions", DAY))
+
+
+@pytest.mark.parametrize("kind", MALFORMED_KINDS)
+def test_malformed_file_is_quarantined_whole_and_the_rest_loads(sim, tmp_path, kind):
+    lake = Lake(tmp_path)
+    good_rows = landing_rows(lake)
+    bad = sim.write_malformed_file(DAY, "interactions", kind)
+    frame, report = load_day(lake, interactions, DAY)
+
+    assert frame.height == good_rows  # every good row, none of the bad file's
+    assert not frame.get_column("event_id").str.contains("-bad-").any()
+    assert list(report.quarantined) == [bad.name]
+    problem = report.quarantined[bad.name]
+    assert bad.name in problem
+    expected = {"bad_json": "not valid JSON", "missing_column": "missing column(s) user_id",
+                "wrong_type": "column 'user_id' cannot be read as int64", "out_of_day": "outside 2026-01-01"}[kind]
+    assert expected in problem
+    moved = lake.root / "quarantine" / "interactions" / "date=2026-01-01" / bad.name
+    assert moved.exists() and not bad.exists()
+    assert problem in moved.with_name(moved.name + ".error.txt").read_text()
+
+
+def test_fixed_file_loads_on_rerun(sim, tmp_path):
+    lake = Lake(tmp_path)
+    bad = sim.write_malformed_file(DAY, "interactions", "wrong_type")
+    first, _ = load_day(lake, interactions, DAY)
+    write_day(lake, interactions, DAY, first)
+
+    quarantined = pl.read_parquet(lake.quarantined_files("interactions", DAY)[0])
+    fixed = quarantined.with_columns(pl.col("user_id").str.strip_prefix("user-").cast(pl.Int64))
+    fixed.write_parquet(lake.landing_dir("interactions", DAY) / "fixed-wrong_type.parquet")
+    second, report = load_day(lake, interactions, DAY)
+    write_day(lake, interactions, DAY, second)
+
+    assert report.quarantined == {}
+    assert second.height == first.height + fixed.height
+    assert set(fixed.get_column("event_id")) <= set(lake.read_partition("warehouse", "interactions", DAY)
+                                                   .get_column("event_id"))
+    assert bad.name not in report.files_loaded
+
+
+def test_duplicate_and_rerun_are_idempotent(sim, tmp_path):
+    lake = Lake(tmp_path)
+    once, _ = load_day(lake, interactions, DAY)
+    sim.write_duplicate_file(DAY, "interactions")
+    twice, report = load_day(lake, interactions, DAY)
+    assert report.duplicate_rows == once.height
+    assert twice.equals(once)
+    write_day(lake, interactions, DAY, once)
+    write_day(lake, interactions, DAY, twice)
+    assert lake.read_partition("warehouse", "interactions", DAY).equals(once)
+
+
+def test_late_file_adds_rows(sim, tmp_path):
+    lake = Lake(tmp_path)
+    before, _ = load_day(lake, interactions, DAY)
+    late = sim.write_late_file(DAY, "interactions")
+    after, report = load_day(lake, interactions, DAY)
+    assert late.name in report.files_loaded
+    assert after.height == before.height + pq.read_metadata(late).num_rows
+
+
+def test_missing_day_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no landing files for 'interactions' on 2026-01-05"):
+        load_day(Lake(tmp_path), interactions, date(2026, 1, 5))
