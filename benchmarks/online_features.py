@@ -1,0 +1,140 @@
+"""Online feature reads: mlplane's read path against Feast's own `feast serve`, same store, same run.
+
+Reads one feature service (personalization_ranking: 6 views, 41 features) for 1 and for 100
+(user, item) entity rows, REPEAT times each, and prints P50 and P99 latencies side by side.
+
+  .venv/bin/python benchmarks/online_features.py [--data-dir DIR] [--repeat 500]
+
+Without --data-dir it simulates 3 days in a temporary folder and runs the daily pipeline first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date, timedelta
+from pathlib import Path
+
+import httpx
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SERVICE = "personalization_ranking"
+
+
+def build_lake(data_dir: Path) -> None:
+    from dagster import DagsterInstance, materialize
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    from assets import all_assets
+    from engines.simulator import simulate
+    from jobs import daily_assets
+    from orchestration.profiles import resources_for
+
+    first = date(2026, 1, 1)
+    print(f"building a lake in {data_dir}: 3 simulated days, then the daily pipeline ...", flush=True)
+    simulate(data_dir, 3, start_date=first)
+    materialize(all_assets, selection=daily_assets, resources=resources_for("local", data_dir=str(data_dir)),
+                instance=DagsterInstance.ephemeral(),
+                tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
+                      ASSET_PARTITION_RANGE_END_TAG: (first + timedelta(days=2)).isoformat()})
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return statistics.median(ordered) * 1000, p99 * 1000
+
+
+def timed(fn, batches: list, warmup: int = 20) -> list[float]:
+    for rows in batches[:warmup]:
+        fn(rows)
+    samples = []
+    for rows in batches:
+        start = time.perf_counter()
+        fn(rows)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--repeat", type=int, default=500)
+    args = parser.parse_args()
+
+    from orchestration.profiles import resources_for
+
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="mlplane-bench-"))
+    engine = resources_for("local", data_dir=str(data_dir))["feature_store"].engine()
+    if not (data_dir / "feature_repo" / "online_store.db").exists():
+        build_lake(data_dir)
+    engine.write_repo()
+
+    pairs = pl.read_parquet(data_dir / "offline" / "user_item_affinity" / "*" / "*.parquet").select("user_id", "item_id")
+    pairs = [dict(zip(("user_id", "item_id"), r)) for r in pairs.unique().rows()]
+    rng = random.Random(0)
+    workloads = {n: [rng.sample(pairs, n) for _ in range(args.repeat)] for n in (1, 100)}
+
+    port = free_port()
+    feast = Path(sys.executable).with_name("feast")
+    server = subprocess.Popen([str(feast), "-c", str(engine.settings.repo_dir), "serve", "-p", str(port),
+                               "--no-access-log", "-w", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "FEAST_USAGE": "False"})
+    try:
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        for _ in range(120):
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("feast serve did not start")
+
+        def via_feast_serve(rows):
+            body = {"feature_service": SERVICE, "full_feature_names": True,
+                    "entities": {k: [r[k] for r in rows] for k in ("user_id", "item_id")}}
+            response = client.post("/get-online-features", json=body)
+            response.raise_for_status()
+            return response.json()
+
+        def via_mlplane(rows):
+            return engine.online_features(SERVICE, rows)
+
+        # the same answers from both, before timing anything
+        check = workloads[100][0]
+        served = via_feast_serve(check)
+        ours = via_mlplane(check)
+        names = served["metadata"]["feature_names"]
+        assert ours["user_engagement__clicks_7d"] == served["results"][names.index("user_engagement__clicks_7d")]["values"]
+
+        print(f"\nonline reads of feature service {SERVICE!r}, SQLite online store, {args.repeat} reads each")
+        print(f"{'entities':>8}  {'path':<34} {'P50 ms':>8} {'P99 ms':>8}")
+        for n, batches in workloads.items():
+            ours_p50, ours_p99 = percentiles(timed(via_mlplane, batches))
+            feast_p50, feast_p99 = percentiles(timed(via_feast_serve, batches))
+            print(f"{n:>8}  {'mlplane read path (in-process)':<34} {ours_p50:>8.2f} {ours_p99:>8.2f}")
+            print(f"{n:>8}  {'feast serve (HTTP, 1 worker)':<34} {feast_p50:>8.2f} {feast_p99:>8.2f}")
+            print(f"{n:>8}  {'ratio feast serve / mlplane':<34} {feast_p50 / ours_p50:>8.2f} {feast_p99 / ours_p99:>8.2f}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
