@@ -79,7 +79,7 @@ def materialize_everything(first: date, last: date) -> None:
         ("feature_store_refresh", ["data_quality_report"], {}),
     ]
     for job_name, selection, tags in steps:
-        job = defs.get_job_def(job_name)
+        job = defs.resolve_job_def(job_name)
         keys = [AssetKey(k) for k in selection] if selection else None
         click.echo(f"   running {job_name}{' ' + ', '.join(selection) if selection else ''} ...")
         result = job.execute_in_process(instance=instance, tags=tags, asset_selection=keys, raise_on_error=False)

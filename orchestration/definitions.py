@@ -2,17 +2,18 @@
 
 from dagster import Definitions, in_process_executor
 
-from assets import all_assets
+from assets import all_asset_checks, all_assets
 from jobs import all_jobs
 from orchestration.profiles import current_profile, resources_for
 from orchestration.schedules import daily_pipeline_schedule
-from orchestration.sensors import landing_sensor, notify_run_failure
+from orchestration.sensors import freshness_sensor, landing_sensor, notify_run_failure
 
 defs = Definitions(
     assets=all_assets,
+    asset_checks=all_asset_checks,
     jobs=all_jobs,
     schedules=[daily_pipeline_schedule],
-    sensors=[landing_sensor, notify_run_failure],
+    sensors=[landing_sensor, notify_run_failure, freshness_sensor],
     resources=resources_for(current_profile()),
     # One process per run: on small machines the per-step process start (Feast, GX imports) costs
     # more than it saves, and GX's project file must not be written by two steps at once.

@@ -13,10 +13,12 @@ from dagster import (
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    build_sensor_for_freshness_checks,
     run_failure_sensor,
     sensor,
 )
 
+from assets import all_asset_checks
 from assets.partitions import daily_partitions
 from engines.lake import Lake
 from feature_defs.sources import all_sources
@@ -77,3 +79,7 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
         context.log.info(f"notified {notifier.url} of failed run {run.run_id}")
     else:
         context.log.warning(f"run {run.run_id} failed; no webhook configured (set MLPLANE_WEBHOOK_URL)")
+
+
+freshness_sensor = build_sensor_for_freshness_checks(
+    freshness_checks=all_asset_checks, minimum_interval_seconds=600, default_status=DefaultSensorStatus.RUNNING)

@@ -30,7 +30,15 @@ def test_every_asset_reads_well_in_the_ui():
         assert spec.owners, key
         assert spec.kinds, key
         assert spec.description and len(spec.description) > 20, key
-    assert defs.get_job_def("daily_pipeline").partitions_def is not None
+    assert defs.resolve_job_def("daily_pipeline").partitions_def is not None
+
+
+def test_daily_assets_have_quality_and_freshness_checks():
+    checks = defs.resolve_asset_graph().asset_check_keys
+    for key in (AssetKey(["warehouse", "interactions"]), AssetKey(["offline", "user_engagement"]),
+                AssetKey(["datasets", "personalization_training"])):
+        names = {c.name for c in checks if c.asset_key == key}
+        assert {"great_expectations", "freshness_check"} <= names, (key, names)
 
 
 def test_three_day_backfill_with_the_dagster_cli(tmp_path):

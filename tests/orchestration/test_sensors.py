@@ -9,7 +9,6 @@ from dagster import (
     AssetSelection,
     DagsterEventType,
     DagsterInstance,
-    EventRecordsFilter,
     build_run_status_sensor_context,
     build_sensor_context,
 )
@@ -71,7 +70,7 @@ def test_failed_run_notification_reaches_the_webhook(tmp_path):
         result = run_pipeline(tmp_path, FIRST_DAY, FIRST_DAY, AssetSelection.groups("ingestion"),
                               instance=instance, raise_on_error=False)
         assert not result.success
-        failure = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.RUN_FAILURE))[0]
+        [failure] = instance.fetch_run_status_changes(DagsterEventType.RUN_FAILURE, limit=1).records
         context = build_run_status_sensor_context(
             sensor_name=notify_run_failure.name,
             dagster_event=failure.event_log_entry.dagster_event,
