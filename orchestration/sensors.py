@@ -18,6 +18,8 @@ from dagster import (
     sensor,
 )
 
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
 from assets import all_asset_checks
 from assets.partitions import daily_partitions
 from engines.lake import Lake
@@ -46,20 +48,24 @@ def landing_fingerprints(lake: Lake) -> dict[str, str]:
     job=daily_pipeline,
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.RUNNING,
-    description="Runs the daily pipeline for a day once all its streams have landed, and again when late "
-                "or corrected files arrive for it.",
+    description="Runs the daily pipeline once every stream of a day has landed. Late or corrected files for "
+                "an earlier day re-run that day and every later landed day, whose windows include it.",
 )
 def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
-    current = landing_fingerprints(lake.lake())
     valid_keys = set(daily_partitions.get_partition_keys())
-    changed = {day: fp for day, fp in current.items() if seen.get(day) != fp and day in valid_keys}
+    current = {day: fp for day, fp in landing_fingerprints(lake.lake()).items() if day in valid_keys}
+    changed = sorted(day for day, fp in current.items() if seen.get(day) != fp)
     if not changed:
         return SkipReason("no new or changed landing files")
-    return SensorResult(
-        run_requests=[RunRequest(partition_key=day, run_key=f"{day}:{fp}") for day, fp in sorted(changed.items())],
-        cursor=json.dumps({**seen, **changed}, sort_keys=True),
-    )
+    start, end = changed[0], max(current)
+    run_key = f"{start}..{end}:" + hashlib.sha256("".join(current[d] for d in changed).encode()).hexdigest()[:16]
+    if start == end:
+        request = RunRequest(run_key=run_key, partition_key=start)
+    else:  # one run over the range: the daily assets have single-run backfill policies
+        request = RunRequest(run_key=run_key, tags={ASSET_PARTITION_RANGE_START_TAG: start,
+                                                    ASSET_PARTITION_RANGE_END_TAG: end})
+    return SensorResult(run_requests=[request], cursor=json.dumps({**seen, **current}, sort_keys=True))
 
 
 @run_failure_sensor(

@@ -13,6 +13,8 @@ from dagster import (
     build_sensor_context,
 )
 
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
 from orchestration.definitions import defs
 from orchestration.sensors import landing_sensor, notify_run_failure
 from resources.lake import LakeResource
@@ -26,18 +28,30 @@ def evaluate(sensor, data_dir, cursor=None):
         return sensor.evaluate_tick(context)
 
 
-def test_landing_sensor_runs_landed_days_and_again_on_late_files(tmp_path):
-    sim = simulate(tmp_path, days=2)
+def requested_days(result) -> tuple[str, str]:
+    [request] = result.run_requests
+    if request.partition_key:
+        return request.partition_key, request.partition_key
+    return request.tags[ASSET_PARTITION_RANGE_START_TAG], request.tags[ASSET_PARTITION_RANGE_END_TAG]
+
+
+def test_landing_sensor_runs_landed_days_and_reruns_from_a_late_file_onwards(tmp_path):
+    sim = simulate(tmp_path, days=3)
     first = evaluate(landing_sensor, tmp_path)
-    assert [r.partition_key for r in first.run_requests] == ["2026-01-01", "2026-01-02"]
+    assert requested_days(first) == ("2026-01-01", "2026-01-03")  # one run, in order
 
     again = evaluate(landing_sensor, tmp_path, first.cursor)
     assert again.run_requests == [] and again.skip_message
 
-    sim.write_late_file(date(2026, 1, 1), "interactions")
+    sim.write_late_file(date(2026, 1, 2), "interactions")
     late = evaluate(landing_sensor, tmp_path, first.cursor)
-    assert [r.partition_key for r in late.run_requests] == ["2026-01-01"]
+    # day 3's 7- and 30-day windows include day 2, so it is recomputed too
+    assert requested_days(late) == ("2026-01-02", "2026-01-03")
     assert late.run_requests[0].run_key != first.run_requests[0].run_key
+
+    sim.write_day(date(2026, 1, 4))
+    newest = evaluate(landing_sensor, tmp_path, late.cursor)
+    assert newest.run_requests[0].partition_key == "2026-01-04"
 
 
 def test_landing_sensor_waits_until_every_stream_has_landed(tmp_path):
