@@ -17,7 +17,9 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from feast import FeatureStore
+from feast import FeatureStore, ValueType
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
+from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.repo_config import RepoConfig
 
 from feature_defs import catalogue as default_catalogue
@@ -97,6 +99,7 @@ class FeatureStoreEngine:
         self.store.apply(objects, objects_to_delete=[self.store.get_feature_view(n) for n in sorted(stale)],
                          partial=False)
         self._services.clear()
+        self._readers.clear()
         return objects
 
     def ensure_registry(self) -> None:
@@ -132,6 +135,13 @@ class FeatureStoreEngine:
         return names
 
     def online_features(self, service: str, entity_rows: list[dict[str, Any]]) -> dict[str, list]:
+        """Columns of feature values (None where the store has none), named <view>__<feature>."""
+        if service not in self._readers:
+            self._readers[service] = OnlineReader(self.store, service)
+        return self._readers[service].read(entity_rows)
+
+    def online_features_via_feast(self, service: str, entity_rows: list[dict[str, Any]]) -> dict[str, list]:
+        """The same read through Feast's generic SDK path (kept as the reference the tests compare to)."""
         return self.store.get_online_features(features=self.feature_service(service), entity_rows=entity_rows,
                                               full_feature_names=True).to_dict()
 
@@ -143,7 +153,69 @@ class FeatureStoreEngine:
     def _services(self) -> dict:
         return {}
 
+    @cached_property
+    def _readers(self) -> dict[str, OnlineReader]:
+        return {}
+
     def feature_service(self, name: str):
         if name not in self._services:
             self._services[name] = self.store.get_feature_service(name)
         return self._services[name]
+
+
+class OnlineReader:
+    """mlplane's online read path for one feature service.
+
+    The service is resolved once (views, features, join keys); a read is then one call per view
+    into Feast's online store implementation (SQLite, Redis, ...), for each distinct entity key
+    once, decoding values straight into columns. Feast's generic path resolves the service and
+    builds response protos on every call, which dominates small reads.
+    """
+
+    def __init__(self, store: FeatureStore, service: str):
+        self.config = store.config
+        self.online_store = store._get_provider().online_store
+        feature_service = store.get_feature_service(service)
+        self.plan = []
+        for projection in feature_service.feature_view_projections:
+            view = store.get_feature_view(projection.name)
+            keys = [(c.name, c.dtype.to_value_type()) for c in view.entity_columns]
+            self.plan.append((view, [f.name for f in projection.features], keys))
+        self.join_keys = list(dict.fromkeys(k for _, _, keys in self.plan for k, _ in keys))
+
+    def read(self, entity_rows: list[dict[str, Any]]) -> dict[str, list]:
+        missing = [k for k in self.join_keys if any(k not in row for row in entity_rows)]
+        if missing:
+            raise KeyError(f"entity rows need the join key(s) {', '.join(missing)}")
+        given = dict.fromkeys(k for row in entity_rows for k in row)  # echoed back, as Feast does
+        out: dict[str, list] = {k: [row.get(k) for row in entity_rows] for k in given}
+        for view, features, keys in self.plan:
+            key_of = [tuple(row[k] for k, _ in keys) for row in entity_rows]
+            distinct = list(dict.fromkeys(key_of))
+            protos = [EntityKeyProto(join_keys=[k for k, _ in keys],
+                                     entity_values=[_value_proto(v, t) for v, (_, t) in zip(values, keys)])
+                      for values in distinct]
+            found = self.online_store.online_read(config=self.config, table=view, entity_keys=protos,
+                                                  requested_features=list(features))  # Redis appends to it
+            by_key = {key: values or {} for key, (_, values) in zip(distinct, found)}
+            for feature in features:
+                out[f"{view.name}__{feature}"] = [_python_value(by_key[key].get(feature)) for key in key_of]
+        return out
+
+
+def _value_proto(value: Any, value_type: ValueType) -> ValueProto:
+    if value_type == ValueType.INT64:
+        return ValueProto(int64_val=value)
+    if value_type == ValueType.STRING:
+        return ValueProto(string_val=value)
+    raise TypeError(f"unsupported entity key type {value_type}")
+
+
+def _python_value(proto: ValueProto | None) -> Any:
+    if proto is None:
+        return None
+    field = proto.WhichOneof("val")
+    if field is None or field == "null_val":
+        return None
+    value = getattr(proto, field)
+    return list(value.val) if field.endswith("_list_val") else value

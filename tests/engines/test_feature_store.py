@@ -42,6 +42,7 @@ def test_redis_online_store_and_postgres_registry_serve_what_sqlite_serves(pipel
         got = prod.online_features("personalization_ranking", rows)
         want = local.online_features("personalization_ranking", rows)
         assert got == want
+        assert got == prod.online_features_via_feast("personalization_ranking", rows)
         assert got["user_engagement__impressions_7d"][3] is None  # an unknown user has no values
         assert any(v for v in got["user_engagement__impressions_7d"][:3])
     finally:
@@ -61,3 +62,22 @@ def test_feast_cli_works_on_the_generated_repo(pipeline_dir):
                           capture_output=True, text=True, timeout=180)
     assert plan.returncode == 0, plan.stderr
     assert "user_item_affinity" in plan.stdout  # it parsed the generated definitions
+
+
+def test_online_reader_returns_what_feast_returns(pipeline_dir):
+    """mlplane's read path against Feast's generic SDK path, on every view of every service."""
+    import polars as pl
+
+    engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].engine()
+    pairs = pl.read_parquet(pipeline_dir / "offline" / "user_item_affinity" / "*" / "*.parquet")
+    rows = [{"user_id": u, "item_id": i} for u, i in pairs.select("user_id", "item_id").unique().sort("user_id")
+            .head(150).rows()]
+    reported = pl.read_parquet(pipeline_dir / "offline" / "user_reports" / "*" / "*.parquet").get_column("user_id")
+    rows += [{"user_id": u, "item_id": rows[0]["item_id"]} for u in reported.unique().sort().head(20)]
+    rows += [{"user_id": 10**9, "item_id": rows[0]["item_id"]}, rows[0]]  # an unknown user, a repeated row
+    for service in ("personalization_ranking", "search", "safety"):
+        ours = engine.online_features(service, rows)
+        assert ours == engine.online_features_via_feast(service, rows), service
+    assert ours["user_reports__reports_received_30d"].count(None) < len(rows)  # the comparison saw values
+    with pytest.raises(KeyError, match="item_id"):
+        engine.online_features("search", [{"user_id": 1}])

@@ -87,3 +87,19 @@ def test_late_file_adds_rows(sim, tmp_path):
 def test_missing_day_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no landing files for 'interactions' on 2026-01-05"):
         load_day(Lake(tmp_path), interactions, date(2026, 1, 5))
+
+
+@pytest.mark.parametrize("stream", ["interactions", "chat_messages", "items"])
+def test_jsonl_and_parquet_deliveries_load_to_the_same_rows(tmp_path, stream):
+    from dataclasses import replace
+
+    from feature_defs.sources import all_sources
+
+    source = next(s for s in all_sources if s.name == stream)
+    frames = []
+    for fmt in ("parquet", "jsonl"):
+        Simulator(replace(CONFIG, file_format=fmt), tmp_path / fmt).write_day(DAY)
+        frame, report = load_day(Lake(tmp_path / fmt), source, DAY)
+        assert report.quarantined == {} and frame.height > 0
+        frames.append(frame)
+    assert frames[0].equals(frames[1])
