@@ -8,6 +8,8 @@ is SQLite by default and Redis in production; the registry is a file or a SQL da
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
@@ -131,7 +133,8 @@ class FeatureStoreEngine:
         """Load the rows stamped within `day`'s end-of-day into the online store (idempotent)."""
         start = datetime.combine(day, time(), tzinfo=timezone.utc)
         names = [v.name for v in (views or self.catalogue.views)]
-        self.store.materialize(start_date=start, end_date=start + timedelta(days=1), feature_views=names)
+        with contextlib.redirect_stdout(io.StringIO()):  # Feast prints a progress banner per view
+            self.store.materialize(start_date=start, end_date=start + timedelta(days=1), feature_views=names)
         return names
 
     def online_features(self, service: str, entity_rows: list[dict[str, Any]]) -> dict[str, list]:

@@ -82,7 +82,8 @@ def materialize_everything(first: date, last: date) -> None:
         job = defs.resolve_job_def(job_name)
         keys = [AssetKey(k) for k in selection] if selection else None
         click.echo(f"   running {job_name}{' ' + ', '.join(selection) if selection else ''} ...")
-        result = job.execute_in_process(instance=instance, tags=tags, asset_selection=keys, raise_on_error=False)
+        result = job.execute_in_process(instance=instance, tags=tags, asset_selection=keys, raise_on_error=False,
+                                        run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}})
         if not result.success:
             raise click.ClickException(f"run {result.run_id} of {job_name} failed; see `mlplane ui`")
 
@@ -97,12 +98,12 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
         for table_dir in sorted((data_dir / zone).glob("*")):
             files = sorted(table_dir.glob("date=*/part-0.parquet"))
             rows = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in files)
-            click.echo(f"  {zone}/{table_dir.name:<28} {len(files)} partitions  {rows:>9,} rows")
+            click.echo(f"  {zone + '/' + table_dir.name:<42} {len(files):>3} partitions {rows:>10,} rows")
     click.echo(f"  feature store: Feast repo in {data_dir / 'feature_repo'} (feast -c {data_dir / 'feature_repo'} "
                "feature-views list)")
     report = QualityEngine(data_dir / "quality").docs_index_path
     click.echo(f"\nData-quality report: {report}")
-    click.echo(f"Open the Dagster UI: mlplane ui  (then http://127.0.0.1:3000; runs for {first} .. {last} are there)")
+    click.echo(f"Dagster UI: .venv/bin/mlplane ui, then http://127.0.0.1:3000 (the runs for {first} .. {last} are there)")
 
 
 @main.command()
