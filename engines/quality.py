@@ -7,8 +7,10 @@ and the Data Docs asset wrap it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Sequence
+import fcntl
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,6 +63,7 @@ class QualityEngine:
     def __init__(self, root_dir: Path) -> None:
         self.root_dir = Path(root_dir)
         self._gx_context: Any = None
+        self._config_stamp: int | None = None
 
     @property
     def docs_index_path(self) -> Path:
@@ -69,7 +72,10 @@ class QualityEngine:
 
     def validate(self, suite: Suite, df: Any, run_name: str) -> ValidationSummary:
         """Validate a pandas or polars frame and store the result for Data Docs."""
-        context = self._context()
+        with self._locked() as context:
+            return self._validate(context, suite, _to_pandas(df), run_name)
+
+    def _validate(self, context: Any, suite: Suite, frame: pd.DataFrame, run_name: str) -> ValidationSummary:
         # Copies, because GX binds expectations to the suite they are added to (sets their id)
         # and refuses to add a bound one to a second suite, so reusing the caller's objects
         # would fail from the second call on.
@@ -79,12 +85,12 @@ class QualityEngine:
         # Get-or-create in one call; the stored definition refers to the suite and batch
         # definition by id, so it follows suite updates.
         definition = context.validation_definitions.add_or_update(
-            gx.ValidationDefinition(name=suite.name, data=self._batch_definition(suite.name), suite=gx_suite)
+            gx.ValidationDefinition(name=suite.name, data=self._batch_definition(context, suite.name), suite=gx_suite)
         )
         # ValidationDefinition.run stores the result in the project's validation results store;
         # rendering Data Docs is left to build_docs because it costs ~5x the validation itself.
         result = definition.run(
-            batch_parameters={"dataframe": _to_pandas(df)},
+            batch_parameters={"dataframe": frame},
             # The filesystem results store rejects "/" and "\\" in key parts (run names are one).
             run_id=gx.RunIdentifier(run_name=run_name.replace("/", "_").replace("\\", "_")),
         )
@@ -98,23 +104,43 @@ class QualityEngine:
 
     def build_docs(self) -> Path:
         """Render Data Docs (suite pages and one page per stored validation) and return index.html."""
-        self._context().build_data_docs()
+        with self._locked() as context:
+            context.build_data_docs()
         return self.docs_index_path
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[Any]:
+        """The project, held exclusively: runs in other processes share it, and GX rewrites the
+        whole great_expectations.yml when it registers a suite's data asset."""
+        self.root_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.root_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield self._context()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _context(self) -> Any:
-        if self._gx_context is None:
+        # Reopened when another process changed the project file, so its assets are not lost.
+        stamp = _mtime(self._config_path)
+        if self._gx_context is None or stamp != self._config_stamp:
             context = gx.get_context(mode="file", project_root_dir=self.root_dir)
             # In memory only, so opening a project never rewrites great_expectations.yml.
             context.variables.progress_bars = ProgressBarsConfig(globally=False)
             self._gx_context = context
+        self._config_stamp = _mtime(self._config_path)
         return self._gx_context
 
-    def _batch_definition(self, asset_name: str) -> Any:
+    @property
+    def _config_path(self) -> Path:
+        return self.root_dir / "gx" / "great_expectations.yml"
+
+    def _batch_definition(self, context: Any, asset_name: str) -> Any:
         # Get-or-create: the data source and asset live in great_expectations.yml, so a
         # reopened project (or another process) already has them. Only the get_* methods bind
         # the asset to its context; assets from get_assets_as_dict() fail later with
         # MissingDataContextError.
-        sources = self._context().data_sources
+        sources = context.data_sources
         try:
             datasource = sources.get(_DATASOURCE)
         except KeyError:
@@ -127,6 +153,10 @@ class QualityEngine:
             return asset.get_batch_definition(_BATCH_DEFINITION)
         except KeyError:
             return asset.add_batch_definition_whole_dataframe(_BATCH_DEFINITION)
+
+
+def _mtime(path: Path) -> int | None:
+    return path.stat().st_mtime_ns if path.exists() else None
 
 
 def null_rates(df: Any) -> dict[str, float]:

@@ -112,3 +112,25 @@ def test_null_rates_count_nulls_and_nan_per_column() -> None:
 
     assert null_rates(frame) == {"a": 0.5, "b": 0.25}
     assert null_rates(pd.DataFrame({"a": []})) == {"a": 0.0}
+
+
+def _validate_new_suites(root: str, prefix: str) -> None:
+    frame = pd.DataFrame({"x": [1, 2, 3]})
+    engine = QualityEngine(Path(root))
+    for n in range(4):
+        engine.validate(Suite(f"{prefix}_{n}", [gxe.ExpectColumnValuesToNotBeNull(column="x")]), frame, f"{prefix} {n}")
+
+
+def test_two_processes_registering_suites_at_once_lose_nothing(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_validate_new_suites, args=(str(tmp_path), p)) for p in ("left", "right")]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=180)
+    assert [w.exitcode for w in workers] == [0, 0]
+    config = (tmp_path / "gx" / "great_expectations.yml").read_text()
+    for name in [f"{p}_{n}" for p in ("left", "right") for n in range(4)]:
+        assert name in config, f"data asset {name} was lost from the project file"
