@@ -40,6 +40,8 @@ for _object in feast_objects(catalogue, Path({offline_root!r})):
     globals()[f"{{type(_object).__name__}}_{{_object.name}}"] = _object
 '''
 
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
 # Feast logs every materialization and registry refresh at INFO
 logging.getLogger("feast").setLevel(logging.WARNING)
 
@@ -130,12 +132,18 @@ class FeatureStoreEngine:
 
     # --- online --------------------------------------------------------------------------
     def materialize_day(self, day: date, views: list[FeatureView] | None = None) -> list[str]:
-        """Load the rows stamped within `day`'s end-of-day into the online store (idempotent)."""
+        """Load the rows stamped within `day` into the online store (idempotent). Table views load
+        every row up to the end of the day: a dimension's first delivery holds older changes."""
         start = datetime.combine(day, time(), tzinfo=timezone.utc)
-        names = [v.name for v in (views or self.catalogue.views)]
-        with contextlib.redirect_stdout(io.StringIO()):  # Feast prints a progress banner per view
-            self.store.materialize(start_date=start, end_date=start + timedelta(days=1), feature_views=names)
-        return names
+        end = start + timedelta(days=1)
+        views = views or list(self.catalogue.views)
+        batches = [([v.name for v in views if not v.is_table_view], start),
+                   ([v.name for v in views if v.is_table_view], EPOCH)]
+        for names, since in batches:
+            if names:
+                with contextlib.redirect_stdout(io.StringIO()):  # Feast prints a banner per view
+                    self.store.materialize(start_date=since, end_date=end, feature_views=names)
+        return [v.name for v in views]
 
     def online_features(self, service: str, entity_rows: list[dict[str, Any]]) -> dict[str, list]:
         """Columns of feature values (None where the store has none), named <view>__<feature>."""

@@ -31,12 +31,52 @@ def main() -> None:
 @click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
 def simulate(days: int, start_date, seed: int, scale: float, file_format: str, data_dir: str | None) -> None:
     """Write simulated marketplace landing files, as the upstream systems would."""
-    from engines.simulator import simulate as run_simulation
-
     first = start_date.date() if start_date else default_start(days)
-    summary = run_simulation(Path(data_dir or local_data_dir()), days, seed=seed, start_date=first, scale=scale,
-                             file_format=file_format, progress=click.echo)
-    click.echo(json.dumps(summary, indent=2, default=str))
+    summary = run_simulation(Path(data_dir or local_data_dir()), days, first, seed, scale, file_format)
+    click.echo(json.dumps({k: v for k, v in summary.items() if k != "days"}, indent=2, default=str))
+
+
+@main.command()
+@click.argument("fault", type=click.Choice(["late", "duplicate", "malformed"]))
+@click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), required=True, help="The landing day.")
+@click.option("--stream", default="interactions", show_default=True,
+              type=click.Choice(["interactions", "chat_messages", "abuse_reports"]))
+@click.option("--kind", default="bad_json", show_default=True,
+              type=click.Choice(["bad_json", "missing_column", "wrong_type", "out_of_day"]), help="For malformed.")
+@click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
+def inject(fault: str, day, stream: str, kind: str, data_dir: str | None) -> None:
+    """Deliver a late, duplicated or malformed landing file for a simulated day."""
+    from engines.simulator import Simulator, SimulatorConfig
+
+    root = Path(data_dir or local_data_dir())
+    saved = root / SIMULATOR_CONFIG
+    if not saved.exists():
+        raise click.ClickException(f"{saved} not found: run `mlplane simulate` on this data dir first")
+    config = json.loads(saved.read_text())
+    config["start_date"] = date.fromisoformat(config["start_date"])
+    simulator = Simulator(SimulatorConfig(**config), root)
+    if fault == "late":
+        path = simulator.write_late_file(day.date(), stream)
+    elif fault == "duplicate":
+        path = simulator.write_duplicate_file(day.date(), stream)
+    else:
+        path = simulator.write_malformed_file(day.date(), stream, kind)
+    click.echo(f"wrote {path}")
+
+
+SIMULATOR_CONFIG = Path("sim_truth") / "simulator_config.json"
+
+
+def run_simulation(data_dir: Path, days: int, first: date, seed: int, scale: float, file_format: str) -> dict:
+    """Simulate, and keep the configuration so `mlplane inject` can add files for the same world."""
+    from dataclasses import asdict
+
+    from engines.simulator import Simulator, SimulatorConfig
+
+    config = SimulatorConfig(seed=seed, start_date=first, file_format=file_format).scaled(scale)
+    summary = Simulator(config, data_dir, click.echo).run(days)
+    (data_dir / SIMULATOR_CONFIG).write_text(json.dumps(asdict(config), default=str, indent=2))
+    return summary
 
 
 @main.command()
@@ -45,15 +85,13 @@ def simulate(days: int, start_date, seed: int, scale: float, file_format: str, d
 @click.option("--scale", default=1.0, show_default=True)
 def demo(days: int, seed: int, scale: float) -> None:
     """Simulate DAYS days, materialize the whole asset graph on the embedded default, and say what came out."""
-    from engines.simulator import simulate as run_simulation
-
     ensure_dagster_home()
     data_dir = Path(local_data_dir())
     first = default_start(days)
     last = first + timedelta(days=days - 1)
     started = time.monotonic()
     click.echo(f"1/3 simulating {days} days ({first} .. {last}) into {data_dir}/landing")
-    run_simulation(data_dir, days, seed=seed, start_date=first, scale=scale, progress=click.echo)
+    run_simulation(data_dir, days, first, seed, scale, "parquet")
     click.echo("2/3 materializing the asset graph (Dagster runs, visible in the UI)")
     materialize_everything(first, last)
     click.echo(f"3/3 done in {time.monotonic() - started:.0f} s\n")

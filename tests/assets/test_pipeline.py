@@ -151,3 +151,21 @@ def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
         assert after.select(keys).is_duplicated().sum() == 0, name
     assert lake.read_partition("datasets", "personalization_training", LAST_DAY).equals(before_training)
     assert store.online_features("personalization_ranking", rows) == before_online
+
+
+def test_online_item_content_is_the_latest_catalogue_row(pipeline_dir, store):
+    """Every item, from the first full catalogue delivery to today's price changes, is served online
+    with its latest attributes, read straight from the landing files."""
+    rows = []
+    for path in sorted((pipeline_dir / "landing" / "items").glob("date=*/*.parquet")):
+        rows += pq.read_table(path).to_pylist()
+    latest = {}
+    for row in sorted(rows, key=lambda r: r["updated_at"]):
+        latest[row["item_id"]] = row
+    changed = [r for r in rows if r["updated_at"] > r["created_at"]]
+    assert changed, "the simulation should change some prices"
+    items = sorted(random.Random(3).sample(sorted(latest), 40) + [r["item_id"] for r in changed[:10]])
+    online = store.online_features("search", [{"item_id": i} for i in items])
+    for n, item in enumerate(items):
+        assert online["item_content__price"][n] == pytest.approx(latest[item]["price"]), item
+        assert online["item_content__category"][n] == latest[item]["category"], item
