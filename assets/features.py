@@ -71,8 +71,10 @@ def feature_table_asset(view: FeatureView) -> AssetsDefinition:
                                     description=f"great-expectations suite {suite.name}")],
     )
     def _feature_table(context, lake: LakeResource, quality: QualityResource):
-        days = partition_days(context)
-        frames = [build_view_day(lake.lake(), view, day) for day in days]
+        days, frames = partition_days(context), []
+        for day in days:
+            frames.append(build_view_day(lake.lake(), view, day))
+            context.log.info(f"{view.name} {day}: {frames[-1].height} rows")
         summaries = [quality.engine().validate(suite, f, run_name=f"{suite.name} {d}") for d, f in zip(days, frames)]
         passed = all(s.success for s in summaries)
         yield AssetCheckResult(check_name="great_expectations", passed=passed, metadata=check_metadata(summaries))
@@ -115,7 +117,8 @@ def feature_registry(feature_store: FeatureStoreResource) -> MaterializeResult:
 
 @asset(
     group_name="feature_store",
-    description="Each day's feature rows loaded into the online store (SQLite locally, Redis in production).",
+    description="The newest feature row of every entity up to the partition loaded into the online store "
+                "(SQLite locally, Redis in production); a range run loads once for the whole range.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[AssetKey("feature_registry"), *[offline_key(v) for v in catalogue.views]],
@@ -125,14 +128,16 @@ def feature_registry(feature_store: FeatureStoreResource) -> MaterializeResult:
 def online_features(context, lake: LakeResource, feature_store: FeatureStoreResource) -> MaterializeResult:
     engine = feature_store.engine()
     engine.ensure_registry()
-    rows = []
-    for day in partition_days(context):
-        engine.materialize_day(day)
-        for view in catalogue.views:
-            rows.append({"day": day.isoformat(), "view": view.name,
-                         "rows": lake.lake().read_partition(OFFLINE_ZONE, view.name, day).height})
-        context.log.info(f"materialized {day} into the {feature_store.online_store} online store")
-    return MaterializeResult(metadata={"materialized": table(rows), "online_store": feature_store.online_store})
+    days = partition_days(context)
+    # Re-running an old day must not put old values online: load through the newest built day.
+    newest = max(d for v in catalogue.views for d in lake.lake().partition_days(OFFLINE_ZONE, v.name))
+    until = max(days[-1], newest)
+    engine.materialize_days(days[0], until)
+    context.log.info(f"materialized {days[0]}..{until} into the {feature_store.online_store} online store")
+    rows = [{"day": day.isoformat(), "view": view.name,
+             "rows": lake.lake().read_partition(OFFLINE_ZONE, view.name, day).height}
+            for day in days for view in catalogue.views]
+    return MaterializeResult(metadata={"offline_rows": table(rows), "online_store": feature_store.online_store})
 
 
 feature_store_assets = [feature_registry, online_features]

@@ -99,7 +99,7 @@ class FeatureStoreEngine:
         """Register every entity, source, view and service of the catalogue; remove ones no longer defined."""
         self.write_repo()
         objects = feast_objects(self.catalogue, self.settings.offline_root)
-        stale = self._registered_views() - {v.name for v in self.catalogue.views}
+        stale = set(self._registered_views()) - {v.name for v in self.catalogue.views}
         self.store.apply(objects, objects_to_delete=[self.store.get_feature_view(n) for n in sorted(stale)],
                          partial=False)
         self._services.clear()
@@ -108,18 +108,11 @@ class FeatureStoreEngine:
 
     def ensure_registry(self) -> None:
         """Apply when the registry does not hold exactly the catalogue's views and features."""
-        try:
-            registered = {v.name: [f.name for f in v.features] for v in self.store.list_feature_views()}
-        except Exception:  # no registry yet
-            registered = {}
-        if registered != {v.name: v.feature_names for v in self.catalogue.views}:
+        if self._registered_views() != {v.name: v.feature_names for v in self.catalogue.views}:
             self.apply()
 
-    def _registered_views(self) -> set[str]:
-        try:
-            return {v.name for v in self.store.list_feature_views()}
-        except Exception:  # an empty registry has nothing to list
-            return set()
+    def _registered_views(self) -> dict[str, list[str]]:
+        return {v.name: [f.name for f in v.features] for v in self.store.list_feature_views()}
 
     # --- offline -------------------------------------------------------------------------
     # Columns are named <view>__<feature>: views of one service share feature names like clicks_7d.
@@ -131,11 +124,14 @@ class FeatureStoreEngine:
         return job.to_df()
 
     # --- online --------------------------------------------------------------------------
-    def materialize_day(self, day: date, views: list[FeatureView] | None = None) -> list[str]:
-        """Load the rows stamped within `day` into the online store (idempotent). Table views load
-        every row up to the end of the day: a dimension's first delivery holds older changes."""
-        start = datetime.combine(day, time(), tzinfo=timezone.utc)
-        end = start + timedelta(days=1)
+    def materialize_days(self, first: date, last: date, views: list[FeatureView] | None = None) -> list[str]:
+        """Load the latest row of each entity stamped within first..last into the online store.
+
+        Idempotent, and one call over a range ends in the same state as one call per day, for
+        less work. Table views load every row up to the end: a dimension's first delivery holds
+        older changes."""
+        start = datetime.combine(first, time(), tzinfo=timezone.utc)
+        end = datetime.combine(last + timedelta(days=1), time(), tzinfo=timezone.utc)
         views = views or list(self.catalogue.views)
         batches = [([v.name for v in views if not v.is_table_view], start),
                    ([v.name for v in views if v.is_table_view], EPOCH)]

@@ -169,3 +169,13 @@ def test_online_item_content_is_the_latest_catalogue_row(pipeline_dir, store):
     for n, item in enumerate(items):
         assert online["item_content__price"][n] == pytest.approx(latest[item]["price"]), item
         assert online["item_content__category"][n] == latest[item]["category"], item
+
+
+def test_rerunning_an_old_day_keeps_the_newest_values_online(pipeline_dir, events, store):
+    users = sample_users(events, n=10, seed=7)
+    rows = [{"user_id": u, "item_id": 0} for u in users]
+    newest = store.online_features("personalization_ranking", rows)
+    run_pipeline(pipeline_dir, FIRST_DAY, FIRST_DAY)
+    assert store.online_features("personalization_ranking", rows) == newest
+    for i, user in enumerate(users):
+        assert newest["user_engagement__clicks_7d"][i] == expected_user_features(events, user, END)["clicks_7d"]

@@ -35,7 +35,7 @@ def test_redis_online_store_and_postgres_registry_serve_what_sqlite_serves(pipel
     try:
         prod.apply()
         assert {v.name for v in prod.store.list_feature_views()} >= {"user_engagement", "item_popularity"}
-        prod.materialize_day(LAST_DAY)
+        prod.materialize_days(LAST_DAY, LAST_DAY)
         assert any(True for _ in client.scan_iter(count=1000))  # rows really went to the server
 
         rows = [{"user_id": u, "item_id": i} for u, i in [(1, 10), (5, 7), (42, 3), (99999, 1)]]
