@@ -75,6 +75,30 @@ def test_offline_and_online_features_equal_independent_computation(pipeline_dir,
             assert online[f"user_engagement__{name}"][i] == pytest.approx(value), (user, name, "online")
 
 
+def test_item_and_chat_features_equal_independent_computation(pipeline_dir, events):
+    lake = Lake(pipeline_dir)
+    items = lake.read_partition("offline", "item_popularity", LAST_DAY)
+    week = [e for e in events if END - timedelta(days=7) <= e["event_timestamp"] < END]
+    for item in random.Random(4).sample(sorted({e["item_id"] for e in week}), 25):
+        mine = [e for e in week if e["item_id"] == item]
+        shown = sum(1 for e in mine if e["event_type"] == "impression")
+        clicks = sum(1 for e in mine if e["event_type"] == "click")
+        row = items.filter(pl.col("item_id") == item).row(0, named=True)
+        assert row["distinct_users_7d"] == len({e["user_id"] for e in mine}), item
+        assert row["ctr_7d"] == (pytest.approx(clicks / shown) if shown else None), item
+
+    chat = []
+    for path in sorted((pipeline_dir / "landing" / "chat_messages").glob("date=*/*.parquet")):
+        chat += pq.read_table(path).to_pylist()
+    day = [m for m in chat if END - timedelta(days=1) <= m["event_timestamp"] < END]
+    senders = lake.read_partition("offline", "user_chat", LAST_DAY)
+    for sender in sorted({m["sender_id"] for m in day})[:25]:
+        row = senders.filter(pl.col("user_id") == sender).row(0, named=True)
+        mine = [m for m in day if m["sender_id"] == sender]
+        assert row["messages_sent_1d"] == len(mine)
+        assert row["distinct_receivers_1d"] == len({m["receiver_id"] for m in mine})
+
+
 def test_inactive_entities_get_zero_rows_not_stale_values(pipeline_dir, events):
     """A user seen on day 1 only still has a row on day 3, with 1-day counts back at zero."""
     day1_users = {e["user_id"] for e in events if e["event_timestamp"].date() == FIRST_DAY}

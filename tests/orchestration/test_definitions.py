@@ -64,3 +64,25 @@ def test_three_day_backfill_with_the_dagster_cli(tmp_path):
         instance.dispose()
     for day in ("2026-01-01", "2026-01-02", "2026-01-03"):
         assert (data_dir / "datasets" / "personalization_training" / f"date={day}" / "part-0.parquet").exists()
+
+
+def test_prod_profile_reads_its_services_from_the_environment(monkeypatch, tmp_path):
+    from dagster import build_resources
+
+    from orchestration.profiles import resources_for
+
+    monkeypatch.setenv("MLPLANE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("MLPLANE_REDIS_URL", "redis.internal:6379")
+    monkeypatch.setenv("MLPLANE_FEAST_REGISTRY_URL", "postgresql+psycopg2://feast@db/feast")
+    monkeypatch.setenv("MLPLANE_WEBHOOK_URL", "https://hooks.example/mlplane")
+    with build_resources(resources_for("prod")) as resources:
+        config = resources.feature_store.engine().settings.config_dict()
+        assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379"}
+        assert config["registry"]["path"] == "postgresql+psycopg2://feast@db/feast"
+        assert resources.lake.root == str(tmp_path)
+        assert resources.notifier.url == "https://hooks.example/mlplane"
+
+    monkeypatch.setenv("MLPLANE_PROFILE", "staging")
+    out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],
+                         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "MLPLANE_PROFILE must be one of local, prod" in out.stdout + out.stderr
