@@ -1,6 +1,6 @@
 """Online feature reads: mlplane's read path against Feast's own `feast serve`, same store, same run.
 
-Reads one feature service (personalization_ranking: 6 views, 45 features) for 1 and for 100
+Reads one feature service (personalization_ranking: 7 views, 49 features) for 1 and for 100
 (user, item) entity rows, REPEAT times each, and prints P50 and P99 latencies side by side:
 mlplane's OnlineReader (in-process), Feast's Python SDK (in-process) and `feast serve` (HTTP).
 

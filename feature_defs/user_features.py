@@ -1,7 +1,7 @@
-from feature_defs.dsl import Feature, FeatureView, count, distinct_count, last_n, mean, ratio, sum_
+from feature_defs.dsl import Feature, FeatureView, count, distinct_count, last_n, mean, ratio, sum_, transform
 from feature_defs.entities import user
 from feature_defs.expr import col
-from feature_defs.sources import interactions
+from feature_defs.sources import interactions, users
 
 impression = col("event_type") == "impression"
 click = col("event_type") == "click"
@@ -41,5 +41,18 @@ user_activity_realtime = FeatureView(
         Feature("plays_1h", count("1h", where=play)),
         Feature("ctr_1h", ratio("clicks_1h", "impressions_1h")),
         Feature("last_played_items_1h", last_n("item_id", 5, "1h", where=play)),
+    ],
+)
+
+user_profile = FeatureView(
+    name="user_profile",
+    entities=[user],
+    source=users,
+    description="Who the user is, from the user directory",
+    features=[
+        Feature("region", transform("region")),
+        Feature("country", transform("country")),
+        Feature("age_bucket", transform("age_bucket")),
+        Feature("is_creator", transform("is_creator")),
     ],
 )
