@@ -2,6 +2,7 @@
 
 from dagster import AssetKey, MaterializeResult, MetadataValue, asset
 
+from assets.metadata import table
 from resources.quality import QualityResource
 
 
@@ -14,10 +15,15 @@ from resources.quality import QualityResource
     owners=["team:data-platform"],
 )
 def data_quality_report(quality: QualityResource) -> MaterializeResult:
-    index = quality.engine().build_docs()
+    engine = quality.engine()
+    index = engine.build_docs()
+    latest = engine.latest_results()
     return MaterializeResult(metadata={
         "path": MetadataValue.path(str(index)),
         "url": MetadataValue.url(index.resolve().as_uri()),
+        "suites": len(latest),
+        "failing_suites": sum(not r["success"] for r in latest),
+        "latest_validations": table(latest),
     })
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,25 @@ class QualityEngine:
         with self._locked() as context:
             context.build_data_docs()
         return self.docs_index_path
+
+    def latest_results(self) -> list[dict[str, Any]]:
+        """The newest stored validation of each suite, for a summary that needs no browser."""
+        rows = []
+        for suite_dir in sorted((self.root_dir / "gx" / "uncommitted" / "validations").glob("*")):
+            # <suite>/<run name>/<run time, sortable>/<batch>.json
+            newest = max(suite_dir.glob("*/*/*.json"), key=lambda p: p.parent.name, default=None)
+            if newest is None:
+                continue
+            result = json.loads(newest.read_text())
+            stats = result["statistics"]
+            rows.append({
+                "suite": result["suite_name"],
+                "run": result["meta"]["run_id"]["run_name"],
+                "success": bool(result["success"]),
+                "evaluated": stats["evaluated_expectations"],
+                "failed": stats["unsuccessful_expectations"],
+            })
+        return rows
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[Any]:

@@ -139,8 +139,11 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
             click.echo(f"  {zone + '/' + table_dir.name:<42} {len(files):>3} partitions {rows:>10,} rows")
     click.echo(f"  feature store: Feast repo in {data_dir / 'feature_repo'} (feast -c {data_dir / 'feature_repo'} "
                "feature-views list)")
-    report = QualityEngine(data_dir / "quality").docs_index_path
-    click.echo(f"\nData-quality report: {report}")
+    quality = QualityEngine(data_dir / "quality")
+    latest = quality.latest_results()
+    failing = [r["suite"] for r in latest if not r["success"]]
+    click.echo(f"\nData quality: {len(latest)} suites, {len(failing)} failing{': ' + ', '.join(failing) if failing else ''}")
+    click.echo(f"Data-quality report: {quality.docs_index_path}")
     click.echo(f"Dagster UI: .venv/bin/mlplane ui, then http://127.0.0.1:3000 (the runs for {first} .. {last} are there)")
 
 

@@ -134,3 +134,15 @@ def test_two_processes_registering_suites_at_once_lose_nothing(tmp_path):
     config = (tmp_path / "gx" / "great_expectations.yml").read_text()
     for name in [f"{p}_{n}" for p in ("left", "right") for n in range(4)]:
         assert name in config, f"data asset {name} was lost from the project file"
+
+
+def test_latest_results_summarise_the_newest_run_of_each_suite(tmp_path):
+    engine = QualityEngine(tmp_path)
+    suite = Suite("events", [gxe.ExpectColumnValuesToNotBeNull(column="x")])
+    engine.validate(suite, pd.DataFrame({"x": [1, 2]}), "events day 1")
+    engine.validate(suite, pd.DataFrame({"x": [1, None]}), "events day 2")
+    engine.validate(Suite("users", [gxe.ExpectColumnValuesToNotBeNull(column="x")]), pd.DataFrame({"x": [1]}), "u")
+    assert engine.latest_results() == [
+        {"suite": "events", "run": "events day 2", "success": False, "evaluated": 1, "failed": 1},
+        {"suite": "users", "run": "u", "success": True, "evaluated": 1, "failed": 0},
+    ]
