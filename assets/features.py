@@ -3,8 +3,6 @@ registry, online store and their checks."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import great_expectations.expectations as gxe
 import polars as pl
 from dagster import (

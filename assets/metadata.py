@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
@@ -29,7 +29,7 @@ def frame_metadata(frame: pl.DataFrame, timestamp_column: str | None = None) -> 
     if timestamp_column and frame.height:
         latest = frame.get_column(timestamp_column).max()
         meta["latest_record_at"] = MetadataValue.timestamp(latest)
-        lag = datetime.now(timezone.utc) - latest
+        lag = datetime.now(UTC) - latest
         meta["freshness_lag_hours"] = round(lag.total_seconds() / 3600, 2)
     return meta
 

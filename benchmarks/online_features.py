@@ -87,7 +87,8 @@ def main() -> None:
         build_lake(data_dir)
     engine.write_repo()
 
-    pairs = pl.read_parquet(data_dir / "offline" / "user_item_affinity" / "*" / "*.parquet").select("user_id", "item_id")
+    affinity = pl.read_parquet(data_dir / "offline" / "user_item_affinity" / "*" / "*.parquet")
+    pairs = affinity.select("user_id", "item_id")
     pairs = [dict(zip(("user_id", "item_id"), r)) for r in pairs.unique().rows()]
     rng = random.Random(0)
     workloads = {n: [rng.sample(pairs, n) for _ in range(args.repeat)] for n in (1, 100)}
@@ -126,7 +127,8 @@ def main() -> None:
         served = via_feast_serve(check)
         ours = via_mlplane(check)
         names = served["metadata"]["feature_names"]
-        assert ours["user_engagement__clicks_7d"] == served["results"][names.index("user_engagement__clicks_7d")]["values"]
+        clicks = "user_engagement__clicks_7d"
+        assert ours[clicks] == served["results"][names.index(clicks)]["values"]
 
         print(f"\nonline reads of feature service {SERVICE!r}, SQLite online store, {args.repeat} reads each")
         print(f"{'entities':>8}  {'path':<34} {'P50 ms':>8} {'P99 ms':>8} {'P50 ratio':>10} {'P99 ratio':>10}")

@@ -12,7 +12,7 @@ import contextlib
 import io
 import logging
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ for _object in feast_objects(catalogue, Path({offline_root!r})):
     globals()[f"{{type(_object).__name__}}_{{_object.name}}"] = _object
 '''
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Feast logs every materialization and registry refresh at INFO
 logging.getLogger("feast").setLevel(logging.WARNING)
@@ -130,8 +130,8 @@ class FeatureStoreEngine:
         Idempotent, and one call over a range ends in the same state as one call per day, for
         less work. Table views load every row up to the end: a dimension's first delivery holds
         older changes."""
-        start = datetime.combine(first, time(), tzinfo=timezone.utc)
-        end = datetime.combine(last + timedelta(days=1), time(), tzinfo=timezone.utc)
+        start = datetime.combine(first, time(), tzinfo=UTC)
+        end = datetime.combine(last + timedelta(days=1), time(), tzinfo=UTC)
         views = views or list(self.catalogue.views)
         batches = [([v.name for v in views if not v.is_table_view], start),
                    ([v.name for v in views if v.is_table_view], EPOCH)]

@@ -45,8 +45,3 @@ def build_view_day(lake: Lake, view: FeatureView, day: date) -> pl.DataFrame:
     plan = build_table_rows(view, scan) if view.is_table_view else build_daily_rows(view, scan, day)
     return plan.collect()
 
-
-def write_view_day(lake: Lake, view: FeatureView, day: date) -> pl.DataFrame:
-    rows = build_view_day(lake, view, day)
-    lake.write_partition(OFFLINE_ZONE, view.name, day, rows)
-    return rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -50,7 +50,8 @@ def read_landing_file(path: Path, source: Source, day: date) -> pl.DataFrame:
 
     missing = [c for c in source.schema if c not in raw.columns]
     if missing:
-        raise LandingFileError(f"{path.name}: missing column(s) {', '.join(missing)} required by source {source.name!r}")
+        raise LandingFileError(
+            f"{path.name}: missing column(s) {', '.join(missing)} required by source {source.name!r}")
 
     columns = []
     for name, dtype in source.schema.items():
@@ -65,7 +66,7 @@ def read_landing_file(path: Path, source: Source, day: date) -> pl.DataFrame:
     if key_nulls:
         raise LandingFileError(f"{path.name}: {key_nulls} row(s) have no {source.key}")
     ts = frame.get_column(source.timestamp_field)
-    start = datetime.combine(day, time(), tzinfo=timezone.utc)
+    start = datetime.combine(day, time(), tzinfo=UTC)
     end = start + timedelta(days=1)
     if source.kind == "events":
         outside = frame.filter(ts.is_null() | (ts < start) | (ts >= end)).height

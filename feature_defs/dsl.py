@@ -274,7 +274,8 @@ class FeatureView:
             return
         if isinstance(spec, Transform):
             if not self.is_table_view:
-                raise FeatureDefinitionError(f"{where}: row-level transforms belong in a table view; use an aggregation")
+                raise FeatureDefinitionError(
+                    f"{where}: row-level transforms belong in a table view; use an aggregation")
             _check_columns(spec.expr, schema, where, self.source.name)
             return
         if self.is_table_view:

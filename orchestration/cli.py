@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -99,7 +99,7 @@ def demo(days: int, seed: int, scale: float) -> None:
 
 
 def default_start(days: int) -> date:
-    return datetime.now(timezone.utc).date() - timedelta(days=days)
+    return datetime.now(UTC).date() - timedelta(days=days)
 
 
 def materialize_everything(first: date, last: date) -> None:
@@ -142,9 +142,10 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
     quality = QualityEngine(data_dir / "quality")
     latest = quality.latest_results()
     failing = [r["suite"] for r in latest if not r["success"]]
-    click.echo(f"\nData quality: {len(latest)} suites, {len(failing)} failing{': ' + ', '.join(failing) if failing else ''}")
+    listed = f": {', '.join(failing)}" if failing else ""
+    click.echo(f"\nData quality: {len(latest)} suites, {len(failing)} failing{listed}")
     click.echo(f"Data-quality report: {quality.docs_index_path}")
-    click.echo(f"Dagster UI: .venv/bin/mlplane ui, then http://127.0.0.1:3000 (the runs for {first} .. {last} are there)")
+    click.echo(f"Dagster UI: .venv/bin/mlplane ui, then http://127.0.0.1:3000 (runs for {first} .. {last} are there)")
 
 
 @main.command()

@@ -17,7 +17,6 @@ from dagster import (
     run_failure_sensor,
     sensor,
 )
-
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from assets import all_asset_checks

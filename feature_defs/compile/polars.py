@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 
 import polars as pl
 
@@ -23,7 +23,7 @@ POLARS_TYPES: dict[DType, pl.DataType] = {
 
 def day_end(day: date) -> datetime:
     """The timestamp of a daily feature row: midnight UTC after the day."""
-    return datetime.combine(day + timedelta(days=1), time(), tzinfo=timezone.utc)
+    return datetime.combine(day + timedelta(days=1), time(), tzinfo=UTC)
 
 
 def lookback(view: FeatureView) -> timedelta:

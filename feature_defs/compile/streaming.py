@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from feature_defs.dsl import Aggregation, Catalogue, FeatureView, Ratio, format_window
 from feature_defs.compile.feast import push_source_name
 from feature_defs.compile.polars import TIMESTAMP
+from feature_defs.dsl import Aggregation, Catalogue, FeatureView, Ratio, format_window
 
 
 @dataclass(frozen=True)

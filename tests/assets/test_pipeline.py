@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from datetime import datetime, time, timedelta, timezone
+from datetime import UTC, datetime, time, timedelta
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -15,7 +15,7 @@ from engines.lake import Lake
 from orchestration.profiles import resources_for
 from tests.conftest import FIRST_DAY, LAST_DAY, run_pipeline
 
-END = datetime.combine(LAST_DAY + timedelta(days=1), time(), tzinfo=timezone.utc)
+END = datetime.combine(LAST_DAY + timedelta(days=1), time(), tzinfo=UTC)
 
 
 def landing_events(data_dir) -> list[dict]:
@@ -127,7 +127,7 @@ def test_training_rows_never_see_the_future(pipeline_dir, events):
     leaky_would_differ = 0
     for row in last_day.sample(400, seed=1).iter_rows(named=True):
         at = row["event_timestamp"]
-        day_start = datetime.combine(at.date(), time(), tzinfo=timezone.utc)
+        day_start = datetime.combine(at.date(), time(), tzinfo=UTC)
         clicks = clicks_by_user[row["user_id"]]
         as_of_day_start = sum(1 for t in clicks if day_start - timedelta(days=7) <= t < day_start)
         up_to_label = sum(1 for t in clicks if at - timedelta(days=7) <= t <= at)

@@ -1,7 +1,7 @@
 import hashlib
 import json
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -272,7 +272,7 @@ def test_malformed_file_is_malformed_and_leaves_the_rest_intact(faults_dir, kind
     elif kind == "wrong_type":
         assert table.column_names == names and table.schema.field(user_column).type == pa.string()
     else:
-        start = datetime(DAYS[1].year, DAYS[1].month, DAYS[1].day, tzinfo=timezone.utc)
+        start = datetime(DAYS[1].year, DAYS[1].month, DAYS[1].day, tzinfo=UTC)
         ts = table.column("event_timestamp").to_pylist()
         assert table.num_rows > 0 and all(not start <= t < start + timedelta(days=1) for t in ts)
 

@@ -1,4 +1,4 @@
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import duckdb
 import polars as pl
@@ -90,9 +90,10 @@ def test_table_views_transform_rows():
     from feature_defs.compile.polars import build_table_rows
 
     view = catalogue.view("item_content")
-    ts = datetime(2026, 1, 1, 10, tzinfo=timezone.utc)
+    ts = datetime(2026, 1, 1, 10, tzinfo=UTC)
     changes = pl.DataFrame({c: [None] for c in items.columns}, schema={c: _pl(t) for c, t in items.schema.items()})
-    changes = changes.with_columns(item_id=pl.lit(5, pl.Int64), price=pl.lit(9.0), vertex_count=pl.lit(30_000, pl.Int64),
+    changes = changes.with_columns(item_id=pl.lit(5, pl.Int64), price=pl.lit(9.0),
+                                   vertex_count=pl.lit(30_000, pl.Int64),
                                    bbox_x=pl.lit(2.0), bbox_y=pl.lit(3.0), bbox_z=pl.lit(4.0), title=pl.lit("Red car"),
                                    updated_at=pl.lit(ts))
     row = build_table_rows(view, changes.lazy()).collect().row(0, named=True)

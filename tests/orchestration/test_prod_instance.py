@@ -31,7 +31,8 @@ def test_prod_instance_stores_runs_in_postgres_and_queues_by_pool(prod_home, tmp
     try:
         coordinator = instance.run_coordinator
         assert type(coordinator).__name__ == "QueuedRunCoordinator"
-        limits = {(l["key"], l["value"]): l["limit"] for l in coordinator.get_run_queue_config().tag_concurrency_limits}
+        limits = {(rule["key"], rule["value"]): rule["limit"]
+                  for rule in coordinator.get_run_queue_config().tag_concurrency_limits}
         assert limits[("mlplane/pool", "gpu")] < limits[("mlplane/pool", "cpu")]
 
         result = materialize([feature_registry], instance=instance,

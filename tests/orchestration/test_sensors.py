@@ -12,7 +12,6 @@ from dagster import (
     build_run_status_sensor_context,
     build_sensor_context,
 )
-
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from orchestration.definitions import defs
