@@ -1,8 +1,8 @@
 from feature_defs.dsl import Feature, FeatureView, count, distinct_count, mean, ratio, sum_, transform
 from feature_defs.entities import item
 from feature_defs.expr import col
+from feature_defs.funnel import click, funnel_counts, impression, play, purchase
 from feature_defs.sources import interactions, items
-from feature_defs.user_features import click, impression, play, purchase
 
 item_popularity = FeatureView(
     name="item_popularity",
@@ -10,12 +10,7 @@ item_popularity = FeatureView(
     source=interactions,
     description="How often an item is shown, clicked, played and bought",
     features=[
-        Feature("impressions_7d", count("7d", where=impression)),
-        Feature("clicks_7d", count("7d", where=click)),
-        Feature("plays_7d", count("7d", where=play)),
-        Feature("purchases_30d", count("30d", where=purchase)),
-        Feature("clicks_30d", count("30d", where=click)),
-        Feature("ctr_7d", ratio("clicks_7d", "impressions_7d")),
+        *funnel_counts,
         Feature("conversion_rate_30d", ratio("purchases_30d", "clicks_30d")),
         Feature("distinct_users_7d", distinct_count("user_id", "7d"), "Users who saw or used the item"),
         Feature("revenue_30d", sum_("amount", "30d", where=purchase)),

@@ -1,12 +1,7 @@
 from feature_defs.dsl import Feature, FeatureView, count, distinct_count, last_n, mean, ratio, sum_, transform
 from feature_defs.entities import user
-from feature_defs.expr import col
+from feature_defs.funnel import click, funnel_counts, impression, play, purchase
 from feature_defs.sources import interactions, users
-
-impression = col("event_type") == "impression"
-click = col("event_type") == "click"
-play = col("event_type") == "play"
-purchase = col("event_type") == "purchase"
 
 user_engagement = FeatureView(
     name="user_engagement",
@@ -14,12 +9,7 @@ user_engagement = FeatureView(
     source=interactions,
     description="How much a user browses, clicks, plays and buys",
     features=[
-        Feature("impressions_7d", count("7d", where=impression)),
-        Feature("clicks_7d", count("7d", where=click)),
-        Feature("plays_7d", count("7d", where=play)),
-        Feature("purchases_30d", count("30d", where=purchase)),
-        Feature("clicks_30d", count("30d", where=click)),
-        Feature("ctr_7d", ratio("clicks_7d", "impressions_7d"), "Click-through rate over 7 days"),
+        *funnel_counts,
         Feature("play_rate_7d", ratio("plays_7d", "clicks_7d"), "Plays per click over 7 days"),
         Feature("purchase_rate_30d", ratio("purchases_30d", "clicks_30d"), "Purchases per click over 30 days"),
         Feature("distinct_items_clicked_7d", distinct_count("item_id", "7d", where=click)),

@@ -1,7 +1,7 @@
 from feature_defs.dsl import Feature, FeatureView, count, sum_
 from feature_defs.entities import item, user
+from feature_defs.funnel import click, impression, play, purchase
 from feature_defs.sources import interactions
-from feature_defs.user_features import click, impression, play, purchase
 
 user_item_affinity = FeatureView(
     name="user_item_affinity",
