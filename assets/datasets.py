@@ -5,12 +5,10 @@ from __future__ import annotations
 import great_expectations.expectations as gxe
 import polars as pl
 from dagster import (
-    AssetCheckResult,
     AssetCheckSpec,
     AssetDep,
     AssetKey,
     BackfillPolicy,
-    Failure,
     MaterializeResult,
     TimeWindowPartitionMapping,
     asset,
@@ -18,7 +16,7 @@ from dagster import (
 
 from assets.features import offline_key
 from assets.ingestion import warehouse_key
-from assets.metadata import check_metadata, failure_summary, frame_metadata, table
+from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
 from engines.datasets import labelled_impressions, training_rows
 from engines.quality import Suite
@@ -73,13 +71,8 @@ def personalization_training_set(context, lake: LakeResource, feature_store: Fea
     day_of = rows.get_column("event_timestamp").dt.date()
     per_day = {day: rows.filter(day_of == day) for day in days}
     # GX cannot take list columns (last-N features); they are checked in the feature tables
-    checkable = pl.selectors.by_dtype(pl.List(pl.Int64), pl.List(pl.String))
-    summaries = [quality.engine().validate(suite, frame.drop(checkable), run_name=f"{suite.name} {day}")
-                 for day, frame in per_day.items()]
-    passed = all(s.success for s in summaries)
-    yield AssetCheckResult(check_name="great_expectations", passed=passed, metadata=check_metadata(summaries))
-    if not passed:
-        raise Failure(f"training set failed data quality, nothing written: {failure_summary(summaries)}")
+    list_columns = pl.selectors.by_dtype(pl.List(pl.Int64), pl.List(pl.String))
+    yield from quality_gate(quality, suite, {d: f.drop(list_columns) for d, f in per_day.items()}, "training set")
     for day, frame in per_day.items():
         lake.lake().write_partition(DATASETS_ZONE, TRAINING_SET, day, frame)
     feature_columns = [c for c in rows.columns if c not in labelled.columns]

@@ -6,20 +6,18 @@ from __future__ import annotations
 import great_expectations.expectations as gxe
 import polars as pl
 from dagster import (
-    AssetCheckResult,
     AssetCheckSpec,
     AssetDep,
     AssetKey,
     AssetsDefinition,
     BackfillPolicy,
-    Failure,
     MaterializeResult,
     TimeWindowPartitionMapping,
     asset,
 )
 
 from assets.ingestion import warehouse_key
-from assets.metadata import check_metadata, failure_summary, frame_metadata, table
+from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
 from engines.feature_tables import OFFLINE_ZONE, build_view_day
 from engines.quality import Suite
@@ -73,12 +71,7 @@ def feature_table_asset(view: FeatureView) -> AssetsDefinition:
         for day in days:
             frames.append(build_view_day(lake.lake(), view, day))
             context.log.info(f"{view.name} {day}: {frames[-1].height} rows")
-        summaries = [quality.engine().validate(suite, f, run_name=f"{suite.name} {d}") for d, f in zip(days, frames)]
-        passed = all(s.success for s in summaries)
-        yield AssetCheckResult(check_name="great_expectations", passed=passed, metadata=check_metadata(summaries))
-        if not passed:
-            raise Failure(f"feature table {view.name} failed data quality, nothing written: "
-                          f"{failure_summary(summaries)}")
+        yield from quality_gate(quality, suite, dict(zip(days, frames)), f"feature table {view.name}")
         for day, day_frame in zip(days, frames):
             lake.lake().write_partition(OFFLINE_ZONE, view.name, day, day_frame)
         yield MaterializeResult(metadata={

@@ -1,13 +1,14 @@
-"""Metadata helpers shared by the asset modules: tables, row counts, null rates, freshness."""
+"""Shared by the asset modules: metadata (tables, row counts, null rates, freshness) and the quality gate."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import polars as pl
-from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+from dagster import AssetCheckResult, Failure, MetadataValue, TableColumn, TableRecord, TableSchema
 
-from engines.quality import ValidationSummary, null_rates
+from engines.quality import Suite, null_rates
+from resources.quality import QualityResource
 
 
 def table(rows: list[dict]) -> MetadataValue:
@@ -34,10 +35,14 @@ def frame_metadata(frame: pl.DataFrame, timestamp_column: str | None = None) -> 
     return meta
 
 
-def check_metadata(summaries: list[ValidationSummary]) -> dict:
-    """One row per (validation run, expectation), for the check's page in the UI."""
-    return {
-        "suite": summaries[0].suite_name if summaries else "",
+def quality_gate(quality: QualityResource, suite: Suite, frames: dict[date, pl.DataFrame], what: str):
+    """Validate each day's frame and yield the `great_expectations` check result. On failure, raise
+    before the caller writes anything: earlier partitions stay and nothing downstream runs."""
+    engine = quality.engine()  # one GX context for all days
+    summaries = [engine.validate(suite, frame, run_name=f"{suite.name} {day}") for day, frame in frames.items()]
+    passed = all(s.success for s in summaries)
+    yield AssetCheckResult(check_name="great_expectations", passed=passed, metadata={
+        "suite": suite.name,
         "runs": len(summaries),
         "failed_expectations": sum(len(s.failures) for s in summaries),
         "results": table([
@@ -45,11 +50,11 @@ def check_metadata(summaries: list[ValidationSummary]) -> dict:
              "observed": o.observed}
             for s in summaries for o in s.outcomes
         ]),
-    }
-
-
-def failure_summary(summaries: list[ValidationSummary]) -> str:
-    return "; ".join(f"{s.run_name}: {o.expectation}({o.column}) {o.observed}" for s in summaries for o in s.failures)
+    })
+    if not passed:
+        failures = "; ".join(f"{s.run_name}: {o.expectation}({o.column}) {o.observed}"
+                             for s in summaries for o in s.failures)
+        raise Failure(f"{what} failed data quality, nothing written: {failures}")
 
 
 def _plain(value):

@@ -25,7 +25,7 @@ from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.repo_config import RepoConfig
 
 from feature_defs import catalogue as default_catalogue
-from feature_defs.compile.feast import feast_objects, push_source_name
+from feature_defs.compile.feast import feast_objects
 from feature_defs.dsl import Catalogue, FeatureView
 
 REPO_MODULE = '''\
@@ -79,6 +79,8 @@ class FeatureStoreEngine:
     def __init__(self, settings: FeatureStoreSettings, catalogue: Catalogue = default_catalogue):
         self.settings = settings
         self.catalogue = catalogue
+        self._services: dict = {}
+        self._readers: dict[str, OnlineReader] = {}
 
     # --- repository ----------------------------------------------------------------------
     def write_repo(self) -> Path:
@@ -151,18 +153,6 @@ class FeatureStoreEngine:
         """The same read through Feast's generic SDK path (kept as the reference the tests compare to)."""
         return self.store.get_online_features(features=self.feature_service(service), entity_rows=entity_rows,
                                               full_feature_names=True).to_dict()
-
-    def push(self, view: FeatureView, rows: pd.DataFrame) -> None:
-        """Write streaming feature values straight to the online store (Feast PushSource)."""
-        self.store.push(push_source_name(view), rows, to="online")
-
-    @cached_property
-    def _services(self) -> dict:
-        return {}
-
-    @cached_property
-    def _readers(self) -> dict[str, OnlineReader]:
-        return {}
 
     def feature_service(self, name: str):
         if name not in self._services:

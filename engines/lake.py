@@ -75,9 +75,6 @@ class Lake:
             tmp.unlink(missing_ok=True)
         return path
 
-    def has_partition(self, zone: str, table: str, day: date) -> bool:
-        return self.partition_path(zone, table, day).exists()
-
     def partition_days(self, zone: str, table: str) -> list[date]:
         folder = self.table_dir(zone, table)
         return sorted(date.fromisoformat(p.parent.name.removeprefix("date="))

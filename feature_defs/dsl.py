@@ -348,9 +348,6 @@ class Catalogue:
                 return s
         raise KeyError(f"no feature service named {name!r}; known: {', '.join(s.name for s in self.services)}")
 
-    def views_of(self, source: Source) -> list[FeatureView]:
-        return [v for v in self.views if v.source == source]
-
     @property
     def feature_count(self) -> int:
         return sum(len(v.features) for v in self.views)

@@ -36,9 +36,9 @@ def landing_fingerprints(lake: Lake) -> dict[str, str]:
         days = landed if days is None else days & landed
     fingerprints = {}
     for day in sorted(days or ()):
-        files = [(s.name, p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                 for s in all_sources for p in lake.landing_files(s.name, day)]
-        if all(lake.landing_files(s.name, day) for s in all_sources):
+        per_stream = {s.name: lake.landing_files(s.name, day) for s in all_sources}
+        if all(per_stream.values()):  # a day folder may exist before its files do
+            files = [(s, p.name, p.stat().st_size, p.stat().st_mtime_ns) for s, ps in per_stream.items() for p in ps]
             fingerprints[day.isoformat()] = hashlib.sha256(repr(files).encode()).hexdigest()[:16]
     return fingerprints
 

@@ -43,7 +43,7 @@ def test_demo_simulates_materializes_and_reports(tmp_path):
     values = json.loads(run(["features", "get", "search", "--entity", "item_id=3"], env))
     assert values["item_id"] == 3 and values["item_content__category"]
 
-    wrote = run(["inject", "malformed", "--date", produced and _last_day(tmp_path), "--kind", "bad_json"], env)
+    wrote = run(["inject", "malformed", "--date", _last_day(tmp_path), "--kind", "bad_json"], env)
     assert "malformed-bad_json.jsonl" in wrote
 
 
