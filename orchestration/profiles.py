@@ -10,6 +10,7 @@ from resources.feature_store import FeatureStoreResource
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
+from resources.ray import RayResource
 from resources.vector_store import VectorStoreResource
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
+        ray_compute = RayResource()
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -44,6 +46,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         )
         notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
         vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"))
+        ray_compute = RayResource(address=EnvVar("MLPLANE_RAY_ADDRESS"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -52,4 +55,5 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "quality": QualityResource(lake=lake),
         "notifier": notifier,
         "vector_store": vector_store,
+        "ray": ray_compute,
     }
