@@ -1,0 +1,1 @@
+"""Model code: plain Python and torch, no Dagster."""

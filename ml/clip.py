@@ -1,0 +1,224 @@
+"""CLIP for the marketplace catalogue: open_clip models, image/text preprocessing, contrastive
+training as a Ray Train job and text-to-image retrieval metrics.
+
+The embedded default is `mlplane-clip-compact` (model_configs/, 7.4M parameters, 64px images,
+128-d embeddings), trained here on the simulated catalogue's thumbnails and titles with
+open_clip's ClipLoss. In production the same code loads any open_clip config (ViT-B-32 or larger)
+with weights from a local checkpoint file: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+COMPACT_MODEL = "mlplane-clip-compact"
+MODEL_CONFIGS = Path(__file__).parent / "model_configs"
+RECALL_KS = (1, 5, 10)
+
+
+def register_model_configs() -> None:
+    """Make the project's model configs known to open_clip (idempotent)."""
+    import open_clip
+
+    if COMPACT_MODEL not in open_clip.list_models():
+        open_clip.add_model_config(MODEL_CONFIGS)
+
+
+@dataclass(frozen=True)
+class ClipSpec:
+    """Which model: an open_clip config name and, optionally, a local checkpoint with its weights."""
+    model_name: str = COMPACT_MODEL
+    checkpoint: str | None = None
+
+    @property
+    def version(self) -> str:
+        """Config name plus a digest of the weights (`random` without a checkpoint)."""
+        if not self.checkpoint:
+            return f"{self.model_name}@random"
+        digest = hashlib.sha256()
+        with open(self.checkpoint, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return f"{self.model_name}@{digest.hexdigest()[:12]}"
+
+
+def load_model(spec: ClipSpec, device: str = "cpu"):
+    """The model in eval mode on `device`; a missing checkpoint file is an error naming it."""
+    import open_clip
+
+    register_model_configs()
+    if spec.model_name not in open_clip.list_models():
+        raise ValueError(f"unknown open_clip model config {spec.model_name!r}")
+    if spec.checkpoint and not Path(spec.checkpoint).is_file():
+        raise FileNotFoundError(f"CLIP checkpoint {spec.checkpoint} does not exist")
+    model = open_clip.create_model(spec.model_name, pretrained=spec.checkpoint or None, device=device)
+    return model.eval()
+
+
+def image_size(model) -> int:
+    size = model.visual.image_size
+    return int(size[0] if isinstance(size, tuple | list) else size)
+
+
+def tokenizer(spec: ClipSpec):
+    import open_clip
+
+    register_model_configs()
+    return open_clip.get_tokenizer(spec.model_name)
+
+
+def preprocess_image(data: bytes, size: int) -> np.ndarray:
+    """PNG/JPEG bytes -> normalized float32 CHW array at the model's size. Raises on a corrupt image."""
+    from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        image = image.convert("RGB")
+        if image.size != (size, size):
+            image = image.resize((size, size), Image.Resampling.BICUBIC)
+        pixels = np.asarray(image, dtype=np.float32) / 255.0
+    pixels = (pixels - np.asarray(OPENAI_DATASET_MEAN, np.float32)) / np.asarray(OPENAI_DATASET_STD, np.float32)
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def encode_images(model, images: np.ndarray, device: str = "cpu") -> np.ndarray:
+    """Unit-length image embeddings of a preprocessed batch (N, 3, S, S)."""
+    import torch
+
+    with torch.no_grad():
+        features = model.encode_image(torch.from_numpy(np.asarray(images, np.float32)).to(device), normalize=True)
+    return features.float().cpu().numpy()
+
+
+def encode_texts(model, tokens: np.ndarray, device: str = "cpu") -> np.ndarray:
+    """Unit-length text embeddings of a tokenized batch (N, context_length)."""
+    import torch
+
+    with torch.no_grad():
+        features = model.encode_text(torch.as_tensor(np.asarray(tokens)).to(device), normalize=True)
+    return features.float().cpu().numpy()
+
+
+def retrieval_recall(image_embeddings: np.ndarray, text_embeddings: np.ndarray,
+                     ks: tuple[int, ...] = RECALL_KS) -> dict[str, float]:
+    """Text-to-image recall@k: the share of texts whose own image is among the k most similar
+    images, beside the random baseline k/n."""
+    n = len(image_embeddings)
+    if n == 0:
+        raise ValueError("retrieval recall needs at least one item")
+    similarity = np.asarray(text_embeddings) @ np.asarray(image_embeddings).T
+    own = similarity[np.arange(n), np.arange(n)]
+    rank = (similarity > own[:, None]).sum(axis=1)  # images strictly closer than the right one
+    out = {}
+    for k in ks:
+        out[f"recall@{k}"] = float((rank < k).mean())
+        out[f"random_recall@{k}"] = min(1.0, k / n)
+    return out
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 30
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    weight_decay: float = 0.1
+    num_workers: int = 1
+    use_gpu: bool = False
+    torch_threads: int = 1
+    seed: int = 0
+
+
+def train_clip(spec: ClipSpec, images: np.ndarray, titles: list[str], config: TrainConfig,
+               output: Path, storage: Path | None = None) -> list[dict]:
+    """Train `spec`'s model with open_clip's ClipLoss as a Ray Train job (TorchTrainer, DDP over
+    `num_workers`, GPUs when `use_gpu`), starting from `spec.checkpoint` if given. `images` are
+    preprocessed (N, 3, S, S) float32, `titles` their texts. Writes the weights to `output`
+    (a state_dict file open_clip loads as a checkpoint) and returns the per-epoch metrics.
+    Ray must be started (resources.ray.RayResource.ensure_started)."""
+    import ray
+    import torch
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    if len(images) != len(titles) or len(images) < 2:
+        raise ValueError(f"training needs >= 2 items with one title each, got {len(images)} images "
+                         f"and {len(titles)} titles")
+    tokens = tokenizer(spec)(list(titles)).numpy()
+    dataset = ray.data.from_items([{"image": im, "tokens": tok} for im, tok in zip(images, tokens)])
+    history: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="clip-train-") as scratch:
+        trainer = TorchTrainer(
+            _train_loop,
+            train_loop_config={"spec": spec, "config": config},
+            scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=config.use_gpu),
+            run_config=RunConfig(name="clip", storage_path=str(storage or scratch)),
+            datasets={"train": dataset},
+        )
+        result = trainer.fit()
+        if result.error:
+            raise RuntimeError(f"CLIP training failed: {result.error}") from result.error
+        with result.checkpoint.as_directory() as folder:
+            state = torch.load(Path(folder) / "model.pt", map_location="cpu", weights_only=True)
+            history = [dict(h) for h in torch.load(Path(folder) / "history.pt", weights_only=False)]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(output)
+    return history
+
+
+def _train_loop(loop_config: dict) -> None:
+    """One Ray Train worker: DDP-wrapped model, its shard of the catalogue, ClipLoss across workers."""
+    import open_clip
+    import ray.train
+    import torch
+    from ray.train.torch import prepare_model
+
+    spec: ClipSpec = loop_config["spec"]
+    config: TrainConfig = loop_config["config"]
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(config.torch_threads)
+    context = ray.train.get_context()
+    model = prepare_model(load_model(spec, device="cpu").train())
+    device = next(model.parameters()).device
+    loss_fn = open_clip.ClipLoss(local_loss=False, gather_with_grad=True,
+                                 rank=context.get_world_rank(), world_size=context.get_world_size())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    shard = ray.train.get_dataset_shard("train")
+    steps_per_epoch = None
+    scheduler = None
+    history = []
+    for epoch in range(config.epochs):
+        losses = []
+        for batch in shard.iter_torch_batches(batch_size=config.batch_size, local_shuffle_buffer_size=1024,
+                                              local_shuffle_seed=config.seed + epoch, device=device):
+            if len(batch["image"]) < 2:
+                continue  # a contrastive batch needs negatives
+            image_features, text_features, logit_scale = model(batch["image"].float(), batch["tokens"].long())[:3]
+            loss = loss_fn(image_features, text_features, logit_scale)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if scheduler:
+                scheduler.step()
+            losses.append(float(loss))
+        if steps_per_epoch is None:  # cosine decay once the shard's size is known
+            steps_per_epoch = max(1, len(losses))
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+                optimizer, T_max=steps_per_epoch * max(1, config.epochs - 1))
+        history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan")})
+        last = epoch == config.epochs - 1
+        if last and context.get_world_rank() == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                unwrapped = model.module if hasattr(model, "module") else model
+                torch.save(unwrapped.state_dict(), Path(folder) / "model.pt")
+                torch.save(history, Path(folder) / "history.pt")
+                ray.train.report(history[-1], checkpoint=ray.train.Checkpoint.from_directory(folder))
+        else:
+            ray.train.report(history[-1])
