@@ -9,6 +9,7 @@ with weights from a local checkpoint file: nothing is downloaded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import tempfile
@@ -66,6 +67,17 @@ def image_size(model) -> int:
     return int(size[0] if isinstance(size, tuple | list) else size)
 
 
+def image_size_of_config(model_name: str) -> int:
+    import open_clip
+
+    register_model_configs()
+    config = open_clip.get_model_config(model_name)
+    if config is None:
+        raise ValueError(f"unknown open_clip model config {model_name!r}")
+    return int(config["vision_cfg"]["image_size"])
+
+
+@functools.lru_cache(maxsize=4)
 def tokenizer(spec: ClipSpec):
     import open_clip
 
