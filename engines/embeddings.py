@@ -16,6 +16,7 @@ Table `embeddings/items/date=D/part-0.parquet`: item_id, image_embedding, text_e
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -243,3 +244,50 @@ def sync_vector_store(store, embeddings: pl.DataFrame, catalogue: pl.DataFrame,
     removed = [i for i in store.ids(COLLECTION) if i not in known]
     store.delete(COLLECTION, removed)
     return {"upserted": rows.height, "deleted": len(removed)}
+
+
+# --- the CLIP model the pipeline uses -------------------------------------------------------------
+MODELS_ZONE = "models"
+
+
+def model_manifest_path(lake: Lake) -> Path:
+    return lake.root / MODELS_ZONE / "clip" / "current.json"
+
+
+def save_model_manifest(lake: Lake, spec: ClipSpec, version: str, metrics: dict) -> Path:
+    path = model_manifest_path(lake)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"model_name": spec.model_name, "checkpoint": spec.checkpoint,
+                               "version": version, "metrics": metrics}, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def current_model(lake: Lake) -> tuple[ClipSpec, str]:
+    """The CLIP model the clip_model asset chose, and its version."""
+    path = model_manifest_path(lake)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: materialize the clip_model asset first")
+    manifest = json.loads(path.read_text())
+    return ClipSpec(manifest["model_name"], manifest["checkpoint"]), manifest["version"]
+
+
+def catalogue_images(landing: Path, items: pl.DataFrame, size: int) -> tuple[pl.DataFrame, np.ndarray]:
+    """Preprocessed thumbnails of the items that have a readable one (training and evaluation)."""
+    from ml.clip import preprocess_image
+
+    keep, pixels = [], []
+    for row, relative in enumerate(items["thumbnail_path"].to_list()):
+        try:
+            pixels.append(preprocess_image((landing / relative).read_bytes(), size))
+            keep.append(row)
+        except Exception:  # unreadable thumbnails are left out of training, as the pipeline skips them
+            continue
+    return items[keep], np.stack(pixels) if pixels else np.zeros((0, 3, size, size), np.float32)
+
+
+def holdout_mask(item_ids: pl.Series, fraction: float) -> np.ndarray:
+    """A deterministic held-out share of items (by id), so that evaluation never sees training items."""
+    buckets = (item_ids.cast(pl.UInt64).hash(seed=7) % 1000).to_numpy()
+    return buckets < int(fraction * 1000)

@@ -27,4 +27,13 @@ feature_store_refresh = define_asset_job(
     tags=CPU_POOL,
 )
 
-all_jobs = [daily_pipeline, feature_store_refresh]
+item_embeddings_daily = define_asset_job(
+    "item_embeddings_daily",
+    selection=AssetSelection.assets(["embeddings", "items"], ["content_violations", "flags"], ["vectors", "items"]),
+    partitions_def=daily_partitions,
+    description="Embed the day's new and changed items with CLIP (Ray Data), flag likely content violations "
+                "and sync the Qdrant collection. Needs the clip_model asset.",
+    tags=CPU_POOL,
+)
+
+all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily]

@@ -1,0 +1,41 @@
+"""`mlplane search`: multimodal item search from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("text", required=False)
+@click.option("--image", "image", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Search with an image instead of text.")
+@click.option("-k", "--top-k", "k", default=10, show_default=True)
+@click.option("--category", multiple=True, help="Only these categories (repeatable).")
+@click.option("--price-min", type=float, default=None)
+@click.option("--price-max", type=float, default=None)
+@click.option("--using", type=click.Choice(["image", "text"]), default="image", show_default=True,
+              help="Compare the query with item thumbnails or item titles.")
+@click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
+def search(text: str | None, image: Path | None, k: int, category: tuple[str, ...], price_min: float | None,
+           price_max: float | None, using: str, data_dir: str | None) -> None:
+    """Top-k catalogue items for a TEXT query (or --image PATH), with optional filters."""
+    from engines.embeddings import current_model
+    from engines.search import ItemSearch
+    from orchestration.profiles import current_profile, resources_for
+
+    if (text is None) == (image is None):
+        raise click.UsageError("give a TEXT query or --image PATH (not both)")
+    resources = resources_for(current_profile(), data_dir=data_dir)
+    spec, _ = current_model(resources["lake"].lake())
+    with resources["vector_store"].open() as store:
+        try:
+            hits = ItemSearch(store, spec).search(text=text, image=image, k=k, category=list(category) or None,
+                                                  price_min=price_min, price_max=price_max, using=using)
+        except (ValueError, KeyError) as error:
+            raise click.ClickException(str(error)) from error
+    for hit in hits:
+        click.echo(json.dumps({"item_id": hit.payload.get("item_id", hit.id), "score": round(hit.score, 4),
+                               **{f: hit.payload.get(f) for f in ("title", "category", "price", "flags")}}))
