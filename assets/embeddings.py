@@ -2,7 +2,6 @@
 index (Qdrant) and content-violation flags. Thin: the work is in ml/clip.py and engines/."""
 
 import time
-from pathlib import Path
 
 import polars as pl
 from dagster import AssetKey, BackfillPolicy, Config, MaterializeResult, MetadataValue, asset
@@ -235,13 +234,14 @@ def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource)
             flags[row["item_id"]] = ["suspected_violation"]
     embedded = [store.read_partition("embeddings", "items", d).filter(pl.col("skip_reason").is_null())
                 for d in days if store.partition_path("embeddings", "items", d).exists()]
-    embeddings = pl.concat(embedded).drop("skip_reason") if embedded else pl.DataFrame()
+    # an item changed on several of the days: its newest embedding wins
+    embeddings = pl.concat(embedded).drop("skip_reason").unique("item_id", keep="last", maintain_order=True) \
+        if embedded else pl.DataFrame()
     with vector_store.open() as vectors:
         result = sync_vector_store(vectors, embeddings, catalogue, flags)
         count = vectors.count("items") if embeddings.height else 0
     context.log.info(f"vectors/items: {result}, {count} points")
-    return MaterializeResult(metadata={**result, "points": count, "location": str(Path(vector_store.location))
-                                       if "://" not in vector_store.location else vector_store.location})
+    return MaterializeResult(metadata={**result, "points": count, "location": vector_store.location})
 
 
 embedding_assets = [clip_model, item_embeddings, content_violation_flags, item_vectors]
