@@ -227,16 +227,17 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
 def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource):
     store = lake.lake()
     days = partition_days(context)
-    catalogue = current_catalogue(store, through=days[-1])
-    flags = {}
-    for day in lake.lake().partition_days(cv.FLAGS_ZONE, cv.FLAGS_TABLE):
-        for row in store.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day).filter("flagged").iter_rows(named=True):
-            flags[row["item_id"]] = ["suspected_violation"]
-    embedded = [store.read_partition("embeddings", "items", d).filter(pl.col("skip_reason").is_null())
-                for d in days if store.partition_path("embeddings", "items", d).exists()]
-    # an item changed on several of the days: its newest embedding wins
-    embeddings = pl.concat(embedded).drop("skip_reason").unique("item_id", keep="last", maintain_order=True) \
-        if embedded else pl.DataFrame()
+    # the newest catalogue row and the newest embedding of each item embedded on these days, so that
+    # re-running an old day neither brings back old vectors nor drops items added since
+    catalogue = current_catalogue(store)
+    flags = {}  # an item's newest verdict wins
+    for day in store.partition_days(cv.FLAGS_ZONE, cv.FLAGS_TABLE):
+        for row in store.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day).iter_rows(named=True):
+            flags[row["item_id"]] = ["suspected_violation"] if row["flagged"] else []
+    touched = [store.read_partition("embeddings", "items", d)["item_id"]
+               for d in days if store.partition_path("embeddings", "items", d).exists()]
+    embeddings = latest_item_embeddings(store.root).filter(pl.col("item_id").is_in(pl.concat(touched).implode())) \
+        if touched else pl.DataFrame()
     with vector_store.open() as vectors:
         result = sync_vector_store(vectors, embeddings, catalogue, flags)
         count = vectors.count("items") if embeddings.height else 0
