@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -119,6 +120,9 @@ def vector_search(args) -> None:
             started = time.perf_counter()
             store.search("bench", queries[0], "v", 10)  # the first search flushes and builds the index
             index = time.perf_counter() - started
+            if engine.startswith("Qdrant Edge"):
+                indexed = store._engine._shard("bench").info().indexed_vectors_count
+                print(f"  (Qdrant Edge: {indexed} of {count} vectors in HNSW-indexed segments)", flush=True)
             latencies, recalls = [], []
             for q, expected in zip(queries, truth):
                 started = time.perf_counter()
@@ -159,6 +163,7 @@ def main() -> None:
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: torch sees no CUDA GPU on this machine")
 
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work skews the figures)")
     with tempfile.TemporaryDirectory(prefix="bench-embeddings-") as folder:
         root = Path(folder)
         print(f"simulating {args.images} catalogue items ...", flush=True)
