@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -127,6 +128,8 @@ class FlinkJob:
     def start(self, restore: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         """Launch the job process (its own session, so stop() ends the JVM and Python workers too)."""
         self.status_path.unlink(missing_ok=True)
+        if self.settings.source_options.kind == "files":  # the file source fails on a missing folder
+            Path(self.settings.source_options.path).mkdir(parents=True, exist_ok=True)
         env = {**self.env(), **(extra_env or {})}
         with open(self.log_dir / "driver.log", "ab") as out:  # the child keeps its own handle
             return subprocess.Popen(self.command(restore), env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -141,17 +144,8 @@ class FlinkJob:
     def stop(self) -> None:
         """End the job's process group if it is still alive."""
         pid = self.status().get("pid")
-        if pid and _alive(pid):
-            try:
-                os.killpg(pid, signal.SIGTERM)
-                for _ in range(50):
-                    if not _alive(pid):
-                        break
-                    time.sleep(0.1)
-                else:
-                    os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if pid and process_alive(pid):
+            terminate_group(pid)
 
     def wait_running(self, timeout: float = 180.0) -> dict:
         """Block until the job reports RUNNING; raise with the cause if it fails first."""
@@ -160,7 +154,7 @@ class FlinkJob:
             status = self.status()
             if status.get("status") == "RUNNING":
                 return status
-            if status.get("status") in ("FAILED", "CANCELED") or status.get("pid") and not _alive(status["pid"]):
+            if status.get("status") in ("FAILED", "CANCELED") or status.get("pid") and not process_alive(status["pid"]):
                 raise StreamingJobError(f"{self.settings.name} failed to start: {status.get('error')} "
                                         f"(log: {self.log_dir})")
             time.sleep(0.5)
@@ -204,7 +198,7 @@ class FlinkJob:
         status = self.status()
         state = status.get("status", "NOT_STARTED")
         pid = status.get("pid")
-        if state not in ("FINISHED", "FAILED", "CANCELED", "NOT_STARTED") and not (pid and _alive(pid)):
+        if state not in ("FINISHED", "FAILED", "CANCELED", "NOT_STARTED") and not (pid and process_alive(pid)):
             state = "DIED"  # killed, or crashed before it could say so
         checkpoint = self.latest_checkpoint()
         metrics = self.metrics()
@@ -270,6 +264,9 @@ class OnlinePusher:
         frame = pd.DataFrame(list(fresh.values()))
         frame["event_timestamp"] = pd.to_datetime(frame.pop(WINDOW_END), utc=True)
         frame = frame[[*keys, "event_timestamp", *info["features"]]]
+        for feature, dtype in info["features"].items():  # no qualifying values: an empty list, as offline
+            if dtype.endswith("_list"):
+                frame[feature] = [v if isinstance(v, list) else [] for v in frame[feature]]
         self.store.push(info["push_source"], frame, to=_push_mode_online())
         pushed_at = time.time()
         with self.db:
@@ -306,7 +303,7 @@ def _parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace(" ", "T")).replace(tzinfo=UTC)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -319,4 +316,143 @@ def _alive(pid: int) -> bool:
         return True
 
 
-__all__ = ["FlinkJob", "JobHealth", "OnlinePusher", "SourceOptions", "StreamingJobError", "StreamingJobSettings"]
+def stage_landing(lake, source: str, days: list, out: Path, key: str | None = None) -> int:
+    """The landing partitions of `days` as JSON-lines files in `out`, the backfill job's input
+    (Flink's bundled formats read JSON, not Parquet). Exact re-deliveries (same `key`) are staged
+    once, as ingestion keeps them once; unreadable lines pass through for the job to count."""
+    import pyarrow.parquet as pq
+
+    from engines.simulator.files import to_jsonl
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    seen: set = set()
+    lines_written = 0
+    for day in days:
+        for path in lake.landing_files(source, day):
+            lines = (to_jsonl(pq.read_table(path)) if path.suffix == ".parquet" else path.read_text()).splitlines()
+            kept = []
+            for line in lines:
+                try:
+                    identity = json.loads(line).get(key) if key else None
+                except (json.JSONDecodeError, AttributeError):
+                    identity = None
+                if identity is not None and identity in seen:
+                    continue
+                seen.add(identity) if identity is not None else None
+                kept.append(line)
+            (out / f"{day.isoformat()}-{path.stem}.jsonl").write_text("".join(line + "\n" for line in kept))
+            lines_written += len(kept)
+    return lines_written
+
+
+def backfill(settings: StreamingJobSettings, lake, days: list, catalogue: Catalogue = default_catalogue,
+             timeout: float = 900.0) -> tuple[FlinkJob, dict]:
+    """The streaming views of `settings.source` over historical landing days, with the same compiled
+    SQL in Flink's batch mode. Re-running the same days replaces the earlier output."""
+    if not days:
+        raise ValueError("backfill needs at least one day")
+    run_dir = settings.state_dir / "backfill" / f"{min(days)}_{max(days)}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    source = next(s for s in catalogue.sources if s.name == settings.source)
+    staged = stage_landing(lake, settings.source, sorted(days), run_dir / "input", key=source.key)
+    job = FlinkJob(replace(settings, state_dir=run_dir, source_options=SourceOptions(path=str((run_dir / "input")
+                                                                                             .resolve()))),
+                   catalogue, mode="batch")
+    job.run_to_end(timeout)
+    return job, {"lines_staged": staged, **job.metrics()}
+
+
+def terminate_group(pid: int, grace_seconds: float = 5.0) -> None:
+    """SIGTERM a process group, SIGKILL if it lingers."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.time() + grace_seconds
+        while process_alive(pid) and time.time() < deadline:
+            time.sleep(0.1)
+        if process_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class FlinkSqlGateway:
+    """The cluster path: submits a job spec's SQL to a Flink SQL Gateway (REST API v2) and watches
+    the job through the JobManager's REST API. The gateway's cluster needs the Kafka SQL connector
+    JAR (flink-sql-connector-kafka) on its classpath; the sink folder must be shared storage that
+    the pusher can read."""
+
+    def __init__(self, gateway_url: str, rest_url: str, timeout: float = 30.0):
+        import httpx
+
+        self.gateway = httpx.Client(base_url=gateway_url.rstrip("/"), timeout=timeout)
+        self.rest = httpx.Client(base_url=rest_url.rstrip("/"), timeout=timeout)
+
+    def submit(self, job: FlinkJob, restore: str | None = None) -> str:
+        spec = job.spec()
+        session = self.gateway.post("/v2/sessions", json={"sessionName": spec.name}).raise_for_status().json()
+        handle = session["sessionHandle"]
+        settings = {"pipeline.name": spec.name, "restart-strategy.type": "none",
+                    "execution.checkpointing.interval": f"{job.settings.checkpoint_interval_ms}ms",
+                    "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION"}
+        if restore:
+            settings["execution.state-recovery.path"] = restore
+        statements = [f"SET '{k}' = '{v}'" for k, v in settings.items()] + spec.statements
+        statements.append("EXECUTE STATEMENT SET BEGIN " + "; ".join(spec.inserts) + "; END")
+        result = {}
+        for statement in statements:
+            operation = self.gateway.post(f"/v2/sessions/{handle}/statements",
+                                          json={"statement": statement}).raise_for_status().json()
+            result = self._result(handle, operation["operationHandle"])
+        job_id = result.get("jobID") or result["results"]["data"][0]["fields"][0]
+        job.status_path.parent.mkdir(parents=True, exist_ok=True)
+        job.status_path.write_text(json.dumps({"name": spec.name, "mode": spec.mode, "job_id": job_id,
+                                               "status": "RUNNING", "restored_from": restore}))
+        return job_id
+
+    def _result(self, session: str, operation: str) -> dict:
+        for _ in range(120):
+            response = self.gateway.get(f"/v2/sessions/{session}/operations/{operation}/result/0")
+            if response.status_code == 200 and response.json().get("resultType") != "NOT_READY":
+                return response.json()
+            time.sleep(0.5)
+        raise StreamingJobError(f"the SQL gateway did not finish operation {operation}")
+
+    def health(self, job: FlinkJob) -> JobHealth:
+        job_id = job.status().get("job_id")
+        if not job_id:
+            return JobHealth(name=job.settings.name, status="NOT_STARTED", healthy=False)
+        state = self.rest.get(f"/jobs/{job_id}").raise_for_status().json()["state"]
+        latest = self.rest.get(f"/jobs/{job_id}/checkpoints").raise_for_status().json().get("latest", {})
+        completed = latest.get("completed") or {}
+        age = time.time() - completed["latest_ack_timestamp"] / 1000 if completed else None
+        metrics = job.metrics()
+        newest = metrics.pop("newest_event_time")
+        return JobHealth(name=job.settings.name, status=state, healthy=state == "RUNNING", job_id=job_id,
+                         checkpoint=completed.get("external_path"), checkpoint_age_seconds=age,
+                         newest_event_time=newest, **metrics,
+                         lag_seconds=time.time() - _parse_time(newest).timestamp() if newest else None)
+
+
+def run_pusher(config_path: Path, interval_seconds: float = 0.5) -> None:
+    """The pusher process (FlinkResource starts it): apply committed results until terminated."""
+    from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+
+    config = json.loads(config_path.read_text())
+    spec = json.loads(Path(config.pop("spec")).read_text())
+    settings = FeatureStoreSettings(**{**config, "repo_dir": Path(config["repo_dir"]),
+                                       "offline_root": Path(config["offline_root"])})
+    pusher = OnlinePusher(FeatureStoreEngine(settings).store, spec)
+    while True:
+        pushed = pusher.poll()
+        if pushed:
+            print(json.dumps({"at": time.time(), "pushed": pushed}), flush=True)
+        time.sleep(interval_seconds)
+
+
+if __name__ == "__main__":
+    import sys
+
+    run_pusher(Path(sys.argv[1]))

@@ -7,6 +7,7 @@ from pathlib import Path
 from dagster import EnvVar
 
 from resources.feature_store import FeatureStoreResource
+from resources.flink import FlinkResource
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
@@ -32,6 +33,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         lake = LakeResource(root=data_dir or local_data_dir())
         feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
+        flink = FlinkResource(feature_store=feature_store)
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -41,6 +43,14 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
         )
         notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
+        flink = FlinkResource(
+            feature_store=feature_store,
+            mode="cluster",
+            source="kafka",
+            kafka_bootstrap_servers=EnvVar("MLPLANE_KAFKA_BOOTSTRAP_SERVERS"),
+            sql_gateway_url=EnvVar("MLPLANE_FLINK_SQL_GATEWAY_URL"),
+            rest_url=EnvVar("MLPLANE_FLINK_REST_URL"),
+        )
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -48,4 +58,5 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "feature_store": feature_store,
         "quality": QualityResource(lake=lake),
         "notifier": notifier,
+        "flink": flink,
     }
