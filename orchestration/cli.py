@@ -186,5 +186,9 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
     click.echo(json.dumps({k: v[0] for k, v in values.items()}, indent=2, default=str))
 
 
+from orchestration.streaming_cli import streaming  # noqa: E402
+
+main.add_command(streaming)
+
 if __name__ == "__main__":
     sys.exit(main())

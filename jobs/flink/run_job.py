@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if state not in TERMINAL:
         state = wait_for(client, status, job_id, until=TERMINAL)
     if state != "FINISHED":
-        status.write(state, job_id=job_id, error=failure_cause(client))
+        status.write(state, job_id=job_id, error=failure_cause(client) or f"the job ended {state}")
         return 1
     return 0
 
@@ -96,20 +96,21 @@ def wait_for(client, status: StatusFile, job_id: str, until: set[str]) -> str:
     while True:
         try:
             state = str(client.get_job_status().result()).rsplit(".", 1)[-1]
-        except Exception:  # the mini-cluster forgets a job shortly after it ends
-            state = "FAILED"
+        except Exception:  # the mini-cluster forgets a job once it ends: ask for its result instead
+            state = "FINISHED" if failure_cause(client) is None else "FAILED"
         status.write(state, job_id=job_id)
         if state in until:
             return state
         time.sleep(1.0)
 
 
-def failure_cause(client) -> str:
+def failure_cause(client) -> str | None:
+    """None when the job finished; otherwise the root cause the Java exception carries."""
     try:
         client.get_job_execution_result().result()
-    except Exception as error:  # the Java exception carries the root cause
+    except Exception as error:
         return "".join(traceback.format_exception_only(error)).strip()[-4000:]
-    return "the job ended without a result"
+    return None
 
 
 def batch_counts(spec: dict) -> dict:

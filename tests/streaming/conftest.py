@@ -66,6 +66,14 @@ def wait_until(condition, what: str, timeout: float = TIMEOUT, pusher: OnlinePus
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def normalised(values, is_list: bool = False) -> list:
+    """Values compared across engines: floats rounded, a missing list as the empty list offline gives."""
+    values = values.to_list() if hasattr(values, "to_list") else values
+    if is_list:
+        return [v or [] for v in values]
+    return [round(v, 9) if isinstance(v, float) else v for v in values]
+
+
 def append_in_chunks(stream: EventStream, table: pa.Table, chunks: int, pause: float = 1.0) -> int:
     size = -(-table.num_rows // chunks)
     for start in range(0, table.num_rows, size):
