@@ -78,6 +78,10 @@ def test_asset_runs_the_job_and_the_sensor_restarts_it_after_a_kill(pipeline_dir
 
         users: set[int] = set()
         stream = EventStream(Simulator(SMALL, tmp_path / "sim"), lake / "stream" / "interactions")
+        # a job reads a backlog of files newest first, so feed it live only once it reads
+        stream.append_lines(['{"not": "an event"}'])
+        job = flink.job("interactions")
+        wait_until(lambda: job.metrics()["records"] == 1, "the job to read its first file")
         stream.live(rate_per_second=20, seconds=12, day=STREAM_DAY,
                     on_file=lambda path, at, rows: users.update(rows["user_id"].to_pylist()))
         engine = resources["feature_store"].engine()
@@ -88,18 +92,17 @@ def test_asset_runs_the_job_and_the_sensor_restarts_it_after_a_kill(pipeline_dir
         assert any(v for v in online["user_activity_realtime__impressions_1h"])
         assert any(v is not None for v in online["user_engagement__impressions_7d"])  # batch, side by side
 
-        job = flink.job("interactions")
         wait_until(job.latest_checkpoint, "a checkpoint")
         os.killpg(job.status()["pid"], signal.SIGKILL)
-        context = build_sensor_context(resources={"flink": flink, "notifier": notifier}, instance=instance)
-        tick = wait_until(lambda: isinstance(r := streaming_job_sensor(context), SensorResult) and r, "the sensor")
+        resources = {"flink": flink, "notifier": notifier}
+        with build_sensor_context(resources=resources, instance=instance) as context:
+            tick = wait_until(lambda: isinstance(r := streaming_job_sensor(context), SensorResult) and r, "the sensor")
         [request] = tick.run_requests
         assert request.asset_selection == [KEY]
         assert webhook.received[-1]["status"] == "DIED" and "restarting" in webhook.received[-1]["action"]
-        # the same incident is reported once
-        again = streaming_job_sensor(build_sensor_context(resources={"flink": flink, "notifier": notifier},
-                                                          instance=instance, cursor=tick.cursor))
-        assert not getattr(again, "run_requests", None) and len(webhook.received) == 1
+        with build_sensor_context(resources=resources, instance=instance, cursor=tick.cursor) as context:
+            again = streaming_job_sensor(context)
+        assert not getattr(again, "run_requests", None) and len(webhook.received) == 1  # one incident, one post
 
         restarted = materialize(streaming_assets, resources={"flink": flink}, instance=instance)  # the requested run
         meta = materialized_metadata(restarted)
