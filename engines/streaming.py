@@ -229,7 +229,7 @@ class OnlinePusher:
         self.on_push = on_push
         state = Path(self.spec["sink_root"]).parent / "pusher.db"
         state.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(state)
+        self.db = sqlite3.connect(state, check_same_thread=False)  # one poller at a time, any thread
         self.db.executescript(
             "CREATE TABLE IF NOT EXISTS applied_files (path TEXT PRIMARY KEY);"
             "CREATE TABLE IF NOT EXISTS newest_window (view TEXT, entity TEXT, window_end TEXT, "

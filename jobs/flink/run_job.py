@@ -7,9 +7,8 @@ Runs inside .venv-flink (standard library, pyflink and dagster-pipes only):
 
 It writes DIR/status.json every second (process, Flink job id and status, restored checkpoint) for
 the platform to watch. Under dagster-pipes (launched by FlinkResource) it reports the job id once
-the job runs, and for a batch job its counts as the asset's materialization, then closes the pipe;
-a streaming job keeps running after that. Restarts are off: a failure ends the process with the
-cause in status.json, so the platform sees and reports it.
+the job runs and closes the pipe; the job keeps running after that. Restarts are off: a failure
+ends the process with the cause in status.json, so the platform sees and reports it.
 """
 
 from __future__ import annotations
@@ -45,10 +44,6 @@ def main(argv: list[str] | None = None) -> int:
         state = wait_for(client, status, job_id, until={"RUNNING"} | TERMINAL)
         if pipes:
             pipes.report_custom_message({"job_id": job_id, "status": state})
-        if spec["mode"] == "batch" and state not in TERMINAL:
-            state = wait_for(client, status, job_id, until=TERMINAL)
-        if pipes and spec["mode"] == "batch" and state == "FINISHED":
-            pipes.report_asset_materialization(metadata={"flink_job_id": job_id, **batch_counts(spec)})
     if state not in TERMINAL:
         state = wait_for(client, status, job_id, until=TERMINAL)
     if state != "FINISHED":
@@ -111,24 +106,6 @@ def failure_cause(client) -> str | None:
     except Exception as error:
         return "".join(traceback.format_exception_only(error)).strip()[-4000:]
     return None
-
-
-def batch_counts(spec: dict) -> dict:
-    """Rows per view sink and the job's own counts, read back from the committed files."""
-    counts = {}
-    for view, info in spec["views"].items():
-        counts[f"rows_{view}"] = sum(1 for _ in json_rows(Path(info["sink"])))
-    for row in json_rows(Path(spec["sink_root"]) / "_metrics"):
-        for key in ("records", "malformed", "late"):
-            counts[key] = counts.get(key, 0) + (row.get(key) or 0)
-    return counts
-
-
-def json_rows(folder: Path):
-    for path in sorted(folder.glob("part-*")) if folder.exists() else ():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                yield json.loads(line)
 
 
 class StatusFile:
