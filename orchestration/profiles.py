@@ -43,13 +43,15 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
         )
         notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
+        # read when the streaming jobs are used (a clear error then if unset), so a deployment
+        # without streaming features needs none of them
         flink = FlinkResource(
             feature_store=feature_store,
             mode="cluster",
             source="kafka",
-            kafka_bootstrap_servers=EnvVar("MLPLANE_KAFKA_BOOTSTRAP_SERVERS"),
-            sql_gateway_url=EnvVar("MLPLANE_FLINK_SQL_GATEWAY_URL"),
-            rest_url=EnvVar("MLPLANE_FLINK_REST_URL"),
+            kafka_bootstrap_servers=os.environ.get("MLPLANE_KAFKA_BOOTSTRAP_SERVERS", ""),
+            sql_gateway_url=os.environ.get("MLPLANE_FLINK_SQL_GATEWAY_URL", ""),
+            rest_url=os.environ.get("MLPLANE_FLINK_REST_URL", ""),
         )
     else:
         raise ValueError(f"unknown profile {profile!r}")

@@ -80,10 +80,12 @@ class FlinkResource(ConfigurableResource):
         """Start the job, from its newest checkpoint when it has one; returns its health once it
         runs and what it reported through dagster-pipes. Raises with the cause if it fails."""
         job = self.job(source)
-        checkpoint = job.latest_checkpoint() if self.mode == "local" else None
-        if self.mode == "cluster":
-            self._gateway().submit(job)
-            return self._gateway().health(job), {}
+        if self.mode == "cluster":  # resume from the failed job's newest retained checkpoint, if any
+            gateway = self._gateway()
+            checkpoint = gateway.health(job).checkpoint
+            gateway.submit(job, restore=checkpoint)
+            return gateway.health(job), {"restored_from": checkpoint}
+        checkpoint = job.latest_checkpoint()
         job.stop()
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),
                                 message_reader=PipesTempFileMessageReader()) as session:
