@@ -39,6 +39,9 @@ from feature_defs import catalogue  # noqa: E402
 from feature_defs.compile.polars import build_daily_rows, day_end  # noqa: E402
 
 VIEW = "user_activity_realtime"
+SCHEMA = {"event_id": pl.String, "event_timestamp": pl.String, "user_id": pl.Int64, "item_id": pl.Int64,
+          "event_type": pl.String, "session_id": pl.String, "device": pl.String, "play_seconds": pl.Float64,
+          "amount": pl.Float64}
 DAY = date(2026, 1, 5)
 
 
@@ -134,7 +137,7 @@ def naive_run(root: Path, stream: EventStream, store, rate: int, seconds: float)
             files = sorted(stream.directory.glob("events-*.jsonl"))
             if set(files) - seen:
                 seen.update(files)
-                events = pl.concat([pl.read_ndjson(f) for f in files[-5000:]], how="vertical_relaxed")
+                events = pl.concat([pl.read_ndjson(f, schema=SCHEMA) for f in files])
                 now = datetime.now(UTC)
                 events = events.with_columns(pl.col("event_timestamp").str.to_datetime(time_zone="UTC"))
                 # the view at "now", through the batch plan (shifted so the day ends now)
