@@ -8,5 +8,5 @@ from assets.quality import quality_assets
 from assets.streaming import streaming_assets
 
 all_asset_checks = [*freshness_checks]
-all_assets = [*ingestion_assets, *feature_table_assets, *feature_store_assets, *dataset_assets, *quality_assets,
-              *streaming_assets]
+all_assets = [*ingestion_assets, *feature_table_assets, *feature_store_assets, *dataset_assets, *quality_assets]
+all_assets += streaming_assets
