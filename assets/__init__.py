@@ -6,7 +6,8 @@ from assets.features import feature_store_assets, feature_table_assets
 from assets.freshness import freshness_checks
 from assets.ingestion import ingestion_assets
 from assets.quality import quality_assets
+from assets.streaming import streaming_assets
 
 all_asset_checks = [*freshness_checks]
 all_assets = [*ingestion_assets, *feature_table_assets, *feature_store_assets, *dataset_assets, *quality_assets,
-              *embedding_assets]
+              *embedding_assets, *streaming_assets]

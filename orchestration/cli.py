@@ -15,6 +15,7 @@ import click
 from orchestration.home import ensure_dagster_home
 from orchestration.profiles import PROJECT_ROOT, local_data_dir
 from orchestration.search_cli import search as search_command
+from orchestration.streaming_cli import streaming
 
 
 @click.group()
@@ -188,6 +189,7 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
 
 
 main.add_command(search_command)
+main.add_command(streaming)
 
 if __name__ == "__main__":
     sys.exit(main())

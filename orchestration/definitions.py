@@ -7,13 +7,14 @@ from jobs import all_jobs
 from orchestration.profiles import current_profile, resources_for
 from orchestration.schedules import daily_pipeline_schedule
 from orchestration.sensors import freshness_sensor, landing_sensor, notify_run_failure
+from orchestration.streaming import streaming_job_sensor
 
 defs = Definitions(
     assets=all_assets,
     asset_checks=all_asset_checks,
     jobs=all_jobs,
     schedules=[daily_pipeline_schedule],
-    sensors=[landing_sensor, notify_run_failure, freshness_sensor],
+    sensors=[landing_sensor, notify_run_failure, freshness_sensor, streaming_job_sensor],
     resources=resources_for(current_profile()),
     # One process per run: on small machines the per-step process start (Feast, GX imports) costs
     # more than it saves, and GX's project file must not be written by two steps at once.

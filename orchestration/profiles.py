@@ -7,6 +7,7 @@ from pathlib import Path
 from dagster import EnvVar
 
 from resources.feature_store import FeatureStoreResource
+from resources.flink import FlinkResource
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
@@ -36,6 +37,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
         ray_compute = RayResource()
+        flink = FlinkResource(feature_store=feature_store)
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -47,6 +49,16 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
         vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"))
         ray_compute = RayResource(address=EnvVar("MLPLANE_RAY_ADDRESS"))
+        # read when the streaming jobs are used (a clear error then if unset), so a deployment
+        # without streaming features needs none of them
+        flink = FlinkResource(
+            feature_store=feature_store,
+            mode="cluster",
+            source="kafka",
+            kafka_bootstrap_servers=os.environ.get("MLPLANE_KAFKA_BOOTSTRAP_SERVERS", ""),
+            sql_gateway_url=os.environ.get("MLPLANE_FLINK_SQL_GATEWAY_URL", ""),
+            rest_url=os.environ.get("MLPLANE_FLINK_REST_URL", ""),
+        )
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -56,4 +68,5 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "notifier": notifier,
         "vector_store": vector_store,
         "ray": ray_compute,
+        "flink": flink,
     }

@@ -1,0 +1,278 @@
+"""Compile the streaming plans of one event source to a Flink SQL job (a JSON-able spec).
+
+The job reads raw JSON lines (a directory the simulator appends to, or a Kafka topic), parses
+them in SQL, counts malformed and late lines, and computes every streaming view over the source
+with event-time HOP windows (size = the feature's window, slide = how often values are emitted;
+slide == size gives tumbling windows). Each window result is a complete value for
+(entity, window_end), written to a sink that the pusher applies to the online store as an
+idempotent upsert. The same statements run in batch mode for backfills.
+
+Semantics match the polars plan: a window ending at T covers events in [T - window, T); rows
+with a null entity key are skipped; `where` filters treat null as false; sums of nothing are 0,
+means and maxima of nothing are null; last_n keeps distinct values, most recent first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from feature_defs.compile.streaming import StreamingPlan, WindowedAggregate
+
+SQL_TYPES = {"int64": "BIGINT", "float64": "DOUBLE", "string": "STRING", "bool": "BOOLEAN"}
+LIST_ELEMENT = {"int64_list": "BIGINT", "string_list": "STRING"}
+WINDOW_END = "window_end"  # the sink column with the end of the window (exclusive), UTC
+METRICS = "_metrics"  # the sink folder of the job's own counts
+
+
+class FlinkCompileError(ValueError):
+    """A streaming plan that the Flink compiler cannot express; the message names the view."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Where the raw event lines come from: a directory of JSON-lines files, or a Kafka topic."""
+
+    kind: Literal["files", "kafka"] = "files"
+    path: str = ""  # files: the directory the producer appends files to
+    monitor_seconds: float = 1.0  # files: how often the directory is scanned (streaming mode)
+    bootstrap_servers: str = ""  # kafka
+    topic: str = ""  # kafka
+    group_id: str = "mlplane-streaming-features"  # kafka
+
+    def with_clause(self, mode: str) -> str:
+        if self.kind == "files":
+            if not self.path:
+                raise FlinkCompileError("a files source needs a path")
+            options = {"connector": "filesystem", "path": self.path, "format": "raw"}
+            if mode == "streaming":
+                options["source.monitor-interval"] = f"{int(self.monitor_seconds * 1000)}ms"
+        elif self.kind == "kafka":
+            if not (self.bootstrap_servers and self.topic):
+                raise FlinkCompileError("a kafka source needs bootstrap_servers and topic")
+            options = {"connector": "kafka", "topic": self.topic, "format": "raw",
+                       "properties.bootstrap.servers": self.bootstrap_servers,
+                       "properties.group.id": self.group_id, "scan.startup.mode": "group-offsets",
+                       "properties.auto.offset.reset": "earliest"}
+        else:
+            raise FlinkCompileError(f"source kind must be 'files' or 'kafka', not {self.kind!r}")
+        return _with(options)
+
+
+@dataclass(frozen=True)
+class FlinkJobSpec:
+    """Everything the generic job body (jobs/flink/run_job.py) needs: SQL and settings, no code."""
+
+    name: str
+    mode: Literal["streaming", "batch"]
+    statements: list[str]  # DDL, run in order
+    inserts: list[str]  # one statement set, one Flink job
+    views: dict[str, dict]  # view -> {"keys": [...], "features": {name: dtype}, "push_source": ...}
+    sink_root: str
+    settings: dict[str, str] = field(default_factory=dict)  # Flink configuration
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink_root: str,
+              mode: Literal["streaming", "batch"] = "streaming", slide_seconds: int = 60,
+              watermark_delay_seconds: int = 5) -> FlinkJobSpec:
+    """One Flink job computing every plan (all over the same event source)."""
+    if not plans:
+        raise FlinkCompileError(f"job {name!r}: no streaming plans")
+    sources = {p.source for p in plans}
+    if len(sources) != 1:
+        raise FlinkCompileError(f"job {name!r}: plans read different sources {sorted(sources)}; one job per source")
+    if mode not in ("streaming", "batch"):
+        raise FlinkCompileError(f"job {name!r}: mode must be 'streaming' or 'batch', not {mode!r}")
+    if slide_seconds <= 0 or watermark_delay_seconds < 0:
+        raise FlinkCompileError(f"job {name!r}: slide must be positive and the watermark delay not negative")
+    first = plans[0]
+    raw, events = f"{first.source}_raw", f"{first.source}_events"
+    keys = sorted({c for p in plans for c in p.keys.values()})
+    statements = [
+        _source_ddl(raw, first, source, mode, watermark_delay_seconds),
+        _parsed_view(f"{first.source}_parsed", raw, first, keys, mode),
+        f"CREATE TEMPORARY VIEW `{events}` AS SELECT * FROM `{first.source}_parsed` "
+        "WHERE is_valid AND NOT is_late",
+        _metrics_sink_ddl(sink_root, mode),
+    ]
+    inserts = [_metrics_insert(f"{first.source}_parsed", first.event_time, mode)]
+    views = {}
+    for plan in plans:
+        sink = f"sink__{plan.view}"
+        statements.append(_view_sink_ddl(sink, plan, sink_root, mode))
+        inserts.append(_view_insert(sink, events, plan, slide_seconds))
+        views[plan.view] = {"keys": list(plan.keys), "features": plan.output_types, "push_source": plan.push_source,
+                            "sink": f"{sink_root}/{plan.view}"}
+    return FlinkJobSpec(name=name, mode=mode, statements=statements, inserts=inserts, views=views,
+                        sink_root=sink_root)
+
+
+# --- source -------------------------------------------------------------------------------------
+def _json_value(column: str, dtype: str) -> str:
+    path = f"'$.{column}'"
+    if dtype == "timestamp":
+        return _timestamp_of(f"JSON_VALUE(line, {path})")
+    if dtype not in SQL_TYPES:
+        raise FlinkCompileError(f"column {column!r}: type {dtype} is not supported in streaming sources")
+    if dtype == "string":
+        return f"JSON_VALUE(line, {path})"
+    return f"TRY_CAST(JSON_VALUE(line, {path}) AS {SQL_TYPES[dtype]})"
+
+
+def _timestamp_of(text: str) -> str:
+    # ISO-8601 UTC text ('2026-01-01T10:00:00.123456Z'); cut to milliseconds, Flink's time precision,
+    # so that an event just before a window end never rounds up into the next window.
+    iso = f"REPLACE(REPLACE({text}, 'T', ' '), 'Z', '')"
+    return f"TRY_CAST(SUBSTRING({iso} FROM 1 FOR 23) AS TIMESTAMP(3))"
+
+
+def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: str, delay: int) -> str:
+    ts = plan.event_time
+    # A line without a readable timestamp gets the epoch (never null, which would fail the window
+    # operator); the parsed view marks it malformed and no window sees it.
+    columns = [
+        "line STRING",
+        f"`{ts}` AS COALESCE({_json_value(ts, 'timestamp')}, TIMESTAMP '1970-01-01 00:00:00')",
+    ]
+    if mode == "streaming":
+        columns += ["proc_time AS PROCTIME()", f"WATERMARK FOR `{ts}` AS `{ts}` - {_interval(delay)}"]
+    return f"CREATE TABLE `{table}` (\n  " + ",\n  ".join(columns) + f"\n) {source.with_clause(mode)}"
+
+
+def _parsed_view(name: str, raw: str, plan: StreamingPlan, keys: list[str], mode: str) -> str:
+    ts = plan.event_time
+    typed = {c: _json_value(c, t) for c, t in plan.source_schema.items() if c != ts}
+    checks = ["(line IS JSON OBJECT)", f"({_json_value(ts, 'timestamp')} IS NOT NULL)"]
+    checks += [f"({typed[k]} IS NOT NULL)" for k in keys]
+    # a value present with the wrong type (say 'user-3' for a BIGINT) is malformed, not null
+    checks += [f"(JSON_VALUE(line, '$.{c}') IS NULL OR {expr} IS NOT NULL)"
+               for c, expr in typed.items() if plan.source_schema[c] not in ("string",)]
+    is_valid = "COALESCE(" + " AND ".join(checks) + ", FALSE)"
+    columns = [f"{expr} AS `{c}`" for c, expr in typed.items()]
+    if mode == "streaming":  # older than the watermark: dropped here and counted, not silently by a window
+        late, extra = f"COALESCE(`{ts}` < CURRENT_WATERMARK(`{ts}`), FALSE)", ", proc_time"
+    else:
+        late, extra = "FALSE", ""
+    return (f"CREATE TEMPORARY VIEW `{name}` AS SELECT `{ts}`{extra}, " + ", ".join(columns)
+            + f", {is_valid} AS is_valid, {late} AS is_late FROM `{raw}`")
+
+
+# --- sinks ------------------------------------------------------------------------------------------
+def _sink_with(path: str, mode: str) -> str:
+    options = {"connector": "filesystem", "path": path, "format": "json"}
+    if mode == "streaming":  # files become visible when a checkpoint commits them
+        options |= {"sink.rolling-policy.rollover-interval": "1s", "sink.rolling-policy.check-interval": "1s"}
+    return _with(options)
+
+
+def _sql_type(dtype: str) -> str:
+    if dtype in LIST_ELEMENT:
+        return f"ARRAY<{LIST_ELEMENT[dtype]}>"
+    return SQL_TYPES[dtype]
+
+
+def _view_sink_ddl(sink: str, plan: StreamingPlan, sink_root: str, mode: str) -> str:
+    columns = [f"`{k}` {SQL_TYPES[plan.source_schema[c]]}" for k, c in plan.keys.items()]
+    columns.append(f"`{WINDOW_END}` TIMESTAMP(3)")
+    columns += [f"`{f}` {_sql_type(t)}" for f, t in plan.output_types.items()]
+    with_clause = _sink_with(f"{sink_root}/{plan.view}", mode)
+    return f"CREATE TABLE `{sink}` (\n  " + ",\n  ".join(columns) + f"\n) {with_clause}"
+
+
+def _metrics_sink_ddl(sink_root: str, mode: str) -> str:
+    columns = ["measured_at TIMESTAMP(3)", "records BIGINT", "malformed BIGINT", "late BIGINT",
+               "max_event_time TIMESTAMP(3)"]
+    return "CREATE TABLE `sink__metrics` (" + ", ".join(columns) + f") {_sink_with(f'{sink_root}/{METRICS}', mode)}"
+
+
+def _metrics_insert(parsed: str, ts: str, mode: str) -> str:
+    counts = ("COUNT(*), COUNT(CASE WHEN NOT is_valid THEN 1 END), COUNT(CASE WHEN is_valid AND is_late THEN 1 END), "
+              f"MAX(CASE WHEN is_valid THEN `{ts}` END)")
+    if mode == "batch":
+        return f"INSERT INTO `sink__metrics` SELECT CAST(LOCALTIMESTAMP AS TIMESTAMP(3)), {counts} FROM `{parsed}`"
+    return (f"INSERT INTO `sink__metrics` SELECT CAST(window_end AS TIMESTAMP(3)), {counts} "
+            f"FROM TABLE(TUMBLE(TABLE `{parsed}`, DESCRIPTOR(proc_time), {_interval(1)})) "
+            "GROUP BY window_start, window_end")
+
+
+# --- windowed aggregates -------------------------------------------------------------------------
+def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str:
+    windows = {a.window_seconds for a in plan.aggregates}
+    if len(windows) != 1:
+        raise FlinkCompileError(
+            f"feature view {plan.view!r}: a streaming view's aggregations must share one window "
+            f"(found {sorted(windows)} seconds); split it into one view per window")
+    window = windows.pop()
+    if window % slide and slide % window:
+        raise FlinkCompileError(f"feature view {plan.view!r}: window {window}s is not a multiple of the slide {slide}s")
+    last_n = [a for a in plan.aggregates if a.kind == "last_n"]
+    if len(last_n) > 1:
+        raise FlinkCompileError(f"feature view {plan.view!r}: at most one last_n feature per streaming view")
+    hop = (f"TABLE(HOP(TABLE `{events}`, DESCRIPTOR(`{plan.event_time}`), {_interval(min(slide, window))}, "
+           f"{_interval(window)}))")
+    keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
+    group = "window_start, window_end, " + ", ".join(f"`{c}`" for c in plan.keys.values())
+    aggs = "".join(f", {_aggregate_sql(a, plan)} AS `{a.feature}`" for a in plan.aggregates if a.kind != "last_n")
+    rows = f"SELECT {keys}, window_start, window_end{aggs} FROM {hop} GROUP BY {group}"
+    if last_n:  # LEFT window join: an entity with events but none that qualify gets an empty list
+        on = " AND ".join(f"m.`{k}` = l.`{k}`" for k in plan.keys)
+        latest = _last_n_sql(last_n[0], plan, hop)
+        rows = (f"SELECT m.*, l.`{last_n[0].feature}` FROM ({rows}) m LEFT JOIN ({latest}) l "
+                f"ON {on} AND m.window_start = l.window_start AND m.window_end = l.window_end")
+    derived = {d.feature: d.sql for d in plan.derived}
+    outer = [f"`{k}`" for k in plan.keys] + [f"CAST(window_end AS TIMESTAMP(3)) AS `{WINDOW_END}`"]
+    outer += [f"{derived[f]} AS `{f}`" if f in derived else f"`{f}`" for f in plan.output_types]
+    return f"INSERT INTO `{sink}` SELECT {', '.join(outer)} FROM ({rows})"
+
+
+def _aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
+    def when(value: str) -> str:
+        return f"CASE WHEN {agg.where_sql} THEN {value} END" if agg.where_sql else value
+
+    match agg.kind:
+        case "count":
+            return f"COUNT({when('1')})"
+        case "sum":
+            return f"COALESCE(SUM({when(agg.value_sql)}), 0)"
+        case "mean":
+            return f"AVG(CAST({when(agg.value_sql)} AS DOUBLE))"
+        case "max":
+            return f"MAX({when(agg.value_sql)})"
+        case "min":
+            return f"MIN({when(agg.value_sql)})"
+        case "distinct_count":
+            return f"COUNT(DISTINCT {when(agg.value_sql)})"
+    raise FlinkCompileError(f"feature view {plan.view!r}, feature {agg.feature!r}: {agg.kind} has no Flink form")
+
+
+def _last_n_sql(agg: WindowedAggregate, plan: StreamingPlan, hop: str) -> str:
+    """last_n in plain SQL: each value's latest time per window, a window Top-N over (time, value)
+    descending, then the top n pivoted into an array (nulls, where fewer than n, removed)."""
+    keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
+    names = ", ".join(f"`{k}`" for k in plan.keys)
+    where = f"({agg.where_sql}) AND " if agg.where_sql else ""
+    latest = (f"SELECT {keys}, window_start, window_end, {agg.value_sql} AS v, MAX(`{plan.event_time}`) AS t "
+              f"FROM {hop} WHERE {where}{agg.value_sql} IS NOT NULL "
+              f"GROUP BY window_start, window_end, {', '.join(f'`{c}`' for c in plan.keys.values())}, {agg.value_sql}")
+    ranked = (f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, {names} "
+              f"ORDER BY t DESC, v DESC) AS rn FROM ({latest})) WHERE rn <= {int(agg.n)}")
+    element = LIST_ELEMENT[plan.output_types[agg.feature]]
+    slots = ", ".join(f"MAX(CASE WHEN rn = {i} THEN v END)" for i in range(1, int(agg.n) + 1))
+    return (f"SELECT {names}, window_start, window_end, ARRAY_REMOVE(ARRAY[{slots}], CAST(NULL AS {element})) "
+            f"AS `{agg.feature}` FROM ({ranked}) GROUP BY window_start, window_end, {names}")
+
+
+def _interval(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    return f"INTERVAL '{days} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}' DAY(3) TO SECOND"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _with(options: dict[str, str]) -> str:
+    return "WITH (" + ", ".join(f"{_quote(k)} = {_quote(str(v))}" for k, v in options.items()) + ")"

@@ -1,0 +1,136 @@
+"""The one PyFlink job body: runs a compiled job spec (feature_defs/compile/flink.py) on the local
+mini-cluster, so no feature has hand-written Flink code.
+
+Runs inside .venv-flink (standard library, pyflink and dagster-pipes only):
+
+    .venv-flink/bin/python jobs/flink/run_job.py SPEC.json --state-dir DIR [--restore CHECKPOINT]
+
+It writes DIR/status.json every second (process, Flink job id and status, restored checkpoint) for
+the platform to watch. Under dagster-pipes (launched by FlinkResource) it reports the job id once
+the job runs and closes the pipe; the job keeps running after that. Restarts are off: a failure
+ends the process with the cause in status.json, so the platform sees and reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", type=Path)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--restore", default=None, help="a retained checkpoint (chk-N folder) to resume from")
+    parser.add_argument("--checkpoint-interval-ms", type=int, default=2000)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    status = StatusFile(args.state_dir / "status.json", spec["name"], spec["mode"], args.restore)
+    with pipes_or_nothing() as pipes:
+        try:
+            client = submit(spec, args)
+        except Exception as error:  # bad SQL, missing JAR, ...: say so where the platform looks
+            status.write("FAILED", error=f"{type(error).__name__}: {error}")
+            raise
+        job_id = str(client.get_job_id())
+        state = wait_for(client, status, job_id, until={"RUNNING"} | TERMINAL)
+        if pipes:
+            pipes.report_custom_message({"job_id": job_id, "status": state})
+    if state not in TERMINAL:
+        state = wait_for(client, status, job_id, until=TERMINAL)
+    if state != "FINISHED":
+        status.write(state, job_id=job_id, error=failure_cause(client) or f"the job ended {state}")
+        return 1
+    return 0
+
+
+def submit(spec: dict, args: argparse.Namespace):
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    settings = (EnvironmentSettings.in_streaming_mode() if spec["mode"] == "streaming"
+                else EnvironmentSettings.in_batch_mode())
+    env = TableEnvironment.create(settings)
+    config = env.get_config()
+    checkpoints = (args.state_dir / "checkpoints").resolve()
+    values = {
+        "pipeline.name": spec["name"],
+        "parallelism.default": "1",
+        "python.executable": sys.executable,
+        "restart-strategy.type": "none",
+        "table.exec.resource.default-parallelism": "1",
+    }
+    if spec["mode"] == "streaming":
+        values |= {
+            "execution.checkpointing.interval": f"{args.checkpoint_interval_ms}ms",
+            "execution.checkpointing.dir": checkpoints.as_uri(),
+            "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+            "execution.checkpointing.num-retained": "2",
+        }
+        if args.restore:
+            values["execution.state-recovery.path"] = Path(args.restore).resolve().as_uri()
+    values |= spec.get("settings", {})
+    for key, value in values.items():
+        config.set(key, value)
+    for statement in spec["statements"]:
+        env.execute_sql(statement)
+    statements = env.create_statement_set()
+    for insert in spec["inserts"]:
+        statements.add_insert_sql(insert)
+    return statements.execute().get_job_client()
+
+
+def wait_for(client, status: StatusFile, job_id: str, until: set[str]) -> str:
+    while True:
+        try:
+            state = str(client.get_job_status().result()).rsplit(".", 1)[-1]
+        except Exception:  # the mini-cluster forgets a job once it ends: ask for its result instead
+            state = "FINISHED" if failure_cause(client) is None else "FAILED"
+        status.write(state, job_id=job_id)
+        if state in until:
+            return state
+        time.sleep(1.0)
+
+
+def failure_cause(client) -> str | None:
+    """None when the job finished; otherwise the root cause the Java exception carries."""
+    try:
+        client.get_job_execution_result().result()
+    except Exception as error:
+        return "".join(traceback.format_exception_only(error)).strip()[-4000:]
+    return None
+
+
+class StatusFile:
+    def __init__(self, path: Path, name: str, mode: str, restored_from: str | None):
+        self.path = path
+        self.base = {"name": name, "mode": mode, "pid": os.getpid(), "started_at": time.time(),
+                     "restored_from": restored_from}
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, state: str, **extra) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps({**self.base, "status": state, "updated_at": time.time(), **extra}))
+        os.replace(tmp, self.path)
+
+
+@contextlib.contextmanager
+def pipes_or_nothing():
+    if "DAGSTER_PIPES_CONTEXT" not in os.environ:
+        yield None
+        return
+    from dagster_pipes import open_dagster_pipes
+
+    with open_dagster_pipes() as pipes:
+        yield pipes
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""One real streaming run shared by the streaming tests (a Flink mini-cluster costs half a minute
+to start on this machine): the simulator appends a day of interactions, plus the first hours of
+the next, as JSON-lines files; the Flink job compiled from the DSL computes the streaming views;
+the job is killed half-way and restarted from its checkpoint; late and malformed lines arrive;
+the pusher applies every committed result to a copy of the pipeline's online store (Feast SQLite),
+which already holds the batch features."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from datetime import time as day_time
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+from engines.simulator import Simulator
+from engines.simulator.stream import EventStream, malformed_lines
+from engines.streaming import (
+    WINDOW_END,
+    FlinkJob,
+    JobHealth,
+    OnlinePusher,
+    SourceOptions,
+    StreamingJobSettings,
+    read_committed_rows,
+)
+from feature_defs.compile.polars import TIMESTAMP, build_daily_rows, day_end
+from tests.conftest import LAST_DAY, SMALL
+
+STREAM_DAY = LAST_DAY + timedelta(days=1)  # the day after the batch pipeline's last day
+SLIDE = 900  # 15-minute hops over the 1-hour windows
+WATERMARK_DELAY = 300  # files arrive in time order (see append_in_chunks)
+TIMEOUT = 300  # seconds; generous, the machine is shared
+
+
+@dataclass
+class StreamingRun:
+    job: FlinkJob
+    engine: FeatureStoreEngine
+    pusher: OnlinePusher
+    streamed: pa.Table  # every well-formed, on-time event appended
+    lines_appended: int
+    late_events: int
+    malformed_events: int
+    health_after_kill: JobHealth
+    checkpoint_restored: Path | None
+    health_at_end: JobHealth
+
+
+def wait_until(condition, what: str, timeout: float = TIMEOUT, pusher: OnlinePusher | None = None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pusher:
+            pusher.poll()
+        if value := condition():
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def polars_at(view, events: pl.DataFrame, end: datetime) -> pl.DataFrame:
+    """The polars batch plan's values at `end` (its daily rows, time-shifted so a day ends at `end`),
+    for the entities with events in the view's window before `end`: Flink emits no empty windows,
+    while the daily rows also cover entities seen in the lookback, with zeros."""
+    anchor = STREAM_DAY
+    shifted = events.lazy().with_columns(pl.col("event_timestamp") + (day_end(anchor) - end))
+    rows = build_daily_rows(view, shifted, anchor).collect().drop(TIMESTAMP)
+    in_window = events.filter((pl.col("event_timestamp") >= end - view.max_window) & (pl.col("event_timestamp") < end))
+    active = in_window.select([pl.col(view.source_column(k)).alias(k) for k in view.join_keys]).unique()
+    return rows.join(active, on=view.join_keys).sort(view.join_keys)
+
+
+def assert_windows_equal_polars(sink: pl.DataFrame, events: pl.DataFrame, view) -> int:
+    """Every window in `sink` (rows of one view) equals the polars plan at its end; returns rows compared."""
+    keys = view.join_keys
+    assert sink.select([*keys, WINDOW_END]).is_duplicated().sum() == 0  # one result per entity and window
+    lists = {f.name for f in view.features if view.dtype_of(f).endswith("_list")}
+    compared = 0
+    for end in sorted(sink[WINDOW_END].unique()):
+        got = sink.filter(pl.col(WINDOW_END) == end).drop(WINDOW_END).sort(keys)
+        want = polars_at(view, events, end)
+        assert got[keys].to_dicts() == want[keys].to_dicts(), f"{view.name}: entities at {end}"
+        for feature in view.feature_names:
+            is_list = feature in lists
+            assert normalised(got[feature], is_list) == normalised(want[feature], is_list), (
+                f"{view.name}.{feature} at {end}")
+        compared += got.height
+    return compared
+
+
+def sink_frame(folder: Path) -> pl.DataFrame:
+    frame = pl.DataFrame(read_committed_rows(folder), infer_schema_length=None)
+    return frame.with_columns(pl.col(WINDOW_END).str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_zone="UTC"))
+
+
+def normalised(values, is_list: bool = False) -> list:
+    """Values compared across engines: floats rounded, a missing list as the empty list offline gives."""
+    values = values.to_list() if hasattr(values, "to_list") else values
+    if is_list:
+        return [v or [] for v in values]
+    return [round(v, 9) if isinstance(v, float) else v for v in values]
+
+
+def append_in_chunks(stream: EventStream, job: FlinkJob, table: pa.Table, chunks: int) -> int:
+    """Append `table` in time order, each file once the job has read the previous one: Flink's file
+    source reads a backlog of files newest first, which would make the older ones late."""
+    size = -(-table.num_rows // chunks)
+    for start in range(0, table.num_rows, size):
+        chunk = table.slice(start, size)
+        expected = job.metrics()["records"] + chunk.num_rows
+        stream.append(chunk)
+        wait_until(lambda total=expected: job.metrics()["records"] == total, "the job to read the file")
+    return table.num_rows
+
+
+def before(table: pa.Table, moment: datetime) -> pa.Table:
+    return table.filter(pc.less(table["event_timestamp"], pa.scalar(moment, pa.timestamp("us", "UTC"))))
+
+
+@pytest.fixture(scope="session")
+def streaming_run(pipeline_dir, tmp_path_factory) -> StreamingRun:
+    root = tmp_path_factory.mktemp("streaming")
+    repo = root / "feature_repo"
+    shutil.copytree(pipeline_dir / "feature_repo", repo)  # batch features already online; not shared state
+    engine = FeatureStoreEngine(FeatureStoreSettings(repo_dir=repo, offline_root=pipeline_dir / "offline"))
+    events_dir = root / "events"
+    stream = EventStream(Simulator(SMALL, root / "sim"), events_dir)
+    job = FlinkJob(StreamingJobSettings(
+        "interactions", root / "job", SourceOptions(path=str(events_dir), monitor_seconds=0.5),
+        slide_seconds=SLIDE, watermark_delay_seconds=WATERMARK_DELAY, checkpoint_interval_ms=1000))
+    pusher = OnlinePusher(engine.store, job.spec())
+    day = stream.day_events(STREAM_DAY)
+    next_day = STREAM_DAY + timedelta(days=1)
+    tail = before(stream.day_events(next_day), datetime.combine(next_day, day_time(3), tzinfo=UTC))
+    first_half = before(day, datetime.combine(STREAM_DAY, day_time(12), tzinfo=UTC))
+    second_half = day.slice(first_half.num_rows)
+    try:
+        job.start()
+        job.wait_running(TIMEOUT)
+        appended = append_in_chunks(stream, job, first_half, chunks=8)
+        # crash the job once a checkpoint holds everything appended so far
+        pusher.poll()
+        os.killpg(job.status()["pid"], signal.SIGKILL)
+        health_after_kill = wait_until(lambda: (h := job.health()).status == "DIED" and h, "the kill to be noticed")
+
+        _, checkpoint = job.restart()
+        job.wait_running(TIMEOUT)
+        appended += append_in_chunks(stream, job, second_half, chunks=8)
+        appended += append_in_chunks(stream, job, tail, chunks=3)
+        late = day.slice(day.num_rows // 4, 20)  # new events from the morning, hours behind the watermark now
+        late = late.set_column(0, "event_id", pa.array([f"late-{k}" for k in range(late.num_rows)]))
+        stream.append(late)
+        malformed = malformed_lines(day)
+        stream.append_lines(malformed)
+        lines = appended + late.num_rows + len(malformed)
+        wait_until(lambda: job.metrics()["records"] == lines, "every line to be read and checkpointed", pusher=pusher)
+        end_of_day = datetime.combine(next_day, day_time(), tzinfo=UTC)
+        wait_until(lambda: any(r["window_end"] >= end_of_day.strftime("%Y-%m-%d %H:%M:%S")
+                               for r in read_committed_rows(job.sink_root / "item_trending")),
+                   "the windows ending at midnight", pusher=pusher)
+        time.sleep(3)  # one more checkpoint, then apply whatever it committed
+        pusher.poll()
+        yield StreamingRun(
+            job=job, engine=engine, pusher=pusher, streamed=pa.concat_tables([day, tail]), lines_appended=lines,
+            late_events=late.num_rows, malformed_events=len(malformed), health_after_kill=health_after_kill,
+            checkpoint_restored=checkpoint, health_at_end=job.health())
+    finally:
+        job.stop()
+        pusher.close()

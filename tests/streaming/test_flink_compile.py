@@ -1,0 +1,51 @@
+"""The Flink compiler without a cluster: what it generates from the DSL and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from feature_defs import catalogue
+from feature_defs.compile.flink import FlinkCompileError, SourceOptions, flink_job
+from feature_defs.compile.streaming import streaming_plan, streaming_plans
+from feature_defs.dsl import Feature, FeatureView, count
+from feature_defs.entities import user
+from feature_defs.sources import chat_messages, interactions
+
+FILES = SourceOptions(path="/data/stream/interactions")
+
+
+def test_one_job_computes_every_streaming_view_of_a_source():
+    spec = flink_job("j", streaming_plans(catalogue), FILES, "/sink")
+    assert set(spec.views) == {"user_activity_realtime", "item_trending"}
+    assert len(spec.inserts) == 3  # two views and the job's own counts
+    assert all("HOP(TABLE" in i for i in spec.inserts[1:])
+    assert "WATERMARK FOR `event_timestamp`" in spec.statements[0]
+    assert spec.views["item_trending"]["push_source"] == "item_trending_push"
+
+
+def test_batch_mode_has_no_watermark_and_no_directory_monitoring():
+    spec = flink_job("j", streaming_plans(catalogue), FILES, "/sink", mode="batch")
+    assert "WATERMARK" not in spec.statements[0] and "monitor-interval" not in spec.statements[0]
+    assert "CURRENT_WATERMARK" not in " ".join(spec.statements)
+
+
+def test_kafka_source_options():
+    kafka = SourceOptions(kind="kafka", bootstrap_servers="kafka:9092", topic="mlplane.interactions")
+    ddl = flink_job("j", streaming_plans(catalogue), kafka, "/sink").statements[0]
+    assert "'connector' = 'kafka'" in ddl and "'topic' = 'mlplane.interactions'" in ddl
+    with pytest.raises(FlinkCompileError, match="bootstrap_servers"):
+        flink_job("j", streaming_plans(catalogue), SourceOptions(kind="kafka"), "/sink")
+
+
+def test_refusals_name_the_problem():
+    mixed = FeatureView("mixed_windows", [user], interactions, streaming=True,
+                        features=[Feature("a_1h", count("1h")), Feature("a_2h", count("2h"))])
+    with pytest.raises(FlinkCompileError, match="mixed_windows.*share one window"):
+        flink_job("j", [streaming_plan(mixed)], FILES, "/sink")
+    odd = FeatureView("odd_slide", [user], interactions, streaming=True, features=[Feature("a_1h", count("1h"))])
+    with pytest.raises(FlinkCompileError, match="not a multiple of the slide"):
+        flink_job("j", [streaming_plan(odd)], FILES, "/sink", slide_seconds=7)
+    chats = FeatureView("chats", [user], chat_messages, streaming=True, entity_columns={"user_id": "sender_id"},
+                        features=[Feature("messages_1h", count("1h"))])
+    with pytest.raises(FlinkCompileError, match="one job per source"):
+        flink_job("j", [streaming_plan(odd), streaming_plan(chats)], FILES, "/sink")
