@@ -10,6 +10,8 @@ from resources.feature_store import FeatureStoreResource
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
+from resources.ray import RayResource
+from resources.vector_store import VectorStoreResource
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ("local", "prod")
@@ -32,6 +34,8 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         lake = LakeResource(root=data_dir or local_data_dir())
         feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
+        vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
+        ray_compute = RayResource()
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -41,6 +45,8 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
         )
         notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
+        vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"))
+        ray_compute = RayResource(address=EnvVar("MLPLANE_RAY_ADDRESS"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -48,4 +54,6 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "feature_store": feature_store,
         "quality": QualityResource(lake=lake),
         "notifier": notifier,
+        "vector_store": vector_store,
+        "ray": ray_compute,
     }

@@ -75,12 +75,16 @@ def test_prod_profile_reads_its_services_from_the_environment(monkeypatch, tmp_p
     monkeypatch.setenv("MLPLANE_REDIS_URL", "redis.internal:6379")
     monkeypatch.setenv("MLPLANE_FEAST_REGISTRY_URL", "postgresql+psycopg2://feast@db/feast")
     monkeypatch.setenv("MLPLANE_WEBHOOK_URL", "https://hooks.example/mlplane")
+    monkeypatch.setenv("MLPLANE_QDRANT_URL", "http://qdrant.internal:6333")
+    monkeypatch.setenv("MLPLANE_RAY_ADDRESS", "ray://ray-head.internal:10001")
     with build_resources(resources_for("prod")) as resources:
         config = resources.feature_store.engine().settings.config_dict()
         assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379"}
         assert config["registry"]["path"] == "postgresql+psycopg2://feast@db/feast"
         assert resources.lake.root == str(tmp_path)
         assert resources.notifier.url == "https://hooks.example/mlplane"
+        assert resources.vector_store.location == "http://qdrant.internal:6333"
+        assert resources.ray.address == "ray://ray-head.internal:10001"
 
     monkeypatch.setenv("MLPLANE_PROFILE", "staging")
     out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],

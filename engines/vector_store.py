@@ -1,0 +1,331 @@
+"""The vector database: named-vector collections with payload filters, over Qdrant.
+
+`VectorStore.open(location)` picks the engine from the location:
+- a local folder: Qdrant Edge (`qdrant-edge-py`), the Qdrant engine embedded in this process, one
+  shard folder per collection, HNSW-indexed once a segment outgrows the indexing threshold. It was
+  chosen over qdrant-client's local mode (pure-Python brute force) on measured recall and latency
+  (`benchmarks/embeddings.py`). Like local mode, a folder is open in one process at a time.
+- an `http(s)://` URL: a Qdrant server or cluster through qdrant-client.
+
+Points are keyed by the caller's string id: the point id is `uuid5(NAMESPACE, id)`, so upserting
+the same ids again replaces the same points (idempotent). Cosine distance throughout.
+
+Filters (`search(..., filters=...)`): `{"field": value}` equality (a list matches any of its values),
+`{"field": {"gte": 1, "lte": 5}}` ranges (gt/gte/lt/lte), `{"id": {"not_in": [...]}}` excludes ids.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ID_NAMESPACE = uuid.UUID("5b3c1f0e-8a52-4d0a-9a53-6c1f3b7d2e41")
+ID_KEY = "_id"  # payload key holding the caller's string id (uuid5 cannot be reversed)
+PAYLOAD_INDEX_TYPES = ("keyword", "integer", "float", "bool")
+RANGE_KEYS = ("gt", "gte", "lt", "lte")
+UPSERT_BATCH = 512
+
+
+def point_id(item_id: str) -> str:
+    return str(uuid.uuid5(ID_NAMESPACE, str(item_id)))
+
+
+@dataclass(frozen=True)
+class Hit:
+    id: str
+    score: float
+    payload: dict
+
+
+class VectorStore:
+    """One vector database: collections of points with named vectors and a payload."""
+
+    def __init__(self, engine: _Engine, location: str):
+        self._engine = engine
+        self.location = location
+
+    @classmethod
+    def open(cls, location: str) -> VectorStore:
+        """A local folder (embedded engine, created if missing) or an http(s):// Qdrant server URL."""
+        if not location:
+            raise ValueError("vector store location is empty: give a folder or an http(s):// Qdrant URL")
+        if location.startswith(("http://", "https://")):
+            return cls(_ServerEngine(location), location)
+        if "://" in location:
+            raise ValueError(f"vector store location {location!r}: only local folders and http(s):// URLs")
+        return cls(_EdgeEngine(Path(location)), location)
+
+    def ensure_collection(self, name: str, vectors: dict[str, int],
+                          payload_indexes: dict[str, str] | None = None) -> None:
+        """Create the collection if missing (named vectors -> dimension), and its payload indexes.
+        An existing collection with other vectors is an error, not silently recreated."""
+        if not vectors:
+            raise ValueError(f"collection {name!r} needs at least one named vector")
+        for field, kind in (payload_indexes or {}).items():
+            if kind not in PAYLOAD_INDEX_TYPES:
+                raise ValueError(f"payload index {field!r}: type {kind!r} is not one of {PAYLOAD_INDEX_TYPES}")
+        self._engine.ensure_collection(name, {k: int(v) for k, v in vectors.items()}, payload_indexes or {})
+
+    def upsert(self, name: str, ids: Sequence[str], vectors: dict[str, np.ndarray],
+               payloads: Sequence[dict]) -> None:
+        ids = [str(i) for i in ids]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"upsert into {name!r}: duplicate ids")
+        if len(payloads) != len(ids):
+            raise ValueError(f"upsert into {name!r}: {len(ids)} ids but {len(payloads)} payloads")
+        arrays = {}
+        for vector_name, array in vectors.items():
+            array = np.asarray(array, dtype=np.float32)
+            if array.ndim != 2 or array.shape[0] != len(ids):
+                raise ValueError(f"upsert into {name!r}: vector {vector_name!r} has shape {array.shape}, "
+                                 f"expected ({len(ids)}, dim)")
+            arrays[vector_name] = array
+        for start in range(0, len(ids), UPSERT_BATCH):
+            end = start + UPSERT_BATCH
+            self._engine.upsert(
+                name,
+                [point_id(i) for i in ids[start:end]],
+                [{n: a[row].tolist() for n, a in arrays.items()} for row in range(start, min(end, len(ids)))],
+                [{**p, ID_KEY: i} for p, i in zip(payloads[start:end], ids[start:end])],
+            )
+
+    def delete(self, name: str, ids: Sequence[str]) -> None:
+        if len(ids):
+            self._engine.delete(name, [point_id(i) for i in ids])
+
+    def search(self, name: str, query: np.ndarray, using: str, k: int, filters: dict | None = None) -> list[Hit]:
+        query = np.asarray(query, dtype=np.float32)
+        if query.ndim != 1:
+            raise ValueError(f"search {name!r}: query must be one vector, got shape {query.shape}")
+        if k <= 0:
+            return []
+        points = self._engine.search(name, query.tolist(), using, k, _parse_filters(filters or {}))
+        return [Hit(id=payload.pop(ID_KEY), score=float(score), payload=payload) for score, payload in points]
+
+    def ids(self, name: str) -> list[str]:
+        """Every id in the collection (to find the ones to delete)."""
+        return self._engine.ids(name)
+
+    def count(self, name: str) -> int:
+        return self._engine.count(name)
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self) -> VectorStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class _Conditions:
+    """Filters parsed once, translated by each engine."""
+    equals: dict          # field -> value or list of values
+    ranges: dict          # field -> {gte: .., lte: ..}
+    exclude_ids: list     # point ids
+
+
+def _parse_filters(filters: dict) -> _Conditions:
+    equals, ranges, exclude = {}, {}, []
+    for field, condition in filters.items():
+        if field == "id":
+            if not (isinstance(condition, dict) and set(condition) == {"not_in"}):
+                raise ValueError(f"filter on 'id' must be {{'not_in': [...]}}, got {condition!r}")
+            exclude = [point_id(i) for i in condition["not_in"]]
+        elif isinstance(condition, dict):
+            unknown = set(condition) - set(RANGE_KEYS)
+            if unknown or not condition:
+                raise ValueError(f"filter on {field!r}: range keys must be among {RANGE_KEYS}, got {condition!r}")
+            ranges[field] = {k: float(v) for k, v in condition.items() if v is not None}
+        elif isinstance(condition, list | tuple | set):
+            equals[field] = list(condition)
+        elif isinstance(condition, str | int | bool):
+            equals[field] = condition
+        else:
+            raise ValueError(f"filter on {field!r}: unsupported value {condition!r} (use str/int/bool, a list, "
+                             "or a range dict)")
+    return _Conditions(equals, ranges, exclude)
+
+
+class _Engine:
+    def ensure_collection(self, name: str, vectors: dict[str, int], payload_indexes: dict[str, str]) -> None: ...
+    def upsert(self, name: str, point_ids: list[str], vectors: list[dict], payloads: list[dict]) -> None: ...
+    def delete(self, name: str, point_ids: list[str]) -> None: ...
+    def search(self, name: str, query: list[float], using: str, k: int,
+               conditions: _Conditions) -> list[tuple[float, dict]]: ...
+    def ids(self, name: str) -> list[str]: ...
+    def count(self, name: str) -> int: ...
+    def close(self) -> None: ...
+
+
+class _EdgeEngine(_Engine):
+    """Qdrant Edge: one shard folder per collection under the store's folder."""
+
+    def __init__(self, root: Path):
+        import qdrant_edge
+
+        self._q = qdrant_edge
+        self._root = root
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._shards: dict = {}
+        self._dirty: set[str] = set()  # collections written since their last optimize
+
+    def _shard(self, name: str):
+        if name not in self._shards:
+            folder = self._root / name
+            if not (folder / "edge_config.json").exists():
+                raise KeyError(f"collection {name!r} does not exist in {self._root}")
+            self._shards[name] = self._q.EdgeShard.load(str(folder))
+        return self._shards[name]
+
+    def ensure_collection(self, name, vectors, payload_indexes):
+        q = self._q
+        folder = self._root / name
+        if (folder / "edge_config.json").exists():
+            shard = self._shard(name)
+            persisted = json.loads((folder / "edge_config.json").read_text())["vectors"]
+            existing = {n: p["size"] for n, p in persisted.items()}
+            if existing != vectors:
+                raise ValueError(f"collection {name!r} exists with vectors {existing}, not {vectors}")
+        else:
+            if folder.exists():
+                shutil.rmtree(folder)  # a create that failed half-way
+            config = q.EdgeConfig(vectors={n: q.EdgeVectorParams(size=d, distance=q.Distance.Cosine)
+                                           for n, d in vectors.items()})
+            self._shards[name] = shard = q.EdgeShard.create(str(folder), config)
+        indexed = shard.info().payload_schema
+        kinds = {"keyword": q.PayloadSchemaType.Keyword, "integer": q.PayloadSchemaType.Integer,
+                 "float": q.PayloadSchemaType.Float, "bool": q.PayloadSchemaType.Bool}
+        for field, kind in payload_indexes.items():
+            if field not in indexed:
+                shard.update(q.UpdateOperation.create_field_index(field, kinds[kind]))
+        shard.flush()
+
+    def upsert(self, name, point_ids, vectors, payloads):
+        q = self._q
+        shard = self._shard(name)
+        shard.update(q.UpdateOperation.upsert_points(
+            [q.Point(pid, vec, payload) for pid, vec, payload in zip(point_ids, vectors, payloads)]))
+        self._dirty.add(name)
+
+    def delete(self, name, point_ids):
+        self._shard(name).update(self._q.UpdateOperation.delete_points(point_ids))
+        self._dirty.add(name)
+
+    def _filter(self, conditions: _Conditions):
+        q = self._q
+        must = []
+        for field, value in conditions.equals.items():
+            match = q.MatchAny(value) if isinstance(value, list) else q.MatchValue(value)
+            must.append(q.FieldCondition(field, match=match))
+        for field, bounds in conditions.ranges.items():
+            must.append(q.FieldCondition(field, range=q.RangeFloat(**bounds)))
+        must_not = [q.HasIdCondition(set(conditions.exclude_ids))] if conditions.exclude_ids else None
+        return q.Filter(must=must or None, must_not=must_not) if must or must_not else None
+
+    def _prepare(self, name):
+        """Flush writes and build the HNSW index of segments that outgrew the indexing threshold."""
+        shard = self._shard(name)
+        if name in self._dirty:
+            shard.flush()
+            shard.optimize()
+            self._dirty.discard(name)
+        return shard
+
+    def search(self, name, query, using, k, conditions):
+        q = self._q
+        shard = self._prepare(name)
+        points = shard.query(q.QueryRequest(limit=k, query=q.Query.Nearest(query, using=using),
+                                            filter=self._filter(conditions), with_payload=True))
+        return [(p.score, dict(p.payload)) for p in points]
+
+    def ids(self, name):
+        q = self._q
+        shard, out, offset = self._shard(name), [], None
+        while True:
+            records, offset = shard.scroll(q.ScrollRequest(offset=offset, limit=1000, with_payload=[ID_KEY]))
+            out.extend(r.payload[ID_KEY] for r in records)
+            if offset is None:
+                return out
+
+    def count(self, name):
+        return self._shard(name).count(self._q.CountRequest(exact=True))
+
+    def close(self):
+        for name, shard in self._shards.items():
+            if name in self._dirty:
+                shard.flush()
+            shard.close()
+        self._shards.clear()
+        self._dirty.clear()
+
+
+class _ServerEngine(_Engine):
+    """A Qdrant server (or qdrant-client's own local mode, for the benchmark) through qdrant-client."""
+
+    def __init__(self, url: str | None = None, path: str | None = None):
+        from qdrant_client import QdrantClient, models
+
+        self._models = models
+        self._client = QdrantClient(url=url, timeout=60) if url else QdrantClient(path=path)
+
+    def ensure_collection(self, name, vectors, payload_indexes):
+        m = self._models
+        if self._client.collection_exists(name):
+            params = self._client.get_collection(name).config.params.vectors
+            existing = {n: p.size for n, p in params.items()} if isinstance(params, dict) else {}
+            if existing != vectors:
+                raise ValueError(f"collection {name!r} exists with vectors {existing}, not {vectors}")
+        else:
+            self._client.create_collection(name, vectors_config={
+                n: m.VectorParams(size=d, distance=m.Distance.COSINE) for n, d in vectors.items()})
+        kinds = {"keyword": m.PayloadSchemaType.KEYWORD, "integer": m.PayloadSchemaType.INTEGER,
+                 "float": m.PayloadSchemaType.FLOAT, "bool": m.PayloadSchemaType.BOOL}
+        for field, kind in payload_indexes.items():
+            self._client.create_payload_index(name, field, kinds[kind], wait=True)
+
+    def upsert(self, name, point_ids, vectors, payloads):
+        m = self._models
+        self._client.upsert(name, [m.PointStruct(id=pid, vector=vec, payload=payload)
+                                   for pid, vec, payload in zip(point_ids, vectors, payloads)], wait=True)
+
+    def delete(self, name, point_ids):
+        self._client.delete(name, points_selector=self._models.PointIdsList(points=point_ids), wait=True)
+
+    def _filter(self, conditions: _Conditions):
+        m = self._models
+        must = []
+        for field, value in conditions.equals.items():
+            match = m.MatchAny(any=value) if isinstance(value, list) else m.MatchValue(value=value)
+            must.append(m.FieldCondition(key=field, match=match))
+        for field, bounds in conditions.ranges.items():
+            must.append(m.FieldCondition(key=field, range=m.Range(**bounds)))
+        must_not = [m.HasIdCondition(has_id=conditions.exclude_ids)] if conditions.exclude_ids else None
+        return m.Filter(must=must or None, must_not=must_not) if must or must_not else None
+
+    def search(self, name, query, using, k, conditions):
+        points = self._client.query_points(name, query=query, using=using, limit=k,
+                                           query_filter=self._filter(conditions), with_payload=True).points
+        return [(p.score, dict(p.payload)) for p in points]
+
+    def ids(self, name):
+        out, offset = [], None
+        while True:
+            records, offset = self._client.scroll(name, limit=1000, offset=offset, with_payload=[ID_KEY])
+            out.extend(r.payload[ID_KEY] for r in records)
+            if offset is None:
+                return out
+
+    def count(self, name):
+        return self._client.count(name, exact=True).count
+
+    def close(self):
+        self._client.close()
