@@ -3,6 +3,7 @@
 
 from dagster import AssetSelection, define_asset_job
 
+from assets.models import train_personalization
 from assets.partitions import daily_partitions
 
 # Run tags that the production instance's queued run coordinator limits per pool.
@@ -27,4 +28,4 @@ feature_store_refresh = define_asset_job(
     tags=CPU_POOL,
 )
 
-all_jobs = [daily_pipeline, feature_store_refresh]
+all_jobs = [daily_pipeline, feature_store_refresh, train_personalization.job]

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from orchestration.home import ensure_dagster_home
+from orchestration.models_cli import models
 from orchestration.profiles import PROJECT_ROOT, local_data_dir
 
 
@@ -185,6 +186,8 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
     values = engine.online_features(service, [row])
     click.echo(json.dumps({k: v[0] for k, v in values.items()}, indent=2, default=str))
 
+
+main.add_command(models)
 
 if __name__ == "__main__":
     sys.exit(main())

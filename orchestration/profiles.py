@@ -11,6 +11,7 @@ from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
 from resources.ray import RayResource
+from resources.registry import ModelRegistryResource
 from resources.vector_store import VectorStoreResource
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
         ray_compute = RayResource()
+        model_registry = ModelRegistryResource(root=str(Path(lake.root) / "registry"))
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -47,6 +49,8 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
         vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"))
         ray_compute = RayResource(address=EnvVar("MLPLANE_RAY_ADDRESS"))
+        model_registry = ModelRegistryResource(tracking_uri=EnvVar("MLPLANE_MLFLOW_TRACKING_URI"),
+                                               artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -56,4 +60,5 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "notifier": notifier,
         "vector_store": vector_store,
         "ray": ray_compute,
+        "model_registry": model_registry,
     }
