@@ -133,12 +133,12 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
                     "mlplane.code_version": code_version(),
                     "mlplane.data_partitions": ",".join(trained.data_partitions),
                     "mlplane.feature_service": trained.feature_service,
-                    "mlplane.dagster_run_id": context.run_id,
+                    "mlplane.dagster_run_id": context.run.run_id,
                     "mlplane.dagster_asset": model_key.to_user_string(),
                     "mlplane.partition": day.isoformat(),
                 }
                 version = registry.register(model_name, trained.model_dir, lineage, trained.metrics, trained.params)
-                registry.set_alias(model_name, "challenger", version.version, who=f"dagster run {context.run_id}",
+                registry.set_alias(model_name, "challenger", version.version, who=f"dagster run {context.run.run_id}",
                                    reason=f"trained for {day}")
                 challenger_score = trained.metrics[trained.gate_metric]
                 champion = registry.by_alias(model_name, "champion")
@@ -186,7 +186,7 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
                 raise ValueError(f"{model_name!r} has no challenger to promote")
             current = registry.by_alias(model_name, "champion")
             if current is None or current.version != challenger.version:
-                registry.set_alias(model_name, "champion", challenger.version, who=f"dagster run {context.run_id}",
+                registry.set_alias(model_name, "champion", challenger.version, who=f"dagster run {context.run.run_id}",
                                    reason=f"passed {GATE_CHECK}")
             return MaterializeResult(metadata={"champion_version": challenger.version,
                                                "previous_champion": current.version if current else "(none)"})
