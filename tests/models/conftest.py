@@ -9,11 +9,10 @@ import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
-
 from engines.registry import ModelRegistry
+from orchestration.profiles import resources_for
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource
-from orchestration.profiles import resources_for
 from tests.conftest import LAST_DAY
 
 MODEL_ASSETS = AssetSelection.groups("models")
