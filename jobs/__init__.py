@@ -28,4 +28,13 @@ feature_store_refresh = define_asset_job(
     tags=CPU_POOL,
 )
 
-all_jobs = [daily_pipeline, feature_store_refresh, train_personalization.job]
+batch_inference = define_asset_job(
+    "batch_inference",
+    selection=AssetSelection.groups("inference", "experiments"),
+    partitions_def=daily_partitions,
+    description="The champion model's daily recommendations for every active user (Ray Data, vector database) "
+                "and the offline reports of the A/B experiments.",
+    tags=CPU_POOL,
+)
+
+all_jobs = [daily_pipeline, feature_store_refresh, train_personalization.job, batch_inference]
