@@ -5,6 +5,7 @@ Both compute every user's vector with the two-tower model and retrieve the user'
 the vector database (engines/batch_inference.py: engine="ray" and engine="local"). Users are the
 active users of the newest simulated day, tiled under new ids to --users rows. The model is built
 from the real training set's spec with untrained weights: speed does not depend on the weights.
+Each Ray run starts its actor pool (torch import, model load), as a daily batch job does.
 Prints median rows/s, median and P99 seconds per run over --repeat runs (after a warm-up run) and the ratio.
 
   .venv/bin/python benchmarks/batch_inference.py [--data-dir DIR] [--users 5000] [--repeat 5] [--workers 2]
