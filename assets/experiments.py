@@ -9,6 +9,7 @@ from dagster import AssetKey, Failure, MaterializeResult, MetadataValue, asset
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
 from assets.metadata import table
+from assets.models import item_embeddings
 from assets.partitions import daily_partitions, partition_days
 from engines.experiments import Experiment, load
 from ml import personalization as model_code
@@ -45,6 +46,7 @@ def experiment_report(experiment: Experiment):
         assigned = held_out.get_column("user_id").map_elements(lambda u: experiment.assign(u).name,
                                                                return_dtype=str)
         registry = model_registry.registry()
+        embeddings = item_embeddings(the_lake)
         rows = []
         with tempfile.TemporaryDirectory(prefix="experiment-") as work:
             for variant in experiment.variants:
@@ -56,7 +58,8 @@ def experiment_report(experiment: Experiment):
                 folder = registry.load(experiment.model, version.version, Path(work) / variant.name)
                 model = model_code.PersonalizationModel.load(folder)
                 subset = held_out.filter(assigned == variant.name)
-                scores = model_code.evaluate(model, history, subset, RANK_K)["model"]
+                scores = model_code.evaluate(model, history, subset, RANK_K,
+                                             embeddings if model.spec.item.embedding_column else None)["model"]
                 rows.append({"variant": variant.name, "model": variant.model_ref, "version": version.version,
                              "traffic": variant.traffic, "users": subset.get_column("user_id").n_unique(),
                              "impressions": subset.height, **{k: round(v, 4) for k, v in scores.items()}})

@@ -19,10 +19,11 @@ from pydantic import Field
 
 from assets.ingestion import warehouse_key
 from assets.metadata import table
+from assets.models import item_embeddings
 from assets.partitions import daily_partitions, partition_days
 from engines import batch_inference as engine
 from feature_defs.sources import interactions, items
-from ml.personalization import PersonalizationModel
+from ml.personalization import PersonalizationModel, with_item_embeddings
 from resources.lake import LakeResource
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource
@@ -77,6 +78,8 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
         existing = engine.existing_items(the_lake, day)
         users = engine.entity_features(the_lake, day, model.spec.user.columns, "user_id", active)
         item_rows = engine.entity_features(the_lake, day, model.spec.item.columns, "item_id", sorted(existing))
+        if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them again
+            item_rows = with_item_embeddings(item_rows, item_embeddings(the_lake))
         with vector_store.open() as store:
             radius = engine.index_items(store, model, item_rows, champion.version)
             recommendations = engine.recommend(users, store, model_dir, champion.version, radius, config.k,
