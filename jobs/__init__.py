@@ -3,6 +3,7 @@
 
 from dagster import AssetSelection, define_asset_job
 
+from assets.models import train_personalization
 from assets.partitions import daily_partitions
 
 # Run tags that the production instance's queued run coordinator limits per pool.
@@ -36,4 +37,13 @@ item_embeddings_daily = define_asset_job(
     tags=CPU_POOL,
 )
 
-all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily]
+batch_inference = define_asset_job(
+    "batch_inference",
+    selection=AssetSelection.groups("inference", "experiments"),
+    partitions_def=daily_partitions,
+    description="The champion model's daily recommendations for every active user (Ray Data, vector database) "
+                "and the offline reports of the A/B experiments.",
+    tags=CPU_POOL,
+)
+
+all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily, train_personalization.job, batch_inference]

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from orchestration.home import ensure_dagster_home
+from orchestration.models_cli import models
 from orchestration.profiles import PROJECT_ROOT, local_data_dir
 from orchestration.search_cli import search as search_command
 from orchestration.streaming_cli import streaming
@@ -190,6 +191,7 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
 
 main.add_command(search_command)
 main.add_command(streaming)
+main.add_command(models)
 
 if __name__ == "__main__":
     sys.exit(main())

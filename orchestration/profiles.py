@@ -12,6 +12,7 @@ from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
 from resources.ray import RayResource
+from resources.registry import ModelRegistryResource
 from resources.vector_store import VectorStoreResource
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
         ray_compute = RayResource()
         flink = FlinkResource(feature_store=feature_store)
+        model_registry = ModelRegistryResource(root=str(Path(lake.root) / "registry"))
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -59,6 +61,8 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             sql_gateway_url=os.environ.get("MLPLANE_FLINK_SQL_GATEWAY_URL", ""),
             rest_url=os.environ.get("MLPLANE_FLINK_REST_URL", ""),
         )
+        model_registry = ModelRegistryResource(tracking_uri=EnvVar("MLPLANE_MLFLOW_TRACKING_URI"),
+                                               artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -69,4 +73,5 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "vector_store": vector_store,
         "ray": ray_compute,
         "flink": flink,
+        "model_registry": model_registry,
     }

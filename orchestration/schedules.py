@@ -1,6 +1,11 @@
 from dagster import build_schedule_from_partitioned_job
 
-from jobs import daily_pipeline
+from assets.models import train_personalization
+from jobs import batch_inference, daily_pipeline
 
 # Yesterday's partition, early morning UTC, after upstream systems have delivered the day.
 daily_pipeline_schedule = build_schedule_from_partitioned_job(daily_pipeline, hour_of_day=2, minute_of_hour=15)
+
+# Models retrain on the newest day once the daily pipeline has built it.
+training_schedules = [train_personalization.schedule,
+                      build_schedule_from_partitioned_job(batch_inference, hour_of_day=5)]

@@ -1,0 +1,124 @@
+"""Batch inference outputs: daily top-k recommendations of the champion model for every active user."""
+
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import polars as pl
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    Config,
+    Failure,
+    MaterializeResult,
+    asset,
+)
+from pydantic import Field
+
+from assets.ingestion import warehouse_key
+from assets.metadata import table
+from assets.models import item_embeddings
+from assets.partitions import daily_partitions, partition_days
+from engines import batch_inference as engine
+from feature_defs.sources import interactions, items
+from ml.personalization import PersonalizationModel, with_item_embeddings
+from resources.lake import LakeResource
+from resources.ray import RayResource
+from resources.registry import ModelRegistryResource
+from resources.vector_store import VectorStoreResource
+
+MODEL = "personalization"
+KEY = AssetKey(["inference", engine.TABLE])
+DRIFT_LIMIT = 0.25  # population stability index above which score distributions count as shifted
+
+
+class BatchInferenceConfig(Config):
+    k: int = Field(default=10, description="Recommendations per user")
+    workers: int = Field(default=1, description="Ray Data actors computing user vectors")
+    batch_size: int = Field(default=256, description="Users per Ray Data batch")
+
+
+@asset(
+    key=KEY,
+    group_name="inference",
+    description="Top-k items for every user active that day: the champion model's user vectors (Ray Data) "
+                "query the champion's item vectors in the vector database. Partitioned Parquet in "
+                f"{engine.ZONE}/{engine.TABLE}/date=D.",
+    partitions_def=daily_partitions,
+    deps=[AssetKey(["models", f"{MODEL}_champion"]), warehouse_key(interactions), warehouse_key(items),
+          AssetKey(["offline", "user_engagement"]), AssetKey(["offline", "user_profile"]),
+          AssetKey(["offline", "item_content"])],
+    kinds={"ray", "qdrant", "parquet"},
+    owners=["team:ml-platform"],
+    op_tags={"mlplane/pool": "cpu"},
+    check_specs=[
+        AssetCheckSpec("covers_active_users", asset=KEY, blocking=True,
+                       description="Every active user has exactly one list"),
+        AssetCheckSpec("items_exist", asset=KEY, blocking=True,
+                       description="No recommended item is missing from the items dimension"),
+        AssetCheckSpec("score_drift", asset=KEY,
+                       description=f"Population stability index of scores vs the previous day <= {DRIFT_LIMIT}"),
+    ],
+)
+def personalization_recommendations(context, config: BatchInferenceConfig, lake: LakeResource, ray: RayResource,
+                                    model_registry: ModelRegistryResource, vector_store: VectorStoreResource):
+    (day,) = partition_days(context)
+    the_lake = lake.lake()
+    registry = model_registry.registry()
+    champion = registry.by_alias(MODEL, "champion")
+    if champion is None:
+        raise Failure(f"no champion of {MODEL!r} in the registry yet: train and promote one first")
+    ray.ensure_started()
+    with tempfile.TemporaryDirectory(prefix="batch-inference-") as work:
+        model_dir = registry.load(MODEL, champion.version, Path(work))
+        model = PersonalizationModel.load(model_dir)
+        active = engine.active_users(the_lake, day)
+        existing = engine.existing_items(the_lake, day)
+        users = engine.entity_features(the_lake, day, model.spec.user.columns, "user_id", active)
+        item_rows = engine.entity_features(the_lake, day, model.spec.item.columns, "item_id", sorted(existing))
+        if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them again
+            item_rows = with_item_embeddings(item_rows, item_embeddings(the_lake))
+        with vector_store.open() as store:
+            radius = engine.index_items(store, model, item_rows, champion.version)
+            recommendations = engine.recommend(users, store, model_dir, champion.version, radius, config.k,
+                                               engine="ray", workers=config.workers, batch_size=config.batch_size)
+    result = engine.coverage(recommendations, active, existing)
+    covered = not result.missing_users and not result.duplicate_users
+    yield AssetCheckResult(check_name="covers_active_users", passed=covered, metadata={
+        "active_users": result.active_users, "missing": len(result.missing_users),
+        "duplicated": len(result.duplicate_users),
+        "examples": str((result.missing_users + result.duplicate_users)[:10])})
+    yield AssetCheckResult(check_name="items_exist", passed=not result.unknown_items, metadata={
+        "unknown_items": len(result.unknown_items), "examples": str(result.unknown_items[:10])})
+    if not covered or result.unknown_items:
+        raise Failure(f"recommendations for {day} failed their checks; nothing written "
+                      f"(missing users {result.missing_users[:5]}, duplicated {result.duplicate_users[:5]}, "
+                      f"unknown items {result.unknown_items[:5]})")
+
+    frame = recommendations.with_columns(model_version=pl.lit(champion.version))
+    previous_day = day - timedelta(days=1)
+    if previous_day in the_lake.partition_days(engine.ZONE, engine.TABLE):
+        yesterday = the_lake.read_partition(engine.ZONE, engine.TABLE, previous_day).get_column("score")
+        psi = engine.score_drift(frame.get_column("score"), yesterday)
+        yield AssetCheckResult(check_name="score_drift", passed=psi <= DRIFT_LIMIT,
+                               severity=AssetCheckSeverity.WARN, metadata={"psi": round(psi, 4),
+                                                                           "limit": DRIFT_LIMIT})
+    else:
+        yield AssetCheckResult(check_name="score_drift", passed=True, severity=AssetCheckSeverity.WARN,
+                               metadata={"psi": "no previous day to compare"})
+    path = the_lake.write_partition(engine.ZONE, engine.TABLE, day, frame)
+    scores = frame.get_column("score")
+    yield MaterializeResult(metadata={
+        "dagster/row_count": frame.height,
+        "path": str(path),
+        "users": frame.get_column("user_id").n_unique(),
+        "model_version": champion.version,
+        "score_quantiles": table([{"q": q, "score": round(float(scores.quantile(q)), 4)}
+                                  for q in (0.01, 0.25, 0.5, 0.75, 0.99)]),
+        "sample": table(frame.head(10).to_dicts()),
+    })
+
+
+inference_assets = [personalization_recommendations]

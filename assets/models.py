@@ -1,0 +1,93 @@
+"""Trained models. The personalization model is a plain training function made into a scheduled,
+registered, gated pipeline by `orchestration.pipelines.training_pipeline`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import polars as pl
+from dagster import AssetDep, MetadataValue, TimeWindowPartitionMapping
+
+from assets.datasets import DATASETS_ZONE, TRAINING_SET
+from assets.datasets import KEY as TRAINING_SET_KEY
+from assets.metadata import table
+from assets.partitions import daily_partitions
+from engines.lake import Lake
+from feature_defs import personalization_ranking
+from ml import personalization as model_code
+from ml.plots import loss_curve_png
+from orchestration.pipelines import TrainedModel, TrainingRun, training_pipeline
+
+RANK_K = 10
+
+
+def item_embeddings(lake: Lake) -> pl.DataFrame | None:
+    """The items' CLIP image embeddings where the embeddings pipeline has produced them; else None."""
+    try:
+        from engines.embeddings import latest_item_embeddings
+    except ImportError:
+        return None
+    try:
+        frame = latest_item_embeddings(lake.root)
+    except FileNotFoundError:
+        return None
+    if frame is None or frame.is_empty():
+        return None
+    return frame.select("item_id", pl.col("image_embedding").alias("item_embedding"))
+
+
+@training_pipeline(
+    "personalization",
+    description="Two-tower retrieval model (torch, Ray Train) over the point-in-time training set: trained "
+                "daily on the newest partitions, evaluated on the newest day held out (AUC, recall@10, "
+                "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`.",
+    deps=[AssetDep(TRAINING_SET_KEY, partition_mapping=TimeWindowPartitionMapping(
+        start_offset=-6, end_offset=0, allow_nonexistent_upstream_partitions=True))],
+    partitions_def=daily_partitions,
+)
+def train_personalization(run: TrainingRun) -> TrainedModel:
+    days = [d for d in run.lake.partition_days(DATASETS_ZONE, TRAINING_SET)
+            if run.day - timedelta(days=run.training_days - 1) <= d <= run.day]
+    if len(days) < 2:
+        raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
+    frame = run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect()
+    train_rows, held_out = model_code.split_held_out(frame)
+    embeddings = item_embeddings(run.lake)
+    config = model_code.TrainConfig(num_workers=run.num_workers, use_gpu=run.use_gpu)
+    run.log(f"training on {train_rows.height} rows ({days[0]}..{days[-2]}), "
+            f"holding out {held_out.height} of {days[-1]}")
+    result = model_code.train(train_rows, config, run.workdir / "ray", embeddings)
+    scores = model_code.evaluate(result.model, train_rows, held_out, RANK_K, embeddings)
+
+    def held_out_auc(folder) -> float:
+        other = model_code.PersonalizationModel.load(folder)
+        return model_code.evaluate(other, train_rows, held_out, RANK_K, embeddings)["model"]["auc"]
+
+    model_dir = result.model.save(run.workdir / "model")
+    loss_curve_png(result.loss_curve, model_dir / "loss_curve.png")
+    metrics = {f"{name}_{key}".replace("@", "_at_"): value
+               for name, values in scores.items() for key, value in values.items()}
+    metrics["final_train_loss"] = result.loss_curve[-1]
+    return TrainedModel(
+        model_dir=model_dir,
+        metrics=metrics,
+        gate_metric="model_auc",
+        evaluate=held_out_auc,
+        data_partitions=[d.isoformat() for d in days],
+        feature_service=personalization_ranking.name,
+        params={"dim": str(config.dim), "epochs": str(config.epochs), "workers": str(config.num_workers),
+                "item_embeddings": str(embeddings is not None)},
+        metadata={
+            "held_out_metrics": table([{"scorer": name, **{k: round(v, 4) for k, v in values.items()}}
+                                       for name, values in scores.items()]),
+            "loss_curve": MetadataValue.md(
+                "| epoch | train loss |\n|---|---|\n"
+                + "\n".join(f"| {i + 1} | {loss:.4f} |" for i, loss in enumerate(result.loss_curve))),
+            "training_rows": train_rows.height,
+            "held_out_rows": held_out.height,
+            "uses_item_embeddings": embeddings is not None,
+        },
+    )
+
+
+model_assets = [*train_personalization.assets]

@@ -1,0 +1,62 @@
+"""`mlplane models`: the registry's versions and aliases, and rollback."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from pathlib import Path
+
+import click
+
+from orchestration.profiles import current_profile, local_data_dir
+
+
+def open_registry(data_dir: str | None):
+    from engines.registry import ModelRegistry
+
+    if current_profile() == "prod":
+        uri = os.environ.get("MLPLANE_MLFLOW_TRACKING_URI")
+        if not uri:
+            raise click.ClickException("MLPLANE_PROFILE=prod needs MLPLANE_MLFLOW_TRACKING_URI")
+        return ModelRegistry(uri, os.environ.get("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
+    root = Path(data_dir or local_data_dir()) / "registry"
+    if not (root / "mlflow.db").exists():
+        raise click.ClickException(f"no model registry at {root}: train a model first")
+    return ModelRegistry.local(root)
+
+
+@click.group()
+def models() -> None:
+    """Registered models: versions, aliases, rollback."""
+
+
+@models.command("list")
+@click.option("--model", "name", default="personalization", show_default=True)
+@click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
+def list_versions(name: str, data_dir: str | None) -> None:
+    """Every version with its aliases, metrics and lineage."""
+    registry = open_registry(data_dir)
+    for version in registry.versions(name):
+        aliases = ",".join(version.aliases) or "-"
+        metrics = {k.removeprefix("metric."): v for k, v in version.tags.items() if k.startswith("metric.")}
+        lineage = {k.removeprefix("mlplane."): v for k, v in version.tags.items()
+                   if k.startswith("mlplane.") and "checksum" not in k}
+        click.echo(f"v{version.version}  [{aliases}]  {version.created_at:%Y-%m-%d %H:%M}  "
+                   f"{json.dumps(metrics)}  {json.dumps(lineage)}")
+
+
+@models.command()
+@click.option("--model", "name", default="personalization", show_default=True)
+@click.option("--alias", default="champion", show_default=True)
+@click.option("--reason", required=True, help="Why: recorded in the registry with who did it.")
+@click.option("--who", default=None, help="Who rolls back (default: the current user).")
+@click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
+def rollback(name: str, alias: str, reason: str, who: str | None, data_dir: str | None) -> None:
+    """Move an alias back to the version it pointed at before."""
+    registry = open_registry(data_dir)
+    try:
+        previous, current = registry.rollback(name, alias, who or getpass.getuser(), reason)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"{name} {alias}: v{previous} -> v{current}")

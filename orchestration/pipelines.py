@@ -1,0 +1,200 @@
+"""Notebook to pipeline: one decorator turns a plain Python training function into a daily,
+scheduled Dagster asset that asks for its compute (CPU or GPU pool, Ray workers), registers every
+model it trains in the registry (alias `challenger`) with its lineage, gates promotion to `champion`
+with a blocking asset check, and is covered by the run-failure notifications (`notify_run_failure`
+watches every job).
+
+    @training_pipeline("personalization", deps=[...], description="...")
+    def train_personalization(run: TrainingRun) -> TrainedModel:
+        ...  # read run.lake, train on Ray with run.num_workers / run.use_gpu, save to a folder
+"""
+
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    AssetSelection,
+    BackfillPolicy,
+    Config,
+    MaterializeResult,
+    MetadataValue,
+    PartitionsDefinition,
+    asset,
+    build_schedule_from_partitioned_job,
+    define_asset_job,
+)
+from pydantic import Field
+
+from engines.lake import Lake
+from orchestration.profiles import PROJECT_ROOT
+
+GATE_CHECK = "beats_champion"
+
+
+@dataclass
+class TrainingRun:
+    """What a training function gets: the day to train for, the lake, a scratch folder and its compute."""
+
+    day: date
+    lake: Lake
+    workdir: Path
+    num_workers: int
+    use_gpu: bool
+    training_days: int
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class TrainedModel:
+    """What a training function returns. `evaluate` scores any saved model folder (the champion's) on
+    this run's held-out data with the gate metric, so the gate compares like with like."""
+
+    model_dir: Path
+    metrics: dict[str, float]
+    gate_metric: str
+    evaluate: Callable[[Path], float]
+    data_partitions: list[str]
+    feature_service: str
+    params: dict[str, str] = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)
+
+
+class TrainingConfig(Config):
+    num_workers: int = Field(default=1, description="Ray Train workers")
+    use_gpu: bool = Field(default=False, description="One GPU per worker")
+    training_days: int = Field(default=7, description="Newest partitions of training data to use")
+
+
+@dataclass
+class TrainingPipeline:
+    model_name: str
+    assets: list
+    job: object
+    schedule: object
+
+
+def code_version() -> str:
+    """The git commit the code runs from (with `-dirty` for uncommitted changes); `unknown` outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return f"{sha}-dirty" if dirty else sha
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def training_pipeline(model_name: str, *, description: str, deps: list, partitions_def: PartitionsDefinition,
+                      group: str = "models", pool: str = "cpu", gpus: int = 0, hour_of_day: int = 4,
+                      owners: tuple[str, ...] = ("team:ml-platform",)) -> Callable[[Callable], TrainingPipeline]:
+    """Turn `fn(TrainingRun) -> TrainedModel` into `models/<name>` (train + register as challenger,
+    with the blocking `beats_champion` check), `models/<name>_champion` (promotion, runs only when the
+    check passed), a partitioned job on `pool` and a daily schedule."""
+    model_key = AssetKey(["models", model_name])
+    champion_key = AssetKey(["models", f"{model_name}_champion"])
+    tags = {"mlplane/pool": pool, "mlplane/gpus": str(gpus)}
+
+    def decorate(fn: Callable[[TrainingRun], TrainedModel]) -> TrainingPipeline:
+        @asset(
+            key=model_key,
+            group_name=group,
+            description=description,
+            partitions_def=partitions_def,
+            backfill_policy=BackfillPolicy.single_run(),
+            deps=deps,
+            kinds={"pytorch", "ray", "mlflow"},
+            owners=list(owners),
+            op_tags=tags,
+            required_resource_keys={"lake", "ray", "model_registry"},
+            check_specs=[AssetCheckSpec(GATE_CHECK, asset=model_key, blocking=True,
+                                        description="The challenger beats the champion on held-out data by the "
+                                                    "registry's promotion margin; blocks promotion otherwise")],
+        )
+        def train_and_register(context, config: TrainingConfig):
+            resources = context.resources
+            day = date.fromisoformat(context.partition_keys[-1])
+            registry_resource = resources.model_registry
+            registry = registry_resource.registry()
+            resources.ray.ensure_started()
+            with tempfile.TemporaryDirectory(prefix=f"train-{model_name}-") as work:
+                run = TrainingRun(day, resources.lake.lake(), Path(work), config.num_workers,
+                                  config.use_gpu or gpus > 0, config.training_days, context.log.info)
+                trained = fn(run)
+                lineage = {
+                    "mlplane.code_version": code_version(),
+                    "mlplane.data_partitions": ",".join(trained.data_partitions),
+                    "mlplane.feature_service": trained.feature_service,
+                    "mlplane.dagster_run_id": context.run.run_id,
+                    "mlplane.dagster_asset": model_key.to_user_string(),
+                    "mlplane.partition": day.isoformat(),
+                }
+                version = registry.register(model_name, trained.model_dir, lineage, trained.metrics, trained.params)
+                registry.set_alias(model_name, "challenger", version.version, who=f"dagster run {context.run.run_id}",
+                                   reason=f"trained for {day}")
+                challenger_score = trained.metrics[trained.gate_metric]
+                champion = registry.by_alias(model_name, "champion")
+                champion_score = None
+                if champion is not None:
+                    champion_dir = registry.load(model_name, champion.version, Path(work) / "champion")
+                    champion_score = trained.evaluate(champion_dir)
+            margin = registry_resource.promotion_margin
+            passed = champion is None or challenger_score >= champion_score + margin
+            yield MaterializeResult(metadata={
+                "model": model_name,
+                "version": MetadataValue.int(int(version.version)),
+                "registry": registry.tracking_uri,
+                **{k: v for k, v in lineage.items() if k != "mlplane.dagster_run_id"},
+                **trained.metadata,
+            })
+            yield AssetCheckResult(
+                check_name=GATE_CHECK, passed=passed, severity=AssetCheckSeverity.ERROR,
+                metadata={
+                    "metric": trained.gate_metric,
+                    "challenger_version": version.version,
+                    "challenger": round(challenger_score, 5),
+                    "champion_version": champion.version if champion else "(none yet)",
+                    "champion": round(champion_score, 5) if champion_score is not None else "(none yet)",
+                    "margin": margin,
+                },
+            )
+
+        @asset(
+            key=champion_key,
+            group_name=group,
+            description=f"Moves the `champion` alias of {model_name!r} to the challenger that passed "
+                        f"`{GATE_CHECK}`; `mlplane models rollback` moves it back.",
+            partitions_def=partitions_def,
+            backfill_policy=BackfillPolicy.single_run(),
+            deps=[model_key],
+            kinds={"mlflow"},
+            owners=list(owners),
+            required_resource_keys={"model_registry"},
+        )
+        def promote(context):
+            registry = context.resources.model_registry.registry()
+            challenger = registry.by_alias(model_name, "challenger")
+            if challenger is None:
+                raise ValueError(f"{model_name!r} has no challenger to promote")
+            current = registry.by_alias(model_name, "champion")
+            if current is None or current.version != challenger.version:
+                registry.set_alias(model_name, "champion", challenger.version, who=f"dagster run {context.run.run_id}",
+                                   reason=f"passed {GATE_CHECK}")
+            return MaterializeResult(metadata={"champion_version": challenger.version,
+                                               "previous_champion": current.version if current else "(none)"})
+
+        job = define_asset_job(f"train_{model_name}", selection=AssetSelection.assets(model_key, champion_key),
+                               partitions_def=partitions_def, tags=tags,
+                               description=f"Train {model_name}, register it and promote it if it beats the champion.")
+        schedule = build_schedule_from_partitioned_job(job, hour_of_day=hour_of_day)
+        return TrainingPipeline(model_name, [train_and_register, promote], job, schedule)
+
+    return decorate

@@ -1,0 +1,24 @@
+from pathlib import Path
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from engines.registry import ModelRegistry
+
+
+class ModelRegistryResource(ConfigurableResource):
+    """The MLflow model registry: an SQLite store and artifact folder under `root` by default, or a
+    tracking URI (an MLflow server, or a PostgreSQL backend store) in production."""
+
+    root: str | None = Field(default=None, description="Local folder for mlflow.db and artifacts (embedded default)")
+    tracking_uri: str | None = Field(default=None, description="MLflow tracking/registry URI; overrides `root`")
+    artifact_root: str | None = Field(default=None, description="Where new runs store artifacts (with tracking_uri)")
+    promotion_margin: float = Field(default=0.0, description="How much better (held-out AUC) a challenger must "
+                                                             "score than the champion to be promoted")
+
+    def registry(self) -> ModelRegistry:
+        if self.tracking_uri:
+            return ModelRegistry(self.tracking_uri, self.artifact_root)
+        if not self.root:
+            raise ValueError("ModelRegistryResource needs `root` (local) or `tracking_uri` (a server or database)")
+        return ModelRegistry.local(Path(self.root))

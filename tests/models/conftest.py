@@ -1,0 +1,42 @@
+"""Fixtures of the model tests: one capped in-process Ray for the session, and the personalization
+pipeline trained once over the shared three simulated days."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dagster import AssetSelection, DagsterInstance, materialize
+
+from assets import all_assets
+from engines.registry import ModelRegistry
+from orchestration.profiles import resources_for
+from resources.ray import RayResource
+from resources.registry import ModelRegistryResource
+from tests.conftest import LAST_DAY
+
+MODEL_ASSETS = AssetSelection.groups("models")
+
+
+@pytest.fixture(scope="session")
+def ray_compute(tmp_path_factory):
+    resource = RayResource(num_cpus=2, object_store_mb=300, temp_dir=str(tmp_path_factory.mktemp("ray")))
+    with resource.session():
+        yield resource
+
+
+def train(data_dir: Path, ray_compute: RayResource, registry_root: Path, margin: float = 0.0,
+          raise_on_error: bool = True):
+    """The training job's assets for the newest simulated day."""
+    resources = {**resources_for("local", data_dir=str(data_dir)), "ray": ray_compute,
+                 "model_registry": ModelRegistryResource(root=str(registry_root), promotion_margin=margin)}
+    return materialize(all_assets, selection=MODEL_ASSETS, resources=resources, partition_key=LAST_DAY.isoformat(),
+                       instance=DagsterInstance.ephemeral(), raise_on_error=raise_on_error)
+
+
+@pytest.fixture(scope="session")
+def trained(pipeline_dir, ray_compute, tmp_path_factory):
+    """The registry after one training run (v1, champion) and the run's result."""
+    root = tmp_path_factory.mktemp("registry")
+    result = train(pipeline_dir, ray_compute, root)
+    return ModelRegistry.local(root), result, root

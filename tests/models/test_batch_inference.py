@@ -1,0 +1,77 @@
+"""Batch inference on Ray Data with the champion model and the vector database: every active user
+gets exactly one list, also when a Ray worker dies mid-batch."""
+
+from __future__ import annotations
+
+import polars as pl
+from dagster import DagsterInstance, materialize
+
+from assets import all_assets
+from engines import batch_inference as engine
+from engines.lake import Lake
+from engines.vector_store import VectorStore
+from ml.personalization import PersonalizationModel
+from orchestration.profiles import resources_for
+from resources.registry import ModelRegistryResource
+from resources.vector_store import VectorStoreResource
+from tests.conftest import LAST_DAY
+
+K = 5
+
+
+def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipeline_dir, ray_compute, tmp_path):
+    _, _, registry_root = trained
+    resources = {**resources_for("local", data_dir=str(pipeline_dir)), "ray": ray_compute,
+                 "model_registry": ModelRegistryResource(root=str(registry_root)),
+                 "vector_store": VectorStoreResource(location=str(tmp_path / "vectors"))}
+    result = materialize(all_assets, selection=[engine_key()], resources=resources,
+                         partition_key=LAST_DAY.isoformat(), instance=DagsterInstance.ephemeral(),
+                         run_config={"ops": {"inference__personalization_recommendations":
+                                             {"config": {"k": K}}}})
+    assert result.success
+    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+              for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    assert checks == {"covers_active_users": True, "items_exist": True, "score_drift": True}
+
+    lake = Lake(pipeline_dir)
+    written = lake.read_partition(engine.ZONE, engine.TABLE, LAST_DAY)
+    active = engine.active_users(lake, LAST_DAY)
+    assert sorted(written.get_column("user_id").unique().to_list()) == active
+    per_user = written.group_by("user_id").agg(pl.col("rank").sort())
+    assert all(ranks == list(range(1, K + 1)) for ranks in per_user.get_column("rank").to_list())
+    assert set(written.get_column("item_id").to_list()) <= engine.existing_items(lake, LAST_DAY)
+    assert written.get_column("model_version").unique().to_list() == ["1"]
+
+
+def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, pipeline_dir, ray_compute, tmp_path):
+    registry, _, _ = trained
+    lake = Lake(pipeline_dir)
+    model_dir = registry.load("personalization", "1", tmp_path / "model")
+    model = PersonalizationModel.load(model_dir)
+    active = engine.active_users(lake, LAST_DAY)
+    existing = engine.existing_items(lake, LAST_DAY)
+    users = engine.entity_features(lake, LAST_DAY, model.spec.user.columns, "user_id", active)
+    items = engine.entity_features(lake, LAST_DAY, model.spec.item.columns, "item_id", sorted(existing))
+    marker = tmp_path / "crashed"
+    with VectorStore.open(str(tmp_path / "vectors")) as store:
+        radius = engine.index_items(store, model, items, "1")
+        recommendations = engine.recommend(users, store, model_dir, "1", radius, K, engine="ray", batch_size=64,
+                                           fail_once_marker=str(marker))
+        baseline = engine.recommend(users, store, model_dir, "1", radius, K, engine="local")
+    assert marker.exists()  # a worker did die mid-batch
+    result = engine.coverage(recommendations, active, existing)
+    assert result.missing_users == [] and result.duplicate_users == [] and result.unknown_items == []
+    assert recommendations.height == len(active) * K
+    # the same lists as one process computes, and the vector database's order is the model's
+    key = ["user_id", "rank"]
+    assert recommendations.sort(key).select(*key, "item_id").equals(baseline.sort(key).select(*key, "item_id"))
+    first = users.head(1)
+    exact = (model.user_vectors(first) @ model.item_vectors(items).T)[0]
+    top = items.get_column("item_id").to_numpy()[exact.argsort()[::-1][:K]].tolist()
+    assert baseline.filter(pl.col("user_id") == first.item(0, "user_id")).sort("rank").get_column("item_id") \
+        .to_list() == top
+
+
+def engine_key():
+    from assets.inference import KEY
+    return KEY
