@@ -27,4 +27,11 @@ feature_store_refresh = define_asset_job(
     tags=CPU_POOL,
 )
 
-all_jobs = [daily_pipeline, feature_store_refresh]
+gateway_llm_training = define_asset_job(
+    "gateway_llm_training",
+    selection=AssetSelection.assets(["models", "gateway_llm"]),
+    description="Train the small language model that the ML gateway's vLLM backends serve.",
+    tags=CPU_POOL,
+)
+
+all_jobs = [daily_pipeline, feature_store_refresh, gateway_llm_training]

@@ -14,6 +14,7 @@ import click
 
 from orchestration.home import ensure_dagster_home
 from orchestration.profiles import PROJECT_ROOT, local_data_dir
+from serving.gateway import cli as gateway_cli
 
 
 @click.group()
@@ -185,6 +186,9 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
     values = engine.online_features(service, [row])
     click.echo(json.dumps({k: v[0] for k, v in values.items()}, indent=2, default=str))
 
+
+main.add_command(gateway_cli.gateway)
+main.add_command(gateway_cli.usage)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,6 +7,7 @@ from pathlib import Path
 from dagster import EnvVar
 
 from resources.feature_store import FeatureStoreResource
+from resources.gateway import GatewayResource
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
@@ -32,6 +33,8 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         lake = LakeResource(root=data_dir or local_data_dir())
         feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
+        gateway = GatewayResource(url=os.environ.get("MLPLANE_GATEWAY_URL", "http://127.0.0.1:4000"),
+                                  api_key=os.environ.get("MLPLANE_GATEWAY_KEY"))
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -41,6 +44,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
         )
         notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
+        gateway = GatewayResource(url=EnvVar("MLPLANE_GATEWAY_URL"), api_key=EnvVar("MLPLANE_GATEWAY_KEY"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -48,4 +52,5 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "feature_store": feature_store,
         "quality": QualityResource(lake=lake),
         "notifier": notifier,
+        "gateway": gateway,
     }

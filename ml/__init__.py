@@ -1,0 +1,1 @@
+"""Model code in plain Python (no Dagster): architectures, training loops, metrics."""
