@@ -507,7 +507,7 @@ def create_app(config_path: str | Path) -> FastAPI:
         key = await gateway.authenticate(request)
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "mlplane",
                  "regions": sorted({s.spec.region for s in g.backends})}
-                for name, g in sorted(gateway.router.groups.items()) if key.allows(name)]
+                for name, g in sorted(gateway.router.groups.items()) if g.kind == "openai" and key.allows(name)]
         return {"object": "list", "data": data}
 
     @app.get("/v2/models/{name}", tags=["open inference protocol v2"], summary="Model metadata (pass-through)")

@@ -4,17 +4,20 @@ backends in two regions and one embedding backend; gateways run as separate proc
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 import yaml
 from dagster import AssetSelection, DagsterInstance, materialize
 
@@ -190,11 +193,54 @@ class GatewayProcess:
         return stop_process(self.process)
 
 
+async def v2_model_server(scope, receive, send):
+    """A stand-in for the online model server (built in another part of the platform): Open Inference
+    Protocol v2 health, metadata and an `adder` model that sums each input's data."""
+    if scope["type"] != "http":
+        return
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    path, status = scope["path"], 200
+    if path == "/v2/health/ready":
+        answer = {"ready": True}
+    elif path == "/v2/models/adder":
+        answer = {"name": "adder", "platform": "python", "inputs": [{"name": "x", "datatype": "FP32"}]}
+    elif path == "/v2/models/adder/infer":
+        inputs = json.loads(body)["inputs"]
+        answer = {"model_name": "adder", "outputs": [
+            {"name": f"sum_{i['name']}", "datatype": "FP32", "shape": [1], "data": [sum(i["data"])]} for i in inputs]}
+    else:
+        status, answer = 404, {"error": f"no route {path}"}
+    payload = json.dumps(answer).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": payload})
+
+
 @pytest.fixture(scope="session")
-def gateway(vllm_backends, gateway_llm_path, tmp_path_factory) -> GatewayProcess:
+def v2_backend() -> str:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(v2_model_server, port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.1)
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def gateway(vllm_backends, gateway_llm_path, v2_backend, tmp_path_factory) -> GatewayProcess:
     """The embedded default: SQLite keys and usage, in-process rate limits."""
     workdir = tmp_path_factory.mktemp("gateway")
-    process = GatewayProcess(gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{workdir}/gateway.db"),
-                             workdir)
+    v2 = {"model_name": "adder", "kind": "v2", "url": v2_backend, "region": "eu"}
+    config = gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{workdir}/gateway.db", extra_models=[v2])
+    process = GatewayProcess(config, workdir)
     yield process
     process.stop()

@@ -280,6 +280,21 @@ def test_hot_reload_adds_a_group_without_dropping_requests(gateway, vllm_backend
     gateway.rewrite(original)
 
 
+def test_open_inference_protocol_v2_pass_through(gateway):
+    key = gateway.key(models=["adder"])
+    auth = {"Authorization": f"Bearer {key}"}
+    request = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1.0, 2.0, 3.5]}]}
+    answer = httpx.post(f"{gateway.url}/v2/models/adder/infer", json=request, headers=auth, timeout=30)
+    assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [6.5]
+    assert httpx.get(f"{gateway.url}/v2/models/adder", headers=auth, timeout=30).json()["name"] == "adder"
+    denied = httpx.post(f"{gateway.url}/v2/models/{MODEL_NAME}/infer", json=request, headers=auth, timeout=30)
+    assert denied.status_code == 404  # a chat model is no v2 model
+    other = gateway.key(models=[MODEL_NAME])
+    refused = httpx.post(f"{gateway.url}/v2/models/adder/infer", json=request, timeout=30,
+                         headers={"Authorization": f"Bearer {other}"})
+    assert refused.status_code == 403
+
+
 def test_metrics_and_openapi(gateway):
     key = gateway.key()
     client(gateway, key).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2)
