@@ -140,6 +140,7 @@ class Gateway:
             except OSError:
                 continue
             if mtime != self.config_mtime:
+                self.config_mtime = mtime  # a broken file is reported once, not at every poll
                 self.reload()
 
     async def _health_loop(self) -> None:

@@ -44,7 +44,7 @@ class BackendSpec:
 
     @property
     def id(self) -> str:
-        return f"{self.url}#{self.model}"
+        return f"{self.model_name}@{self.url}#{self.model}"
 
 
 @dataclass(frozen=True)

@@ -75,12 +75,15 @@ def test_prod_profile_reads_its_services_from_the_environment(monkeypatch, tmp_p
     monkeypatch.setenv("MLPLANE_REDIS_URL", "redis.internal:6379")
     monkeypatch.setenv("MLPLANE_FEAST_REGISTRY_URL", "postgresql+psycopg2://feast@db/feast")
     monkeypatch.setenv("MLPLANE_WEBHOOK_URL", "https://hooks.example/mlplane")
+    monkeypatch.setenv("MLPLANE_GATEWAY_URL", "http://gateway.internal:4000")
+    monkeypatch.setenv("MLPLANE_GATEWAY_KEY", "sk-mlp-service")
     with build_resources(resources_for("prod")) as resources:
         config = resources.feature_store.engine().settings.config_dict()
         assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379"}
         assert config["registry"]["path"] == "postgresql+psycopg2://feast@db/feast"
         assert resources.lake.root == str(tmp_path)
         assert resources.notifier.url == "https://hooks.example/mlplane"
+        assert (resources.gateway.url, resources.gateway.api_key) == ("http://gateway.internal:4000", "sk-mlp-service")
 
     monkeypatch.setenv("MLPLANE_PROFILE", "staging")
     out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],

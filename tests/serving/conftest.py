@@ -78,7 +78,7 @@ def gateway_llm_path(tmp_path_factory) -> Path:
     result = materialize(all_assets, selection=AssetSelection.assets(GATEWAY_LLM),
                          resources=resources_for("local", data_dir=str(data_dir)),
                          instance=DagsterInstance.ephemeral(),
-                         run_config={"ops": {"models__gateway_llm": {"config": {"steps": 80, "context": 64}}}})
+                         run_config={"ops": {"models__gateway_llm": {"config": {"steps": 40, "context": 64}}}})
     assert result.success
     return gateway_llm_dir(data_dir)
 

@@ -43,7 +43,7 @@ def test_load_moves_traffic_and_full_backends_are_skipped():
         a.start()
     b.latency_s = 100.0
     assert choose([a, b], "eu", set(), 2.0) is b  # a is at capacity, so only b is left
-    assert choose([a, b], "eu", {"http://b#m"}, 2.0) is None
+    assert choose([a, b], "eu", {"m@http://b#m"}, 2.0) is None
 
 
 def test_weights_split_ties():

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from orchestration.cli import main as mlplane
 from resources.gateway import GatewayResource
-from tests.serving.conftest import EMBEDDING_MODEL, MODEL_NAME, gateway_config
+from tests.serving.conftest import EMBEDDING_MODEL, MODEL_NAME, GatewayProcess, gateway_config
 
 MESSAGES = [{"role": "user", "content": "Is the red wooden chair still for sale?"}]
 
@@ -224,9 +224,14 @@ def assert_tokens_per_minute_hold(gateway, limit: int, concurrency: int = 50, ma
     assert sum(tokens) >= limit - concurrency * per_request  # the limit, not something else, stopped them
 
 
-def test_backend_killed_under_load_no_client_sees_a_failure(gateway, vllm_backends):
-    """Non-streaming requests preferring region eu while the eu backend is killed: requests in flight on
-    it and after it are retried on us before any byte reached the client."""
+def test_backend_killed_under_load_no_client_sees_a_failure(vllm_backends, gateway_llm_path, tmp_path):
+    """Non-streaming requests from region eu while the eu backend is killed: requests in flight on it and
+    after it are retried on us before any byte reached the client. This gateway never spills over by
+    latency, so eu has all the traffic until it dies. The eu backend stays down for the rest of the
+    session; the other gateways route around it."""
+    config = gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{tmp_path}/gateway.db")
+    config["settings"]["spill_factor"] = 1000
+    gateway = GatewayProcess(config, tmp_path)
     key = gateway.key()
     openai_client = client(gateway, key, default_headers={"X-Mlplane-Region": "eu"})
     requests, killed_after = 60, 15
@@ -238,23 +243,21 @@ def test_backend_killed_under_load_no_client_sees_a_failure(gateway, vllm_backen
         return response.usage.completion_tokens
 
     eu = vllm_backends["eu"]
-    try:
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(one, i) for i in range(requests)]
-            while len(done) < killed_after:
-                time.sleep(0.05)
-            eu.kill()
-            results = [f.result() for f in futures]  # raises if any client saw an error
-        assert len(results) == requests
-        rows = usage_rows(gateway, requests, group_by="key_id,region,status")
-        mine = {(r["region"], r["status"]): r["requests"] for r in rows if r["key_id"] == key.split("-")[2]}
-        assert sum(mine.values()) == requests and mine.get(("eu", 200), 0) >= killed_after - 8
-        assert mine.get(("us", 200), 0) > 0
-        metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
-        assert f'mlplane_gateway_backend_healthy{{backend="{eu.url}",model="{MODEL_NAME}",region="eu"}} 0.0' in metrics
-    finally:
-        eu.start()  # back for the tests after this one
-        eu.wait()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, i) for i in range(requests)]
+        while len(done) < killed_after:
+            time.sleep(0.05)
+        eu.kill()
+        results = [f.result() for f in futures]  # raises if any client saw an error
+    assert len(results) == requests
+    rows = usage_rows(gateway, requests, group_by="key_id,region,status")
+    mine = {(r["region"], r["status"]): r["requests"] for r in rows if r["key_id"] == key.split("-")[2]}
+    assert sum(mine.values()) == requests and set(mine) == {("eu", 200), ("us", 200)}
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    assert f'mlplane_gateway_backend_healthy{{backend="{eu.url}",model="{MODEL_NAME}",region="eu"}} 0.0' in metrics
+    retries = [line for line in metrics.splitlines() if line.startswith("mlplane_gateway_retries_total")]
+    assert retries and float(retries[0].split()[-1]) > 0
+    gateway.stop()
 
 
 def test_hot_reload_adds_a_group_without_dropping_requests(gateway, vllm_backends, gateway_llm_path):
@@ -325,3 +328,13 @@ def test_gateway_config_errors_name_the_problem(vllm_backends, gateway_llm_path,
         parse_config({**good, "model_list": [{"model_name": "m", "urll": "http://x"}]})
     with pytest.raises(ConfigError, match="unknown settings"):
         parse_config({**good, "settings": {"stroe": "x"}})
+
+
+def test_gateway_llm_asset_is_a_llama_in_hugging_face_format(gateway_llm_path):
+    import json
+
+    config = json.loads((gateway_llm_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["head_dim"] == 64
+    assert (gateway_llm_path / "tokenizer.json").exists() and (gateway_llm_path / "model.safetensors").exists()
+    training = json.loads((gateway_llm_path / "mlplane_training.json").read_text())
+    assert training["held_out_perplexity"] < training["unigram_perplexity"]
