@@ -93,6 +93,9 @@ class Gateway:
             timeout=httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
         )
+        # probes open a fresh connection each time: a pooled one could hide a backend that stopped accepting
+        self.health_client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
+                                               timeout=settings.connect_timeout_s + 1)
         self.tasks: list[asyncio.Task] = []
 
     @property
@@ -113,6 +116,7 @@ class Gateway:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.usage.close()
         await self.client.aclose()
+        await self.health_client.aclose()
         await self.limiter.close()
         self.store.close()
 
@@ -154,7 +158,7 @@ class Gateway:
     async def _check(self, state: BackendState) -> None:
         path = "/health" if state.spec.kind == "openai" else "/v2/health/ready"
         try:
-            response = await self.client.get(state.spec.url + path, timeout=self.settings.connect_timeout_s + 1)
+            response = await self.health_client.get(state.spec.url + path)
             state.healthy = response.status_code == 200
         except httpx.HTTPError:
             state.healthy = False

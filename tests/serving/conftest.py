@@ -4,6 +4,7 @@ backends in two regions and one embedding backend; gateways run as separate proc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -244,3 +245,61 @@ def gateway(vllm_backends, gateway_llm_path, v2_backend, tmp_path_factory) -> Ga
     process = GatewayProcess(config, workdir)
     yield process
     process.stop()
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a real backend that drops the connection once `cut_after` bytes of the
+    backend's answer have passed: the network failing under a request, at a chosen point."""
+
+    def __init__(self, upstream_port: int, cut_after: int):
+        self.upstream_port, self.cut_after = upstream_port, cut_after
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self, client_reader, client_writer) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        first = await client_reader.read(65536)
+        cut_after = float("inf") if first.startswith(b"GET /health") else self.cut_after  # probes pass
+        upstream_writer.write(first)
+
+        async def requests():
+            while data := await client_reader.read(65536):
+                upstream_writer.write(data)
+                await upstream_writer.drain()
+
+        async def answers():
+            passed = 0
+            while data := await upstream_reader.read(256):
+                if passed + len(data) > cut_after:
+                    data = data[:int(cut_after - passed)]
+                passed += len(data)
+                if data:
+                    client_writer.write(data)
+                    await client_writer.drain()
+                if passed >= cut_after:
+                    return
+
+        forward = asyncio.ensure_future(requests())
+        await answers()
+        forward.cancel()
+        for writer in (client_writer, upstream_writer):
+            writer.transport.abort()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from orchestration.cli import main as mlplane
 from resources.gateway import GatewayResource
-from tests.serving.conftest import EMBEDDING_MODEL, MODEL_NAME, GatewayProcess, gateway_config
+from tests.serving.conftest import EMBEDDING_MODEL, MODEL_NAME, CuttingProxy, GatewayProcess, gateway_config
 
 MESSAGES = [{"role": "user", "content": "Is the red wooden chair still for sale?"}]
 
@@ -338,3 +338,40 @@ def test_gateway_llm_asset_is_a_llama_in_hugging_face_format(gateway_llm_path):
     assert (gateway_llm_path / "tokenizer.json").exists() and (gateway_llm_path / "model.safetensors").exists()
     training = json.loads((gateway_llm_path / "mlplane_training.json").read_text())
     assert training["held_out_perplexity"] < training["unigram_perplexity"]
+
+
+def test_retries_before_the_first_byte_never_after_a_stream_started(vllm_backends, gateway_llm_path, tmp_path):
+    """Region eu is the us vLLM server behind a proxy that drops connections: before any answer byte
+    (cut_after=0) the gateway moves the streamed request to the direct backend; once a stream has
+    sent its first events (cut_after=1500) the client gets the events so far and an error event, never a
+    second answer from another backend."""
+    us = vllm_backends["us"]
+    for cut_after, streamed_fully in ((0, True), (1500, False)):
+        proxy = CuttingProxy(us.port, cut_after)
+        config = gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{tmp_path}/gateway-{cut_after}.db")
+        config["model_list"][0]["url"] = proxy.url  # region eu, preferred by the callers below
+        config["settings"].update(spill_factor=1000, circuit_failures=1000, health_interval_s=3600)
+        workdir = tmp_path / str(cut_after)
+        workdir.mkdir()
+        gateway = GatewayProcess(config, workdir)
+        try:
+            openai_client = client(gateway, gateway.key(), default_headers={"X-Mlplane-Region": "eu"})
+            if streamed_fully:
+                chunks = list(openai_client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES,
+                                                                    max_tokens=8, stream=True))
+                assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+            else:
+                received = []
+                with pytest.raises(openai.APIError, match="failed during the stream"):
+                    for chunk in openai_client.chat.completions.create(
+                            model=MODEL_NAME, messages=MESSAGES, max_tokens=200, stream=True,
+                            extra_body={"ignore_eos": True}):
+                        received.append(chunk)
+                assert received and all(c.choices[0].finish_reason is None for c in received)
+            metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+            retried = [float(line.split()[-1]) for line in metrics.splitlines()
+                       if line.startswith("mlplane_gateway_retries_total")]
+            assert retried == ([1.0] if streamed_fully else [])
+        finally:
+            gateway.stop()
+            proxy.close()
