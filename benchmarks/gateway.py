@@ -8,11 +8,12 @@ driven by the same load generator in the same run:
   upstream's own time measured directly, per round; medians over rounds.
 - maximum requests/s: CONCURRENCY requests in flight until REQUESTS have completed, per round.
 
-The mlplane gateway checks an API key, a token-count rate limit (in-process) and writes usage records;
-LiteLLM runs without a database (no keys, no spend tracking: its lightest setup). LiteLLM installs into
+The mlplane gateway checks an API key from its SQLite store (cached), a token-count rate limit
+(in-process) and writes usage records; LiteLLM runs without a database (its master key only, no spend
+tracking: its lightest setup). LiteLLM installs into
 its own throwaway environment `.venv-litellm` (its pins clash with the main one).
 
-    .venv/bin/python benchmarks/gateway.py [--rounds 3] [--requests 400] [--concurrency 32]
+    .venv/bin/python benchmarks/gateway.py [--rounds 5] [--requests 300] [--throughput-requests 800] [--concurrency 8]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LITELLM_VENV = ROOT / ".venv-litellm"
+LITELLM_MASTER_KEY = "sk-" + "5f" * 32  # LiteLLM refuses to start without one; checked per request
 COMPLETION = {
     "id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "stub",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "A red low-poly chair."},
@@ -150,10 +152,11 @@ def stop(process: subprocess.Popen) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=400, help="Sequential requests per round (latency).")
-    parser.add_argument("--throughput-requests", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=300, help="Sequential requests per round (latency).")
+    parser.add_argument("--throughput-requests", type=int, default=800)
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="In flight at once (httpx slows down past about 8 on two cores).")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -174,6 +177,7 @@ def main() -> None:
         "model_list": [{"model_name": "bench", "litellm_params": {
             "model": "openai/stub", "api_base": f"{upstream_url}/v1", "api_key": "unused"}}],
         "litellm_settings": {"drop_params": True, "set_verbose": False},
+        "general_settings": {"master_key": LITELLM_MASTER_KEY},
     }))
     python = sys.executable
     processes = [
@@ -191,7 +195,7 @@ def main() -> None:
         targets = {
             "upstream (direct)": (upstream_url, {}),
             "mlplane gateway": (f"http://127.0.0.1:{gateway_port}", {"Authorization": f"Bearer {secret}"}),
-            "litellm proxy": (f"http://127.0.0.1:{litellm_port}", {"Authorization": "Bearer unused"}),
+            "litellm proxy": (f"http://127.0.0.1:{litellm_port}", {"Authorization": f"Bearer {LITELLM_MASTER_KEY}"}),
         }
         for url, headers in targets.values():  # warm connections, caches and imports
             asyncio.run(drive(url, headers, 50, 4))
