@@ -16,7 +16,7 @@ GATEWAY_LLM = AssetKey(["models", "gateway_llm"])
 
 
 class GatewayLlmConfig(Config):
-    steps: int = 300
+    steps: int = 200
     vocab_size: int = 1024
     context: int = 128
 

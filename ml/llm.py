@@ -28,7 +28,7 @@ class LlmConfig:
     heads: int = 2  # head size = hidden_size / heads = 64
     intermediate_size: int = 344
     context: int = 128
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 16
     learning_rate: float = 3e-3
     seed: int = 0
