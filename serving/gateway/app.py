@@ -177,6 +177,8 @@ class Gateway:
             key = cached[0]
         else:
             key = await asyncio.to_thread(self.store.lookup, secret)
+            if len(self.key_cache) > 10_000:  # bounded: unknown keys must not grow it without end
+                self.key_cache.clear()
             self.key_cache[digest] = (key, now)
         if key is None:
             raise GatewayError(401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key")
@@ -529,8 +531,7 @@ def create_app(config_path: str | Path) -> FastAPI:
         key = await gateway.authenticate(request)
         group = gateway.group_for(key, name, "v2")
         body = await read_json(request, gateway.settings.max_body_bytes) if method == "POST" else None
-        reservation = await gateway.reserve(key, 0)
-        del reservation  # v2 calls count as requests; they carry no tokens
+        await gateway.reserve(key, 0)  # v2 calls count against request limits; they carry no tokens
         request_id = f"req-{uuid.uuid4().hex}"
         region = request.headers.get(REGION_HEADER) or None
         tried: set[str] = set()
