@@ -46,4 +46,12 @@ batch_inference = define_asset_job(
     tags=CPU_POOL,
 )
 
-all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily, train_personalization.job, batch_inference]
+gateway_llm_training = define_asset_job(
+    "gateway_llm_training",
+    selection=AssetSelection.assets(["models", "gateway_llm"]),
+    description="Train the small language model that the ML gateway's vLLM backends serve.",
+    tags=CPU_POOL,
+)
+
+all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily, train_personalization.job, batch_inference,
+            gateway_llm_training]

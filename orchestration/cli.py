@@ -17,6 +17,7 @@ from orchestration.models_cli import models
 from orchestration.profiles import PROJECT_ROOT, local_data_dir
 from orchestration.search_cli import search as search_command
 from orchestration.streaming_cli import streaming
+from serving.gateway import cli as gateway_cli
 
 
 @click.group()
@@ -192,6 +193,8 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
 main.add_command(search_command)
 main.add_command(streaming)
 main.add_command(models)
+main.add_command(gateway_cli.gateway)
+main.add_command(gateway_cli.usage)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -79,6 +79,8 @@ def test_prod_profile_reads_its_services_from_the_environment(monkeypatch, tmp_p
     monkeypatch.setenv("MLPLANE_RAY_ADDRESS", "ray://ray-head.internal:10001")
     monkeypatch.setenv("MLPLANE_MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
     monkeypatch.setenv("MLPLANE_MLFLOW_ARTIFACT_ROOT", "s3://models/mlplane")
+    monkeypatch.setenv("MLPLANE_GATEWAY_URL", "http://gateway.internal:4000")
+    monkeypatch.setenv("MLPLANE_GATEWAY_KEY", "sk-mlp-service")
     with build_resources(resources_for("prod")) as resources:
         config = resources.feature_store.engine().settings.config_dict()
         assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379"}
@@ -89,6 +91,7 @@ def test_prod_profile_reads_its_services_from_the_environment(monkeypatch, tmp_p
         assert resources.ray.address == "ray://ray-head.internal:10001"
         assert resources.model_registry.registry().tracking_uri == "http://mlflow.internal:5000"
         assert resources.model_registry.artifact_root == "s3://models/mlplane"
+        assert (resources.gateway.url, resources.gateway.api_key) == ("http://gateway.internal:4000", "sk-mlp-service")
 
     monkeypatch.setenv("MLPLANE_PROFILE", "staging")
     out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],

@@ -1,0 +1,305 @@
+"""Real backends for the gateway tests: the platform's small language model, trained once per session
+by its Dagster asset on simulated data, served by vLLM (CPU build, its own environment) as two chat
+backends in two regions and one embedding backend; gateways run as separate processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+import yaml
+from dagster import AssetSelection, DagsterInstance, materialize
+
+from assets import all_assets
+from assets.ingestion import warehouse_key
+from assets.llm import GATEWAY_LLM, gateway_llm_dir
+from feature_defs.sources import chat_messages, items
+from orchestration.profiles import PROJECT_ROOT, resources_for
+from serving.gateway.store import GatewayStore
+from tests.conftest import FIRST_DAY, run_pipeline, simulate
+
+VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
+MODEL_NAME = "gateway-llm"
+EMBEDDING_MODEL = "gateway-llm-embed"
+ADMIN_KEY = "test-admin-key"
+STARTUP_TIMEOUT_S = 900  # vLLM starts in tens of seconds, more while other suites load the two cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not healthy after {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 60) -> int:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode
+
+
+@pytest.fixture(scope="session")
+def gateway_llm_path(tmp_path_factory) -> Path:
+    """The gateway LLM asset materialized through Dagster on two simulated days (few steps: tests need a
+    real model in Hugging Face format, not a good one)."""
+    data_dir = tmp_path_factory.mktemp("llm_lake")
+    simulate(data_dir, days=2)
+    run_pipeline(data_dir, FIRST_DAY, FIRST_DAY.replace(day=FIRST_DAY.day + 1),
+                 AssetSelection.assets(warehouse_key(chat_messages), warehouse_key(items)))
+    result = materialize(all_assets, selection=AssetSelection.assets(GATEWAY_LLM),
+                         resources=resources_for("local", data_dir=str(data_dir)),
+                         instance=DagsterInstance.ephemeral(),
+                         run_config={"ops": {"models__gateway_llm": {"config": {"steps": 40, "context": 64}}}})
+    assert result.success
+    return gateway_llm_dir(data_dir)
+
+
+@dataclass
+class VllmServer:
+    name: str
+    region: str
+    command: list[str]
+    env: dict
+    log: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([*self.command, "--port", str(self.port)], env=self.env,
+                                        stdout=self.log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self) -> None:
+        wait_healthy(f"{self.url}/health", self.process, self.log)
+
+    def kill(self) -> None:
+        """Abrupt death, as a crashed or preempted backend."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def vllm_server(name: str, region: str, model_dir: Path, served_name: str, logs: Path, *extra: str) -> VllmServer:
+    if not VLLM_PYTHON.exists():
+        raise RuntimeError(f"{VLLM_PYTHON} missing: run scripts/setup-vllm")
+    command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", served_name, "--host", "127.0.0.1", "--max-model-len", "256",
+               "--max-num-seqs", "32", "--dtype", "float32", *extra]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    return VllmServer(name, region, command, env, logs / f"vllm-{name}.log")
+
+
+@pytest.fixture(scope="session")
+def vllm_backends(gateway_llm_path, tmp_path_factory) -> dict[str, VllmServer]:
+    """Two chat backends (regions eu and us) and one embedding backend (the same model, pooling runner)."""
+    logs = tmp_path_factory.mktemp("vllm_logs")
+    servers = {
+        "eu": vllm_server("eu", "eu", gateway_llm_path, MODEL_NAME, logs),
+        "us": vllm_server("us", "us", gateway_llm_path, MODEL_NAME, logs),
+        "embed": vllm_server("embed", "eu", gateway_llm_path, EMBEDDING_MODEL, logs,
+                             "--runner", "pooling", "--convert", "embed"),
+    }
+    try:
+        for server in servers.values():
+            server.start()
+        for server in servers.values():
+            server.wait()
+        yield servers
+    finally:
+        for server in servers.values():
+            if server.process is not None:
+                stop_process(server.process)
+
+
+def gateway_config(backends: dict[str, VllmServer], model_dir: Path, store: str, rate_limits: str = "memory",
+                   prefix: str = "mlplane:test", extra_models: list[dict] = ()) -> dict:
+    chat = [{"model_name": MODEL_NAME, "url": backends[r].url, "model": MODEL_NAME, "region": r,
+             "capacity": 64, "tokenizer": str(model_dir), "max_tokens": 32} for r in ("eu", "us")]
+    embed = [{"model_name": EMBEDDING_MODEL, "url": backends["embed"].url, "model": EMBEDDING_MODEL,
+              "region": "eu", "tokenizer": str(model_dir)}]
+    return {"model_list": [*chat, *embed, *extra_models], "settings": {
+        "store": store, "rate_limits": rate_limits, "rate_limit_prefix": prefix, "max_body_bytes": 65_536,
+        "key_cache_s": 0, "health_interval_s": 1, "reload_interval_s": 0.5, "connect_timeout_s": 2,
+        "circuit_open_s": 5}}
+
+
+class GatewayProcess:
+    """`python -m serving.gateway` in its own process, as it runs in production."""
+
+    def __init__(self, config: dict, workdir: Path):
+        self.config_path = workdir / "gateway.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.config = config
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / "gateway.log"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "serving.gateway", "--config", str(self.config_path), "--port", str(self.port),
+             "--log-level", "warning"],
+            env={**os.environ, "MLPLANE_GATEWAY_ADMIN_KEY": ADMIN_KEY}, cwd=PROJECT_ROOT,
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_healthy(f"{self.url}/health", self.process, self.log, timeout=120)
+        self.store = GatewayStore(config["settings"]["store"])
+
+    def rewrite(self, config: dict) -> None:
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(config))
+        tmp.replace(self.config_path)  # atomic: the watcher never reads half a file
+        self.config = config
+
+    def admin(self, method: str, path: str, **kwargs) -> httpx.Response:
+        return httpx.request(method, self.url + path, headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                             timeout=30, **kwargs)
+
+    def key(self, **fields) -> str:
+        response = self.admin("POST", "/admin/keys", json={"owner": "tester", "team": "qa", **fields})
+        assert response.status_code == 201, response.text
+        return response.json()["key"]
+
+    def stop(self) -> int:
+        return stop_process(self.process)
+
+
+async def v2_model_server(scope, receive, send):
+    """A stand-in for the online model server (built in another part of the platform): Open Inference
+    Protocol v2 health, metadata and an `adder` model that sums each input's data."""
+    if scope["type"] != "http":
+        return
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    path, status = scope["path"], 200
+    if path == "/v2/health/ready":
+        answer = {"ready": True}
+    elif path == "/v2/models/adder":
+        answer = {"name": "adder", "platform": "python", "inputs": [{"name": "x", "datatype": "FP32"}]}
+    elif path == "/v2/models/adder/infer":
+        inputs = json.loads(body)["inputs"]
+        answer = {"model_name": "adder", "outputs": [
+            {"name": f"sum_{i['name']}", "datatype": "FP32", "shape": [1], "data": [sum(i["data"])]} for i in inputs]}
+    else:
+        status, answer = 404, {"error": f"no route {path}"}
+    payload = json.dumps(answer).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+@pytest.fixture(scope="session")
+def v2_backend() -> str:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(v2_model_server, port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.1)
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def gateway(vllm_backends, gateway_llm_path, v2_backend, tmp_path_factory) -> GatewayProcess:
+    """The embedded default: SQLite keys and usage, in-process rate limits."""
+    workdir = tmp_path_factory.mktemp("gateway")
+    v2 = {"model_name": "adder", "kind": "v2", "url": v2_backend, "region": "eu"}
+    config = gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{workdir}/gateway.db", extra_models=[v2])
+    process = GatewayProcess(config, workdir)
+    yield process
+    process.stop()
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a real backend that drops the connection once `cut_after` bytes of the
+    backend's answer have passed: the network failing under a request, at a chosen point."""
+
+    def __init__(self, upstream_port: int, cut_after: int):
+        self.upstream_port, self.cut_after = upstream_port, cut_after
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self, client_reader, client_writer) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        first = await client_reader.read(65536)
+        cut_after = float("inf") if first.startswith(b"GET /health") else self.cut_after  # probes pass
+        upstream_writer.write(first)
+
+        async def requests():
+            while data := await client_reader.read(65536):
+                upstream_writer.write(data)
+                await upstream_writer.drain()
+
+        async def answers():
+            passed = 0
+            while data := await upstream_reader.read(256):
+                if passed + len(data) > cut_after:
+                    data = data[:int(cut_after - passed)]
+                passed += len(data)
+                if data:
+                    client_writer.write(data)
+                    await client_writer.drain()
+                if passed >= cut_after:
+                    return
+
+        forward = asyncio.ensure_future(requests())
+        await answers()
+        forward.cancel()
+        for writer in (client_writer, upstream_writer):
+            writer.transport.abort()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

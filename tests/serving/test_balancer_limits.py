@@ -1,0 +1,123 @@
+"""The balancer's choices and the in-process limiter's arithmetic, without servers."""
+
+import asyncio
+import random
+
+from serving.gateway.balancer import BackendState, choose
+from serving.gateway.config import BackendSpec
+from serving.gateway.limits import Limit, MemoryLimiter, Rejection, Reservation, limits_for
+from serving.gateway.store import ApiKey
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def backend(url: str, region: str, latency: float | None = None, capacity: int = 4, weight: float = 1.0,
+            clock=None) -> BackendState:
+    state = BackendState(BackendSpec("m", url, "m", region=region, capacity=capacity, weight=weight))
+    state.latency_s = latency
+    if clock:
+        state.clock = clock
+    return state
+
+
+def test_prefers_the_callers_region_until_it_is_much_slower():
+    eu, us = backend("http://eu", "eu", 0.10), backend("http://us", "us", 0.08)
+    assert choose([eu, us], "eu", set(), spill_factor=2.0) is eu
+    assert choose([eu, us], "us", set(), spill_factor=2.0) is us
+    eu.latency_s = 0.5  # more than twice the other region's cost: spill over
+    assert choose([eu, us], "eu", set(), spill_factor=2.0) is us
+
+
+def test_load_moves_traffic_and_full_backends_are_skipped():
+    a, b = backend("http://a", "eu", 0.1, capacity=4), backend("http://b", "eu", 0.1, capacity=4)
+    for _ in range(2):
+        a.start()
+    assert choose([a, b], "eu", set(), 2.0) is b  # same latency, fewer in flight
+    for _ in range(2):
+        a.start()
+    b.latency_s = 100.0
+    assert choose([a, b], "eu", set(), 2.0) is b  # a is at capacity, so only b is left
+    assert choose([a, b], "eu", {"m@http://b#m"}, 2.0) is None
+
+
+def test_weights_split_ties():
+    a, b = backend("http://a", "eu", 0.1, weight=3.0), backend("http://b", "eu", 0.3, weight=1.0)
+    rng = random.Random(1)
+    picks = [choose([a, b], None, set(), 2.0, rng).spec.url for _ in range(400)]
+    # a costs 0.1/3, b 0.3/1: the cheaper a always wins
+    assert picks.count("http://a") == 400
+    b.latency_s = 0.1
+    b.spec = BackendSpec("m", "http://b", "m", region="eu", weight=3.0)
+    picks = [choose([a, b], None, set(), 2.0, rng).spec.url for _ in range(400)]
+    assert 120 < picks.count("http://a") < 280
+
+
+def test_circuit_opens_after_consecutive_failures_and_half_opens_for_one_trial():
+    clock = Clock()
+    state = backend("http://a", "eu", 0.1, clock=clock)
+    for _ in range(3):
+        state.start()
+        state.finish(False, None, None, failures_to_open=3, open_s=10)
+    assert state.circuit() == "open" and not state.available()
+    clock.now += 11
+    assert state.circuit() == "half_open" and state.available()
+    state.start()
+    assert not state.available()  # one trial at a time
+    state.finish(False, None, None, 3, 10)
+    assert state.circuit() == "open"  # the trial failed: open again at once
+    clock.now += 11
+    state.start()
+    state.finish(True, 0.2, None, 3, 10)
+    assert state.circuit() == "closed" and state.available()
+    assert 0.1 < state.latency_s < 0.2  # moving average
+
+
+def key(**limits) -> ApiKey:
+    return ApiKey(key_id="k1", owner="o", team="t", **limits)
+
+
+def test_limits_of_a_key_and_its_team():
+    limits = limits_for(key(tpm=100, rpd=5, team_tpm=1000))
+    assert Limit("key:k1", "tokens", "minute", 100) in limits
+    assert Limit("key:k1", "requests", "day", 5) in limits
+    assert Limit("team:t", "tokens", "minute", 1000) in limits
+    assert len(limits) == 3
+
+
+def test_reservations_hold_the_token_limit_and_settle_to_actual_use():
+    clock = Clock(60 * 1000 + 10)
+    limiter = MemoryLimiter("test", clock=clock)
+    limits = limits_for(key(tpm=100, rpm=10))
+
+    async def scenario():
+        first = await limiter.acquire(limits, 60)
+        assert isinstance(first, Reservation)
+        second = await limiter.acquire(limits, 60)
+        assert isinstance(second, Rejection) and second.limit.unit == "tokens"
+        assert second.retry_after_s == 51  # until the minute ends, plus one
+        await limiter.settle(first, -40)  # the request used 20 of its 60
+        assert isinstance(await limiter.acquire(limits, 60), Reservation)
+        too_big = await limiter.acquire(limits, 500)
+        assert isinstance(too_big, Rejection) and "more than the limit" in too_big.message()
+        clock.now += 60  # next window
+        assert isinstance(await limiter.acquire(limits, 100), Reservation)
+
+    asyncio.run(scenario())
+
+
+def test_a_rejection_increments_nothing():
+    limiter = MemoryLimiter("test", clock=Clock())
+    limits = limits_for(key(rpm=1, team_tpm=10))
+
+    async def scenario():
+        assert isinstance(await limiter.acquire(limits, 20), Rejection)  # over the team's tokens
+        assert isinstance(await limiter.acquire(limits, 5), Reservation)  # the request count was not taken
+        assert isinstance(await limiter.acquire(limits, 1), Rejection)
+
+    asyncio.run(scenario())
