@@ -22,8 +22,10 @@ from assets.metadata import table
 from assets.models import item_embeddings
 from assets.partitions import daily_partitions, partition_days
 from engines import batch_inference as engine
+from feature_defs.outputs import user_recommendations
 from feature_defs.sources import interactions, items
 from ml.personalization import PersonalizationModel, with_item_embeddings
+from resources.feature_store import FeatureStoreResource
 from resources.lake import LakeResource
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource
@@ -45,12 +47,13 @@ class BatchInferenceConfig(Config):
     group_name="inference",
     description="Top-k items for every user active that day: the champion model's user vectors (Ray Data) "
                 "query the champion's item vectors in the vector database. Partitioned Parquet in "
-                f"{engine.ZONE}/{engine.TABLE}/date=D.",
+                f"{engine.ZONE}/{engine.TABLE}/date=D, and one row per user in the online store "
+                f"(feature service `{user_recommendations.service}`).",
     partitions_def=daily_partitions,
     deps=[AssetKey(["models", f"{MODEL}_champion"]), warehouse_key(interactions), warehouse_key(items),
           AssetKey(["offline", "user_engagement"]), AssetKey(["offline", "user_profile"]),
           AssetKey(["offline", "item_content"])],
-    kinds={"ray", "qdrant", "parquet"},
+    kinds={"ray", "qdrant", "parquet", "feast"},
     owners=["team:ml-platform"],
     op_tags={"mlplane/pool": "cpu"},
     check_specs=[
@@ -63,7 +66,8 @@ class BatchInferenceConfig(Config):
     ],
 )
 def personalization_recommendations(context, config: BatchInferenceConfig, lake: LakeResource, ray: RayResource,
-                                    model_registry: ModelRegistryResource, vector_store: VectorStoreResource):
+                                    model_registry: ModelRegistryResource, vector_store: VectorStoreResource,
+                                    feature_store: FeatureStoreResource):
     (day,) = partition_days(context)
     the_lake = lake.lake()
     registry = model_registry.registry()
@@ -109,12 +113,21 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
         yield AssetCheckResult(check_name="score_drift", passed=True, severity=AssetCheckSeverity.WARN,
                                metadata={"psi": "no previous day to compare"})
     path = the_lake.write_partition(engine.ZONE, engine.TABLE, day, frame)
+    served = engine.online_rows(frame, day)
+    the_lake.write_partition("offline", user_recommendations.name, day, served)
+    # re-running an older day must not replace newer lists online
+    newest = day >= max(the_lake.partition_days(engine.ZONE, engine.TABLE))
+    if newest:
+        store = feature_store.engine()
+        store.ensure_registry()
+        store.load_online(user_recommendations.name, served.to_pandas())
     scores = frame.get_column("score")
     yield MaterializeResult(metadata={
         "dagster/row_count": frame.height,
         "path": str(path),
         "users": frame.get_column("user_id").n_unique(),
         "model_version": champion.version,
+        "loaded_online": newest,
         "score_quantiles": table([{"q": q, "score": round(float(scores.quantile(q)), 4)}
                                   for q in (0.01, 0.25, 0.5, 0.75, 0.99)]),
         "sample": table(frame.head(10).to_dicts()),

@@ -20,6 +20,7 @@ import polars as pl
 
 from engines.lake import Lake
 from engines.vector_store import VectorStore
+from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, day_end
 from ml.personalization import PersonalizationModel
 
 VECTOR_NAME = "tower"
@@ -171,6 +172,16 @@ def recommend(users: pl.DataFrame, store: VectorStore, model_dir: Path, version:
     parts = [retrieve(store, name, radius, batch, k) for batch in batches]
     return pl.concat(parts) if parts else retrieve(store, name, radius, users.head(0).with_columns(
         pl.lit(None, pl.List(pl.Float32)).alias("vector")), k)
+
+
+def online_rows(recommendations: pl.DataFrame, day: date) -> pl.DataFrame:
+    """One row per user for the online store: item ids and scores best first, stamped like the day's
+    feature rows (midnight after the day)."""
+    return (recommendations.sort("user_id", "rank")
+            .group_by("user_id", maintain_order=True)
+            .agg(pl.col("item_id").alias("item_ids"), pl.col("score").alias("scores"),
+                 pl.col("model_version").first())
+            .with_columns(pl.lit(day_end(day)).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP)))
 
 
 def coverage(recommendations: pl.DataFrame, active: list[int], items: set[int]) -> BatchResult:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from engines.feature_store import FeatureStoreEngine
+from feature_defs.compile.polars import POLARS_TYPES
+from feature_defs.dsl import Catalogue
 
 LABEL_EVENTS = ("click", "play")
 
@@ -44,5 +46,20 @@ def training_rows(store: FeatureStoreEngine, labelled: pl.DataFrame, service: st
     """Join the service's features as of each row's `event_timestamp` (Feast historical retrieval)."""
     if labelled.is_empty():
         raise ValueError("no labelled rows to build a training set from")
-    features = store.historical_features(labelled.to_pandas(), service)
-    return pl.from_pandas(features).sort("event_timestamp", "event_id")
+    features = pl.from_pandas(store.historical_features(labelled.to_pandas(), service))
+    return features.with_columns(_declared(features, column, dtype) for column, dtype
+                                 in feature_types(store.catalogue, service).items()).sort("event_timestamp", "event_id")
+
+
+def feature_types(catalogue: Catalogue, service: str) -> dict[str, pl.DataType]:
+    """`<view>__<feature>` -> its declared polars type, for every feature of a service."""
+    return {f"{view.name}__{feature.name}": POLARS_TYPES[view.dtype_of(feature)]
+            for view in catalogue.service(service).views for feature in view.features}
+
+
+def _declared(frame: pl.DataFrame, column: str, dtype: pl.DataType) -> pl.Expr:
+    # A feature no entity has a value for on a day comes back as untyped nulls; every partition of a
+    # dataset must have the same schema, so it gets its declared type.
+    if frame.get_column(column).null_count() == frame.height:
+        return pl.lit(None, dtype=dtype).alias(column)
+    return pl.col(column).cast(dtype)

@@ -40,6 +40,28 @@ def simulate(data_dir: Path, days: int = DAYS, config: SimulatorConfig = SMALL) 
     return sim
 
 
+PROD_ENV = {
+    "MLPLANE_REDIS_URL": "redis.internal:6379",
+    "MLPLANE_FEAST_REGISTRY_URL": "postgresql+psycopg2://feast@db/feast",
+    "MLPLANE_WEBHOOK_URL": "https://hooks.example/mlplane",
+    "MLPLANE_QDRANT_URL": "http://qdrant.internal:6333",
+    "MLPLANE_RAY_ADDRESS": "ray://ray-head.internal:10001",
+    "MLPLANE_MLFLOW_TRACKING_URI": "http://mlflow.internal:5000",
+    "MLPLANE_MLFLOW_ARTIFACT_ROOT": "s3://models/mlplane",
+    "MLPLANE_GATEWAY_URL": "http://gateway.internal:4000",
+    "MLPLANE_GATEWAY_KEY": "sk-mlp-service",
+}
+
+
+@pytest.fixture
+def prod_env(monkeypatch, tmp_path) -> dict[str, str]:
+    """Every setting the prod profile reads from the environment, pointing at made-up services."""
+    env = {**PROD_ENV, "MLPLANE_DATA_DIR": str(tmp_path)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
 @pytest.fixture(scope="session")
 def pipeline_dir(tmp_path_factory) -> Path:
     """Three simulated days, ingested, featurized, materialized online and turned into training data."""

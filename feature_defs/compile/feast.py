@@ -11,6 +11,7 @@ from feast.types import Array, Bool, Float64, Int64, String, UnixTimestamp
 
 from feature_defs import dsl
 from feature_defs.compile.polars import TIMESTAMP
+from feature_defs.outputs import OutputView, all_outputs
 
 FEAST_TYPES = {
     "int64": Int64,
@@ -19,6 +20,7 @@ FEAST_TYPES = {
     "bool": Bool,
     "timestamp": UnixTimestamp,
     "int64_list": Array(Int64),
+    "float64_list": Array(Float64),
     "string_list": Array(String),
 }
 VALUE_TYPES = {"int64": ValueType.INT64, "string": ValueType.STRING}
@@ -36,8 +38,8 @@ def push_source_name(view: dsl.FeatureView) -> str:
     return f"{view.name}_push"
 
 
-def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
-    """Every Feast object of the catalogue, ready for FeatureStore.apply()."""
+def feast_objects(catalogue: dsl.Catalogue, offline_root: Path, outputs: list[OutputView] = all_outputs) -> list:
+    """Every Feast object of the catalogue and of the platform's output views, ready for FeatureStore.apply()."""
     entities = {e.name: _entity(e) for e in catalogue.entities}
     objects: list = list(entities.values())
     views: dict[str, FeatureView] = {}
@@ -69,7 +71,23 @@ def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
                        owner=s.owner)
         for s in catalogue.services
     ]
+    for output in outputs:
+        objects += _output_objects(output, entities[output.entity.name], offline_root)
     return objects
+
+
+def _output_objects(output: OutputView, entity: Entity, offline_root: Path) -> list:
+    batch = FileSource(name=f"{output.name}_offline", path=str(offline_root / output.name / "*" / "*.parquet"),
+                       file_format=ParquetFormat(), timestamp_field=TIMESTAMP,
+                       description=f"Offline table of {output.name}, one Parquet partition per day")
+    view = FeatureView(
+        name=output.name, entities=[entity], ttl=timedelta(0), source=batch, online=True,
+        schema=[Field(name=name, dtype=FEAST_TYPES[dtype]) for name, dtype in output.schema.items()],
+        description=output.description, owner=output.owner, tags={"produced_by": "mlplane"},
+    )
+    service = FeatureService(name=output.service, features=[view], description=output.description,
+                             owner=output.owner)
+    return [batch, view, service]
 
 
 def _entity(e: dsl.Entity) -> Entity:

@@ -9,13 +9,14 @@ import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
+from assets.models import train_personalization
 from engines.registry import ModelRegistry
 from orchestration.profiles import resources_for
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource
 from tests.conftest import LAST_DAY
 
-MODEL_ASSETS = AssetSelection.groups("models")
+MODEL_ASSETS = AssetSelection.assets(*train_personalization.assets)  # the model and its promotion
 
 
 @pytest.fixture(scope="session")

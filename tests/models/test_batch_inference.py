@@ -42,6 +42,16 @@ def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipel
     assert set(written.get_column("item_id").to_list()) <= engine.existing_items(lake, LAST_DAY)
     assert written.get_column("model_version").unique().to_list() == ["1"]
 
+    # served online next to the features, best first
+    store = resources["feature_store"].engine()
+    sample = active[:20]
+    online = store.online_features("recommendations", [{"user_id": u} for u in sample])
+    expected = {u: (g.sort("rank").get_column("item_id").to_list(), g.sort("rank").get_column("score").to_list())
+                for (u,), g in written.filter(pl.col("user_id").is_in(sample)).group_by("user_id")}
+    assert online["user_recommendations__item_ids"] == [expected[u][0] for u in sample]
+    assert online["user_recommendations__scores"] == [expected[u][1] for u in sample]
+    assert set(online["user_recommendations__model_version"]) == {"1"}
+
 
 def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, pipeline_dir, ray_compute, tmp_path):
     registry, _, _ = trained

@@ -66,21 +66,11 @@ def test_three_day_backfill_with_the_dagster_cli(tmp_path):
         assert (data_dir / "datasets" / "personalization_training" / f"date={day}" / "part-0.parquet").exists()
 
 
-def test_prod_profile_reads_its_services_from_the_environment(monkeypatch, tmp_path):
+def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypatch, tmp_path):
     from dagster import build_resources
 
     from orchestration.profiles import resources_for
 
-    monkeypatch.setenv("MLPLANE_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("MLPLANE_REDIS_URL", "redis.internal:6379")
-    monkeypatch.setenv("MLPLANE_FEAST_REGISTRY_URL", "postgresql+psycopg2://feast@db/feast")
-    monkeypatch.setenv("MLPLANE_WEBHOOK_URL", "https://hooks.example/mlplane")
-    monkeypatch.setenv("MLPLANE_QDRANT_URL", "http://qdrant.internal:6333")
-    monkeypatch.setenv("MLPLANE_RAY_ADDRESS", "ray://ray-head.internal:10001")
-    monkeypatch.setenv("MLPLANE_MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
-    monkeypatch.setenv("MLPLANE_MLFLOW_ARTIFACT_ROOT", "s3://models/mlplane")
-    monkeypatch.setenv("MLPLANE_GATEWAY_URL", "http://gateway.internal:4000")
-    monkeypatch.setenv("MLPLANE_GATEWAY_KEY", "sk-mlp-service")
     with build_resources(resources_for("prod")) as resources:
         config = resources.feature_store.engine().settings.config_dict()
         assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379"}

@@ -9,11 +9,7 @@ from engines.streaming import StreamingJobError
 from orchestration.profiles import resources_for
 
 
-def test_prod_profile_submits_to_a_cluster_reading_kafka(monkeypatch, tmp_path):
-    monkeypatch.setenv("MLPLANE_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("MLPLANE_REDIS_URL", "redis.internal:6379")
-    monkeypatch.setenv("MLPLANE_FEAST_REGISTRY_URL", "postgresql+psycopg2://feast@db/feast")
-    monkeypatch.setenv("MLPLANE_WEBHOOK_URL", "https://hooks.example/mlplane")
+def test_prod_profile_submits_to_a_cluster_reading_kafka(prod_env, monkeypatch):
     monkeypatch.setenv("MLPLANE_KAFKA_BOOTSTRAP_SERVERS", "kafka.internal:9092")
     with build_resources(resources_for("prod")) as resources:
         flink = resources.flink
