@@ -160,6 +160,8 @@ class Gateway:
         try:
             response = await self.health_client.get(state.spec.url + path)
             state.healthy = response.status_code == 200
+        except httpx.TimeoutException:
+            pass  # a busy backend answers probes late; requests that time out open its circuit breaker instead
         except httpx.HTTPError:
             state.healthy = False
 
@@ -223,16 +225,38 @@ class Gateway:
         state.finish(ok, latency, ttft, self.settings.circuit_failures, self.settings.circuit_open_s)
         self.metrics.backend_requests.labels(state.spec.url, state.spec.region, "ok" if ok else "failure").inc()
 
-    async def forward_json(self, group: ModelGroup, path_of, body: dict, region: str | None):
-        """Non-streaming call with retries on another backend; returns (state, status, payload)."""
+    def attempts(self, group: ModelGroup, region: str | None):
+        """Backends to try in turn, each marked started: the best one (503 when none is available),
+        then others not tried yet, up to `max_attempts`."""
         tried: set[str] = set()
-        last_error = ""
         for attempt in range(self.settings.max_attempts):
-            state = self.pick(group, region, tried) if attempt == 0 else self._next(group, region, tried)
+            state = self.pick(group, region, tried) if attempt == 0 else \
+                choose(group.backends, region, tried, self.settings.spill_factor)
             if state is None:
-                break
+                return
             tried.add(state.spec.id)
             state.start()
+            yield state
+
+    def failed(self, group: ModelGroup, state: BackendState, error: Exception) -> str:
+        """Books a failed attempt before the first byte; returns its description."""
+        self.finish(state, False, None)
+        if isinstance(error, httpx.TransportError):
+            state.healthy = isinstance(error, httpx.TimeoutException)  # a refused connection marks it down now
+        description = f"{state.spec.url}: {type(error).__name__}: {error}"
+        log.warning("backend attempt failed before the first byte, trying another: %s", description)
+        self.metrics.retries.labels(group.name).inc()
+        return description
+
+    @staticmethod
+    def all_failed(group: ModelGroup, last_error: str) -> GatewayError:
+        return GatewayError(502, f"Every backend of model '{group.name}' failed; last error: {last_error}",
+                            "upstream_error", "backend_failed")
+
+    async def forward_json(self, group: ModelGroup, path_of, body: dict, region: str | None):
+        """Non-streaming call with retries on another backend; returns (state, status, payload)."""
+        last_error = ""
+        for state in self.attempts(group, region):
             started = time.perf_counter()
             try:
                 response = await self.client.post(state.spec.url + path_of(state), json=self._upstream(body, state))
@@ -240,20 +264,11 @@ class Gateway:
                     raise BackendFailure(f"HTTP {response.status_code}: {response.text[:200]}")
                 payload = response.json()
             except (httpx.HTTPError, BackendFailure, ValueError) as error:
-                self.finish(state, False, None)
-                if isinstance(error, httpx.TransportError):
-                    state.healthy = isinstance(error, httpx.TimeoutException)
-                last_error = f"{state.spec.url}: {type(error).__name__}: {error}"
-                log.warning("backend attempt failed, trying another: %s", last_error)
-                self.metrics.retries.labels(group.name).inc()
+                last_error = self.failed(group, state, error)
                 continue
             self.finish(state, response.status_code < 400, time.perf_counter() - started)
             return state, response.status_code, payload
-        raise GatewayError(502, f"Every backend of model '{group.name}' failed; last error: {last_error}",
-                           "upstream_error", "backend_failed")
-
-    def _next(self, group: ModelGroup, region: str | None, tried: set[str]) -> BackendState | None:
-        return choose(group.backends, region, tried, self.settings.spill_factor)
+        raise self.all_failed(group, last_error)
 
     @staticmethod
     def _upstream(body: dict, state: BackendState) -> dict:
@@ -262,14 +277,8 @@ class Gateway:
     async def open_stream(self, group: ModelGroup, body: dict, region: str | None, path: str):
         """Opens a streamed call and reads its first chunk; failures up to then move to another backend.
         Returns (state, response, first_chunk, lines, started)."""
-        tried: set[str] = set()
         last_error = ""
-        for attempt in range(self.settings.max_attempts):
-            state = self.pick(group, region, tried) if attempt == 0 else self._next(group, region, tried)
-            if state is None:
-                break
-            tried.add(state.spec.id)
-            state.start()
+        for state in self.attempts(group, region):
             started = time.perf_counter()
             response = None
             try:
@@ -288,14 +297,8 @@ class Gateway:
             except (httpx.HTTPError, BackendFailure, StopAsyncIteration) as error:
                 if response is not None:
                     await response.aclose()
-                self.finish(state, False, None)
-                if isinstance(error, httpx.TransportError):
-                    state.healthy = isinstance(error, httpx.TimeoutException)
-                last_error = f"{state.spec.url}: {type(error).__name__}: {error}"
-                log.warning("backend stream failed before the first byte, trying another: %s", last_error)
-                self.metrics.retries.labels(group.name).inc()
-        raise GatewayError(502, f"Every backend of model '{group.name}' failed; last error: {last_error}",
-                           "upstream_error", "backend_failed")
+                last_error = self.failed(group, state, error)
+        raise self.all_failed(group, last_error)
 
     def record(self, request_id: str, key: ApiKey, model: str, endpoint: str, state: BackendState | None,
                prompt_tokens: int, completion_tokens: int, started: float, status: int) -> None:
@@ -534,26 +537,22 @@ def create_app(config_path: str | Path) -> FastAPI:
         await gateway.reserve(key, 0)  # v2 calls count against request limits; they carry no tokens
         request_id = f"req-{uuid.uuid4().hex}"
         region = request.headers.get(REGION_HEADER) or None
-        tried: set[str] = set()
-        while True:
-            state = gateway.pick(group, region, tried) if not tried else gateway._next(group, region, tried)
-            if state is None:
-                gateway.record(request_id, key, name, "v2", None, 0, 0, started, 502)
-                raise GatewayError(502, f"Every backend of model '{name}' failed", "upstream_error", "backend_failed")
-            tried.add(state.spec.id)
-            state.start()
+        last_error = ""
+        for state in gateway.attempts(group, region):
             url = f"{state.spec.url}/v2/models/{state.spec.model}{suffix}"
             try:
                 response = await gateway.client.request(method, url, json=body)
                 if response.status_code >= 500:
-                    raise BackendFailure(str(response.status_code))
-            except (httpx.HTTPError, BackendFailure):
-                gateway.finish(state, False, None)
+                    raise BackendFailure(f"HTTP {response.status_code}")
+            except (httpx.HTTPError, BackendFailure) as error:
+                last_error = gateway.failed(group, state, error)
                 continue
             gateway.finish(state, True, time.perf_counter() - started)
             gateway.record(request_id, key, name, "v2", state, 0, 0, started, response.status_code)
             return Response(response.content, status_code=response.status_code,
                             media_type=response.headers.get("content-type", "application/json"))
+        gateway.record(request_id, key, name, "v2", None, 0, 0, started, 502)
+        raise gateway.all_failed(group, last_error)
 
     # admin API
     def admin(request: Request) -> None:
