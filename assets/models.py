@@ -12,6 +12,7 @@ from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
 from assets.metadata import table
 from assets.partitions import daily_partitions
+from engines.embeddings import latest_item_embeddings
 from engines.lake import Lake
 from feature_defs import personalization_ranking
 from ml import personalization as model_code
@@ -23,15 +24,8 @@ RANK_K = 10
 
 def item_embeddings(lake: Lake) -> pl.DataFrame | None:
     """The items' CLIP image embeddings where the embeddings pipeline has produced them; else None."""
-    try:
-        from engines.embeddings import latest_item_embeddings
-    except ImportError:
-        return None
-    try:
-        frame = latest_item_embeddings(lake.root)
-    except FileNotFoundError:
-        return None
-    if frame is None or frame.is_empty():
+    frame = latest_item_embeddings(lake.root)
+    if frame.is_empty():
         return None
     return frame.select("item_id", pl.col("image_embedding").alias("item_embedding"))
 
