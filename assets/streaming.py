@@ -1,14 +1,52 @@
-"""Streaming feature jobs: one asset per event source with streaming views. Materializing it makes
-sure the Flink job runs (starting it from its newest checkpoint if it is not running) and
-records its health; `streaming_job_sensor` (orchestration/sensors.py) watches it between runs."""
+"""Streaming features.
 
-from __future__ import annotations
+- `streaming/<source>`: one asset per event source with streaming views. Materializing it makes
+  sure the Flink job runs (starting it from its newest checkpoint if it is not running) and records
+  its health; `streaming_job_sensor` (orchestration/streaming.py) watches it between runs.
+- `streaming_history/<view>`: the backfill. The same compiled SQL in Flink's batch mode over
+  landing partitions gives every window a view emitted (or would have) on those days, the
+  training-time record of what was served online. Daily partitions; a range is one Flink job.
+"""
 
-from dagster import AssetKey, AssetsDefinition, MaterializeResult, MetadataValue, asset
+from dataclasses import replace
 
-from engines.streaming import JobHealth, streaming_sources
+import polars as pl
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetDep,
+    AssetKey,
+    AssetsDefinition,
+    AssetSpec,
+    BackfillPolicy,
+    Config,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    TimeWindowPartitionMapping,
+    asset,
+    multi_asset,
+)
+from pydantic import Field
+
+from assets.features import offline_key
+from assets.ingestion import warehouse_key
+from assets.metadata import table
+from assets.partitions import daily_partitions, partition_days
+from engines.feature_tables import OFFLINE_ZONE
+from engines.streaming import (
+    HISTORY_ZONE,
+    JobHealth,
+    backfill,
+    differences_from_offline,
+    rows_by_day,
+    streaming_sources,
+    window_rows,
+)
 from feature_defs import catalogue
+from feature_defs.compile.polars import TIMESTAMP
 from resources.flink import FlinkResource
+from resources.lake import LakeResource
 
 
 def streaming_key(source: str) -> AssetKey:
@@ -65,4 +103,83 @@ def streaming_job_asset(source: str) -> AssetsDefinition:
     return _streaming_job
 
 
+def history_key(view: str) -> AssetKey:
+    return AssetKey([HISTORY_ZONE, view])
+
+
+MATCHES_OFFLINE = "matches_offline_features"
+
+
+class HistoryConfig(Config):
+    slide_seconds: int = Field(default=3600, description="How often each window is recorded (the live job emits "
+                                                         "every FlinkResource.slide_seconds, a minute by default)")
+
+
+def streaming_history_asset(source: str) -> AssetsDefinition:
+    views = [v for v in catalogue.views if v.streaming and v.source.name == source]
+    reach_days = -(-max(v.max_window for v in views).total_seconds() // 86400)
+    ingested = AssetDep(warehouse_key(next(s for s in catalogue.sources if s.name == source)),
+                       partition_mapping=TimeWindowPartitionMapping(start_offset=-int(reach_days),
+                                                                    allow_nonexistent_upstream_partitions=True))
+    specs = [AssetSpec(
+        history_key(v.name),
+        group_name="streaming_history",
+        description=f"Every window of streaming view {v.name!r} ending on the day, as the Flink job emits it "
+                    "(one row per entity and window end, stamped at the end), recomputed from landing with the "
+                    "same SQL in Flink batch mode.",
+        deps=[ingested, offline_key(v)],
+        kinds={"flink", "parquet"},
+        owners=["team:ml-platform"],
+    ) for v in views]
+    checks = [AssetCheckSpec(MATCHES_OFFLINE, asset=history_key(v.name), blocking=True,
+                             description="At each day's end the windows equal the view's offline row of that day "
+                                         "(the polars plan): one definition, one meaning in batch and streaming.")
+              for v in views]
+
+    @multi_asset(name=f"streaming_history_{source}", specs=specs, check_specs=checks,
+                 partitions_def=daily_partitions, backfill_policy=BackfillPolicy.single_run())
+    def _history(context, config: HistoryConfig, lake: LakeResource, flink: FlinkResource):
+        if 86400 % config.slide_seconds:
+            raise Failure(f"slide_seconds={config.slide_seconds} does not divide a day: no window would end at "
+                          "midnight, where the history is checked against the offline features")
+        days, the_lake = partition_days(context), lake.lake()
+        settings = replace(flink.job(source).settings, slide_seconds=config.slide_seconds)
+        job, counts = backfill(settings, the_lake, days)
+        context.log.info(f"Flink batch job over {counts['days_staged']} landing days: {counts}")
+        per_view = {v.name: rows_by_day(window_rows(job, v), days) for v in views}
+        failed = []
+        for view in views:  # every check before any write: a mismatch leaves earlier partitions as they were
+            differences = []
+            for day in days:
+                if day not in the_lake.partition_days(OFFLINE_ZONE, view.name):
+                    raise Failure(f"offline/{view.name} has no partition for {day}: materialize it first, "
+                                  "the history is checked against it")
+                offline = the_lake.read_partition(OFFLINE_ZONE, view.name, day)
+                differences += differences_from_offline(view, per_view[view.name][day], offline)
+            if differences:
+                failed.append(view.name)
+            yield AssetCheckResult(asset_key=history_key(view.name), check_name=MATCHES_OFFLINE,
+                                   passed=not differences, metadata={"days": len(days),
+                                                                     "differences": table(differences[:20])})
+        if failed:
+            raise Failure(f"the Flink backfill of {', '.join(failed)} disagrees with the offline features; "
+                          "nothing written (see the check's differences)")
+        for view in views:
+            frames = per_view[view.name]
+            for day, frame in frames.items():
+                the_lake.write_partition(HISTORY_ZONE, view.name, day, frame)
+            everything = pl.concat(frames.values())
+            yield MaterializeResult(asset_key=history_key(view.name), metadata={
+                "dagster/row_count": everything.height,
+                "windows": everything[TIMESTAMP].n_unique(),
+                "rows_per_day": table([{"day": d.isoformat(), "rows": f.height, "windows": f[TIMESTAMP].n_unique()}
+                                       for d, f in frames.items()]),
+                "lines_read": counts["records"], "malformed_events": counts["malformed"],
+                "flink_job_dir": MetadataValue.path(str(job.state_dir)),
+            })
+
+    return _history
+
+
 streaming_assets = [streaming_job_asset(source) for source in streaming_sources(catalogue)]
+streaming_history_assets = [streaming_history_asset(source) for source in streaming_sources(catalogue)]

@@ -36,7 +36,7 @@ from engines.simulator import Simulator, SimulatorConfig  # noqa: E402
 from engines.simulator.stream import EventStream  # noqa: E402
 from engines.streaming import FlinkJob, OnlinePusher, SourceOptions, StreamingJobSettings  # noqa: E402
 from feature_defs import catalogue  # noqa: E402
-from feature_defs.compile.polars import build_daily_rows, day_end  # noqa: E402
+from feature_defs.compile.polars import build_rows_at  # noqa: E402
 
 VIEW = "user_activity_realtime"
 SCHEMA = {"event_id": pl.String, "event_timestamp": pl.String, "user_id": pl.Int64, "item_id": pl.Int64,
@@ -140,9 +140,7 @@ def naive_run(root: Path, stream: EventStream, store, rate: int, seconds: float)
                 events = pl.concat([pl.read_ndjson(f, schema=SCHEMA) for f in files])
                 now = datetime.now(UTC)
                 events = events.with_columns(pl.col("event_timestamp").str.to_datetime(time_zone="UTC"))
-                # the view at "now", through the batch plan (shifted so the day ends now)
-                shifted = events.lazy().with_columns(pl.col("event_timestamp") + (day_end(DAY) - now))
-                rows = build_daily_rows(view, shifted, DAY).collect().to_pandas()
+                rows = build_rows_at(view, events.lazy(), now).collect().to_pandas()  # the view at "now"
                 rows["event_timestamp"] = now
                 store.push(f"{VIEW}_push", rows, to=_online())
                 recorder.on_push(VIEW, rows.assign(event_timestamp=now + timedelta(seconds=1)), time.time())

@@ -21,20 +21,23 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
+import polars as pl
 
 from feature_defs import catalogue as default_catalogue
 from feature_defs.compile.flink import METRICS, WINDOW_END, FlinkJobSpec, SourceOptions, flink_job
+from feature_defs.compile.polars import TIMESTAMP, day_end, output_schema
 from feature_defs.compile.streaming import streaming_plan
-from feature_defs.dsl import Catalogue
+from feature_defs.dsl import Catalogue, FeatureView
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 JOB_BODY = PROJECT_ROOT / "jobs" / "flink" / "run_job.py"
 DEFAULT_FLINK_PYTHON = PROJECT_ROOT / ".venv-flink" / "bin" / "python"
+HISTORY_ZONE = "streaming_history"  # the lake zone of backfilled window results
 
 
 class StreamingJobError(RuntimeError):
@@ -350,19 +353,69 @@ def stage_landing(lake, source: str, days: list, out: Path, key: str | None = No
 def backfill(settings: StreamingJobSettings, lake, days: list, catalogue: Catalogue = default_catalogue,
              timeout: float = 900.0) -> tuple[FlinkJob, dict]:
     """The streaming views of `settings.source` over historical landing days, with the same compiled
-    SQL in Flink's batch mode. Re-running the same days replaces the earlier output."""
+    SQL in Flink's batch mode. The landed days before them, as far back as the longest window
+    reaches, are staged too, so that the windows ending early on the first day are complete.
+    Re-running the same days replaces the earlier output."""
     if not days:
         raise ValueError("backfill needs at least one day")
     run_dir = settings.state_dir / "backfill" / f"{min(days)}_{max(days)}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     source = next(s for s in catalogue.sources if s.name == settings.source)
-    staged = stage_landing(lake, settings.source, sorted(days), run_dir / "input", key=source.key)
+    reach = max(v.max_window for v in catalogue.views if v.streaming and v.source.name == source.name)
+    earlier = {min(days) - timedelta(days=k) for k in range(1, -(-reach // timedelta(days=1)) + 1)}
+    staged_days = sorted(set(days) | earlier & set(lake.landing_days(source.name)))
+    staged = stage_landing(lake, settings.source, staged_days, run_dir / "input", key=source.key)
     job = FlinkJob(replace(settings, state_dir=run_dir, source_options=SourceOptions(path=str((run_dir / "input")
                                                                                              .resolve()))),
                    catalogue, mode="batch")
     job.run_to_end(timeout)
-    return job, {"lines_staged": staged, **job.metrics()}
+    return job, {"lines_staged": staged, "days_staged": len(staged_days), **job.metrics()}
+
+
+def window_rows(job: FlinkJob, view: FeatureView) -> pl.DataFrame:
+    """A view's window results shaped like its offline table: keys, `event_timestamp` (the end of
+    the window) and the features, typed; one row per entity and window."""
+    schema = output_schema(view)
+    rows = read_committed_rows(job.sink_root / view.name)
+    if not rows:
+        return pl.DataFrame(schema=schema)
+    frame = pl.DataFrame(rows, infer_schema_length=None).with_columns(
+        pl.col(WINDOW_END).str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_zone="UTC").alias(TIMESTAMP))
+    return frame.select([pl.col(c).cast(t) for c, t in schema.items()]).sort([TIMESTAMP, *view.join_keys])
+
+
+def rows_by_day(rows: pl.DataFrame, days: list[date]) -> dict[date, pl.DataFrame]:
+    """Window rows per day: a day holds the windows ending after its midnight, up to and including
+    the next one (the end of day D is the offline table's timestamp of D)."""
+    ts = pl.col(TIMESTAMP)
+    return {day: rows.filter((ts > day_end(day - timedelta(days=1))) & (ts <= day_end(day))) for day in days}
+
+
+def differences_from_offline(view: FeatureView, windows: pl.DataFrame, offline: pl.DataFrame,
+                             limit: int = 20) -> list[dict]:
+    """Where a day's window rows ending at the end of the day disagree with the view's offline
+    row of that day (the polars plan), up to `limit`. An entity missing from the windows had no
+    events in them, so its offline counts must be zero."""
+    keys, counts = view.join_keys, [f.name for f in view.features if view.dtype_of(f) == "int64"]
+    at_end = windows.filter(pl.col(TIMESTAMP) == offline[TIMESTAMP].max()) if offline.height else windows.clear()
+    differences = [{"entity": json.dumps(row), "feature": "(row)", "windows": "present", "offline": "missing"}
+                   for row in at_end.join(offline, on=keys, how="anti").select(keys).head(limit).to_dicts()]
+    for row in offline.join(at_end, on=keys, how="anti").filter(pl.sum_horizontal(counts) != 0).head(limit).to_dicts():
+        differences.append({"entity": json.dumps({k: row[k] for k in keys}), "feature": "(row)",
+                            "windows": "no events", "offline": json.dumps({c: row[c] for c in counts})})
+    both = at_end.join(offline, on=keys, suffix="__offline")
+    for feature in view.feature_names:
+        got, want = pl.col(feature), pl.col(f"{feature}__offline")
+        if both.schema[feature] == pl.Float64:
+            same = (got - want).abs() <= 1e-9 * pl.max_horizontal(want.abs(), pl.lit(1.0))
+        else:
+            same = got == want
+        unequal = both.filter(~same.fill_null(got.is_null() & want.is_null()))
+        differences += [{"entity": json.dumps({k: r[k] for k in keys}), "feature": feature,
+                         "windows": str(r[feature]), "offline": str(r[f"{feature}__offline"])}
+                        for r in unequal.head(limit).to_dicts()]
+    return differences[:limit]
 
 
 def terminate_group(pid: int, grace_seconds: float = 5.0) -> None:

@@ -5,7 +5,7 @@ Importing this package validates every definition; `catalogue` holds them all.
 
 from feature_defs.dsl import Catalogue
 from feature_defs.entities import item, user
-from feature_defs.item_features import item_content, item_popularity, item_trending
+from feature_defs.item_features import item_content, item_popularity, item_sales_today, item_trending
 from feature_defs.safety_features import item_reports, user_chat, user_reports
 from feature_defs.services import personalization_ranking, safety, search
 from feature_defs.sources import abuse_reports, chat_messages, creators, interactions, items, users
@@ -21,6 +21,7 @@ catalogue = Catalogue(
         user_activity_realtime,
         item_popularity,
         item_trending,
+        item_sales_today,
         item_content,
         user_item_affinity,
         user_reports,

@@ -6,6 +6,9 @@ when `feature_defs` is imported, with an error that names it. Compilers live in
 
 Semantics shared by every engine:
 - An aggregation over `window` at time T covers source rows with timestamp in [T - window, T).
+  A running aggregation (`running=True`, a running count or total) covers [P, T) instead, where P
+  is the start of the `window`-long period that T closes or falls in; periods are aligned to the
+  Unix epoch in UTC, so a '1d' running count restarts at midnight UTC (Flink's CUMULATE windows).
 - Offline, a batch view has one row per entity per day, stamped at the end of the day (T =
   midnight UTC of the next day), for every entity seen within the view's longest window plus
   one day; that extra day writes zeros so an inactive entity does not keep stale values online.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from feature_defs.expr import Col, Expr, col
@@ -25,6 +28,9 @@ from feature_defs.expr import Col, Expr, col
 # Logical column types. Compilers map them to polars, Feast and SQL types.
 DType = Literal["int64", "float64", "string", "bool", "timestamp", "int64_list", "string_list"]
 NUMERIC: frozenset[str] = frozenset({"int64", "float64"})
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # running periods are aligned to it
 
 
 class FeatureDefinitionError(ValueError):
@@ -104,10 +110,18 @@ class Aggregation:
     of: Expr | None = None  # the aggregated value; None for count
     where: Expr | None = None  # rows that count
     n: int | None = None  # for last_n
+    running: bool = False  # since the start of the current period, not over the trailing window
 
     @property
     def window_td(self) -> timedelta:
         return parse_window(self.window, "aggregation")
+
+    def start(self, end: datetime) -> datetime:
+        """The first instant the aggregation's value at `end` covers: its rows are in [start, end)."""
+        if not self.running:
+            return end - self.window_td
+        periods = (end - EPOCH - timedelta(microseconds=1)) // self.window_td
+        return EPOCH + periods * self.window_td
 
 
 @dataclass(frozen=True)
@@ -125,29 +139,31 @@ class Transform:
     expr: Expr
 
 
-def count(window: str, where: Expr | None = None) -> Aggregation:
-    return Aggregation("count", window, where=where)
+# `running=True` makes any aggregation a running one: `count("1d", running=True)` counts since
+# midnight UTC rather than over the last 24 hours.
+def count(window: str, where: Expr | None = None, running: bool = False) -> Aggregation:
+    return Aggregation("count", window, where=where, running=running)
 
 
-def sum_(of: Expr | str, window: str, where: Expr | None = None) -> Aggregation:
-    return Aggregation("sum", window, of=_as_expr(of), where=where)
+def sum_(of: Expr | str, window: str, where: Expr | None = None, running: bool = False) -> Aggregation:
+    return Aggregation("sum", window, of=_as_expr(of), where=where, running=running)
 
 
-def mean(of: Expr | str, window: str, where: Expr | None = None) -> Aggregation:
-    return Aggregation("mean", window, of=_as_expr(of), where=where)
+def mean(of: Expr | str, window: str, where: Expr | None = None, running: bool = False) -> Aggregation:
+    return Aggregation("mean", window, of=_as_expr(of), where=where, running=running)
 
 
-def max_(of: Expr | str, window: str, where: Expr | None = None) -> Aggregation:
-    return Aggregation("max", window, of=_as_expr(of), where=where)
+def max_(of: Expr | str, window: str, where: Expr | None = None, running: bool = False) -> Aggregation:
+    return Aggregation("max", window, of=_as_expr(of), where=where, running=running)
 
 
-def distinct_count(of: Expr | str, window: str, where: Expr | None = None) -> Aggregation:
-    return Aggregation("distinct_count", window, of=_as_expr(of), where=where)
+def distinct_count(of: Expr | str, window: str, where: Expr | None = None, running: bool = False) -> Aggregation:
+    return Aggregation("distinct_count", window, of=_as_expr(of), where=where, running=running)
 
 
-def last_n(of: Expr | str, n: int, window: str, where: Expr | None = None) -> Aggregation:
+def last_n(of: Expr | str, n: int, window: str, where: Expr | None = None, running: bool = False) -> Aggregation:
     """The last n distinct values, most recent first."""
-    return Aggregation("last_n", window, of=_as_expr(of), where=where, n=n)
+    return Aggregation("last_n", window, of=_as_expr(of), where=where, n=n, running=running)
 
 
 def ratio(numerator: str, denominator: str) -> Ratio:

@@ -32,6 +32,21 @@ item_trending = FeatureView(
     ],
 )
 
+item_sales_today = FeatureView(
+    name="item_sales_today",
+    entities=[item],
+    source=interactions,
+    streaming=True,
+    description="An item's running totals since midnight UTC; kept fresh by the streaming job",
+    features=[
+        Feature("clicks_today", count("1d", where=click, running=True)),
+        Feature("purchases_today", count("1d", where=purchase, running=True)),
+        Feature("buyers_today", distinct_count("user_id", "1d", where=purchase, running=True)),
+        Feature("revenue_today", sum_("amount", "1d", where=purchase, running=True)),
+        Feature("conversion_today", ratio("purchases_today", "clicks_today"), "Purchases per click since midnight"),
+    ],
+)
+
 item_content = FeatureView(
     name="item_content",
     entities=[item],

@@ -1,5 +1,5 @@
 from feature_defs.dsl import FeatureService
-from feature_defs.item_features import item_content, item_popularity, item_trending
+from feature_defs.item_features import item_content, item_popularity, item_sales_today, item_trending
 from feature_defs.safety_features import item_reports, user_chat, user_reports
 from feature_defs.user_features import user_activity_realtime, user_engagement, user_profile
 from feature_defs.user_item_features import user_item_affinity
@@ -13,7 +13,7 @@ personalization_ranking = FeatureService(
 
 search = FeatureService(
     "search",
-    views=[item_popularity, item_trending, item_content],
+    views=[item_popularity, item_trending, item_sales_today, item_content],
     description="Item features for ranking search results",
 )
 

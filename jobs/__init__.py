@@ -46,6 +46,16 @@ batch_inference = define_asset_job(
     tags=CPU_POOL,
 )
 
+streaming_backfill = define_asset_job(
+    "streaming_backfill",
+    selection=AssetSelection.groups("streaming_history"),
+    partitions_def=daily_partitions,
+    description="Every window of the streaming views over historical days: the streaming jobs' SQL in Flink "
+                "batch mode over landing, checked against the offline feature tables. A partition range "
+                "runs as one Flink job.",
+    tags=CPU_POOL,
+)
+
 gateway_llm_training = define_asset_job(
     "gateway_llm_training",
     selection=AssetSelection.assets(["models", "gateway_llm"]),
@@ -54,4 +64,4 @@ gateway_llm_training = define_asset_job(
 )
 
 all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily, train_personalization.job, batch_inference,
-            gateway_llm_training]
+            streaming_backfill, gateway_llm_training]

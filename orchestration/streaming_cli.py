@@ -1,5 +1,6 @@
-"""`mlplane streaming`: feed, watch and backfill the streaming feature jobs. Starting a job is a
-Dagster materialization of its asset (`streaming/<source>`), so runs and restarts show in the UI."""
+"""`mlplane streaming`: feed and watch the streaming feature jobs. Starting a job is a Dagster
+materialization of its asset (`streaming/<source>`), and a backfill one of `streaming_history/*`
+(job `streaming_backfill`), so runs, restarts and backfills show in the UI."""
 
 from __future__ import annotations
 
@@ -55,18 +56,3 @@ def stop() -> None:
     for source in streaming_sources():
         flink.stop(source)
         click.echo(f"stopped {source}")
-
-
-@streaming.command("backfill")
-@click.option("--from", "first", type=click.DateTime(["%Y-%m-%d"]), required=True)
-@click.option("--to", "last", type=click.DateTime(["%Y-%m-%d"]), required=True)
-def backfill(first, last) -> None:
-    """The streaming views over landing days first..last with Flink in batch mode (same SQL)."""
-    from engines.streaming import backfill as run_backfill
-    from engines.streaming import streaming_sources
-
-    flink = resources_for(current_profile())["flink"]
-    days = [first.date() + timedelta(days=k) for k in range((last.date() - first.date()).days + 1)]
-    for source in streaming_sources():
-        job, counts = run_backfill(flink.job(source).settings, flink.feature_store.lake.lake(), days)
-        click.echo(json.dumps({"source": source, "output": str(job.sink_root), **counts}, indent=2))

@@ -3,7 +3,8 @@
 The job reads raw JSON lines (a directory the simulator appends to, or a Kafka topic), parses
 them in SQL, counts malformed and late lines, and computes every streaming view over the source
 with event-time HOP windows (size = the feature's window, slide = how often values are emitted;
-slide == size gives tumbling windows). Each window result is a complete value for
+slide == size gives tumbling windows), or CUMULATE windows for running aggregations (the period
+= the feature's window, emitted every slide). Each window result is a complete value for
 (entity, window_end), written to a sink that the pusher applies to the online store as an
 idempotent upsert. The same statements run in batch mode for backfills.
 
@@ -200,26 +201,29 @@ def _metrics_insert(parsed: str, ts: str, mode: str) -> str:
 
 # --- windowed aggregates -------------------------------------------------------------------------
 def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str:
-    windows = {a.window_seconds for a in plan.aggregates}
+    windows = {(a.window_seconds, a.running) for a in plan.aggregates}
     if len(windows) != 1:
         raise FlinkCompileError(
             f"feature view {plan.view!r}: a streaming view's aggregations must share one window "
-            f"(found {sorted(windows)} seconds); split it into one view per window")
-    window = windows.pop()
+            f"(found {sorted(f'{s}s' + (' running' if r else '') for s, r in windows)}); "
+            "split it into one view per window")
+    window, running = windows.pop()
+    step = min(slide, window)
     if window % slide and slide % window:
         raise FlinkCompileError(f"feature view {plan.view!r}: window {window}s is not a multiple of the slide {slide}s")
+    time_column = f"DESCRIPTOR(`{plan.event_time}`)"
+    tvf = (f"TABLE(CUMULATE(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))" if running
+           else f"TABLE(HOP(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))")
     last_n = [a for a in plan.aggregates if a.kind == "last_n"]
     if len(last_n) > 1:
         raise FlinkCompileError(f"feature view {plan.view!r}: at most one last_n feature per streaming view")
-    hop = (f"TABLE(HOP(TABLE `{events}`, DESCRIPTOR(`{plan.event_time}`), {_interval(min(slide, window))}, "
-           f"{_interval(window)}))")
     keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
     group = "window_start, window_end, " + ", ".join(f"`{c}`" for c in plan.keys.values())
     aggs = "".join(f", {_aggregate_sql(a, plan)} AS `{a.feature}`" for a in plan.aggregates if a.kind != "last_n")
-    rows = f"SELECT {keys}, window_start, window_end{aggs} FROM {hop} GROUP BY {group}"
+    rows = f"SELECT {keys}, window_start, window_end{aggs} FROM {tvf} GROUP BY {group}"
     if last_n:  # LEFT window join: an entity with events but none that qualify gets an empty list
         on = " AND ".join(f"m.`{k}` = l.`{k}`" for k in plan.keys)
-        latest = _last_n_sql(last_n[0], plan, hop)
+        latest = _last_n_sql(last_n[0], plan, tvf)
         rows = (f"SELECT m.*, l.`{last_n[0].feature}` FROM ({rows}) m LEFT JOIN ({latest}) l "
                 f"ON {on} AND m.window_start = l.window_start AND m.window_end = l.window_end")
     derived = {d.feature: d.sql for d in plan.derived}
@@ -248,14 +252,14 @@ def _aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
     raise FlinkCompileError(f"feature view {plan.view!r}, feature {agg.feature!r}: {agg.kind} has no Flink form")
 
 
-def _last_n_sql(agg: WindowedAggregate, plan: StreamingPlan, hop: str) -> str:
+def _last_n_sql(agg: WindowedAggregate, plan: StreamingPlan, tvf: str) -> str:
     """last_n in plain SQL: each value's latest time per window, a window Top-N over (time, value)
     descending, then the top n pivoted into an array (nulls, where fewer than n, removed)."""
     keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
     names = ", ".join(f"`{k}`" for k in plan.keys)
     where = f"({agg.where_sql}) AND " if agg.where_sql else ""
     latest = (f"SELECT {keys}, window_start, window_end, {agg.value_sql} AS v, MAX(`{plan.event_time}`) AS t "
-              f"FROM {hop} WHERE {where}{agg.value_sql} IS NOT NULL "
+              f"FROM {tvf} WHERE {where}{agg.value_sql} IS NOT NULL "
               f"GROUP BY window_start, window_end, {', '.join(f'`{c}`' for c in plan.keys.values())}, {agg.value_sql}")
     ranked = (f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, {names} "
               f"ORDER BY t DESC, v DESC) AS rn FROM ({latest})) WHERE rn <= {int(agg.n)}")

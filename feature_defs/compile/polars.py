@@ -40,14 +40,18 @@ def output_schema(view: FeatureView) -> dict[str, pl.DataType]:
 
 
 def build_daily_rows(view: FeatureView, events: pl.LazyFrame, day: date) -> pl.LazyFrame:
-    """One row per entity for an event view at the end of `day`.
+    """One row per entity for an event view at the end of `day` (see build_rows_at)."""
+    return build_rows_at(view, events, day_end(day))
+
+
+def build_rows_at(view: FeatureView, events: pl.LazyFrame, end: datetime) -> pl.LazyFrame:
+    """One row per entity for an event view, every aggregation ending at `end`.
 
     `events` must hold the source rows of at least [end - lookback(view), end); more is fine.
     Entities seen in that span get a row, so windows that emptied out give zeros, not stale values.
     """
     if view.is_table_view:
         raise ValueError(f"feature view {view.name!r} is a table view; use build_table_rows")
-    end = day_end(day)
     ts = pl.col(view.source.timestamp_field)
     keys = [pl.col(view.source_column(k)).alias(k) for k in view.join_keys]
     in_span = (ts >= end - lookback(view)) & (ts < end)
@@ -78,7 +82,7 @@ def build_table_rows(view: FeatureView, changes: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def _aggregate(spec: Aggregation, ts: pl.Expr, end: datetime) -> pl.Expr:
-    mask = ts >= end - spec.window_td
+    mask = ts >= spec.start(end)
     if spec.where is not None:
         mask = mask & spec.where.to_polars().fill_null(False)
     if spec.kind == "count":

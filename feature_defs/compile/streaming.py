@@ -1,5 +1,5 @@
 """Compile streaming feature views to an engine-neutral plan (JSON-able) that a streaming engine
-executes: keyed sliding windows over an event stream, with filters and values as SQL fragments,
+executes: keyed sliding or running (cumulative) windows over an event stream, with filters and values as SQL fragments,
 pushed to the view's Feast PushSource. The Flink job compiler consumes this plan."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ class WindowedAggregate:
     value_sql: str | None
     where_sql: str | None
     n: int | None
+    running: bool = False  # since the start of the current period (Flink CUMULATE), not trailing (HOP)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ def streaming_plan(view: FeatureView) -> StreamingPlan:
                 value_sql=spec.of.to_sql() if spec.of is not None else None,
                 where_sql=spec.where.to_sql() if spec.where is not None else None,
                 n=spec.n,
+                running=spec.running,
             ))
         elif isinstance(spec, Ratio):
             num, den = f"`{spec.numerator}`", f"`{spec.denominator}`"

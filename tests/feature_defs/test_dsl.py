@@ -106,3 +106,28 @@ def test_table_views_transform_rows():
 def _pl(t):
     from feature_defs.compile.polars import POLARS_TYPES
     return POLARS_TYPES[t]
+
+
+def test_running_aggregations_restart_at_each_period_while_trailing_windows_slide():
+    from feature_defs.compile.polars import build_rows_at
+
+    view = FeatureView("today", [user], interactions, [
+        Feature("clicks_today", count("1d", running=True)),
+        Feature("clicks_24h", count("1d")),
+        Feature("spend_today", sum_("amount", "1d", running=True)),
+    ])
+    at = [datetime(2026, 1, 1, 22, tzinfo=UTC), datetime(2026, 1, 2, 1, tzinfo=UTC),
+          datetime(2026, 1, 2, 3, tzinfo=UTC)]
+    events = pl.DataFrame({"user_id": [1, 1, 1], "event_timestamp": at, "amount": [1.0, 2.0, 4.0]},
+                          schema_overrides={"event_timestamp": pl.Datetime("us", "UTC")})
+    value_at = {}
+    for end in (datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 2, 2, tzinfo=UTC),
+                datetime(2026, 1, 2, 3, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)):
+        row = build_rows_at(view, events.lazy(), end).collect().row(0, named=True)
+        value_at[end.strftime("%d %H")] = (row["clicks_today"], row["clicks_24h"], row["spend_today"])
+    # midnight closes the first day's period; the second day's count starts from zero; an event at
+    # exactly the end of a window is not in it
+    assert value_at == {"02 00": (1, 1, 1.0), "02 02": (1, 2, 2.0), "02 03": (1, 2, 2.0), "03 00": (2, 2, 6.0)}
+    spec = view.features[0].spec
+    assert spec.start(datetime(2026, 1, 2, tzinfo=UTC)) == datetime(2026, 1, 1, tzinfo=UTC)
+    assert spec.start(datetime(2026, 1, 2, 0, 0, 1, tzinfo=UTC)) == datetime(2026, 1, 2, tzinfo=UTC)

@@ -33,7 +33,8 @@ from engines.streaming import (
     StreamingJobSettings,
     read_committed_rows,
 )
-from feature_defs.compile.polars import TIMESTAMP, build_daily_rows, day_end
+from feature_defs.compile.polars import TIMESTAMP, build_rows_at
+from feature_defs.dsl import Aggregation
 from tests.conftest import LAST_DAY, SMALL
 
 STREAM_DAY = LAST_DAY + timedelta(days=1)  # the day after the batch pipeline's last day
@@ -68,13 +69,12 @@ def wait_until(condition, what: str, timeout: float = TIMEOUT, pusher: OnlinePus
 
 
 def polars_at(view, events: pl.DataFrame, end: datetime) -> pl.DataFrame:
-    """The polars batch plan's values at `end` (its daily rows, time-shifted so a day ends at `end`),
-    for the entities with events in the view's window before `end`: Flink emits no empty windows,
-    while the daily rows also cover entities seen in the lookback, with zeros."""
-    anchor = STREAM_DAY
-    shifted = events.lazy().with_columns(pl.col("event_timestamp") + (day_end(anchor) - end))
-    rows = build_daily_rows(view, shifted, anchor).collect().drop(TIMESTAMP)
-    in_window = events.filter((pl.col("event_timestamp") >= end - view.max_window) & (pl.col("event_timestamp") < end))
+    """The polars batch plan's values at `end`, for the entities with events in the view's window
+    before `end`: Flink emits no empty windows, while the plan also covers entities seen in the
+    lookback, with zeros."""
+    rows = build_rows_at(view, events.lazy(), end).collect().drop(TIMESTAMP)
+    start = min(f.spec.start(end) for f in view.features if isinstance(f.spec, Aggregation))
+    in_window = events.filter((pl.col("event_timestamp") >= start) & (pl.col("event_timestamp") < end))
     active = in_window.select([pl.col(view.source_column(k)).alias(k) for k in view.join_keys]).unique()
     return rows.join(active, on=view.join_keys).sort(view.join_keys)
 

@@ -1,56 +1,104 @@
-"""Backfill: the streaming views' compiled SQL in Flink batch mode over the pipeline's historical
-landing partitions (tumbling windows here: slide == window) equals the polars batch plan window
-by window, and agrees with the offline tables the daily pipeline wrote at each day's end."""
+"""Backfill through Dagster: `streaming_history/*` runs the streaming views' compiled SQL in Flink
+batch mode over the pipeline's landing partitions (hourly windows here), equals the polars batch
+plan window by window, checks itself against the offline tables at each day's end, re-runs a day
+idempotently, and writes nothing when its check fails."""
 
 from __future__ import annotations
 
+import shutil
 from datetime import timedelta
 
 import polars as pl
 import pytest
+from dagster import AssetSelection, DagsterInstance
 
+from assets.streaming import MATCHES_OFFLINE, history_key
+from engines.feature_tables import OFFLINE_ZONE
 from engines.lake import Lake
-from engines.streaming import SourceOptions, StreamingJobSettings, backfill
+from engines.streaming import HISTORY_ZONE
 from feature_defs import catalogue
-from feature_defs.compile.polars import TIMESTAMP, day_end
-from tests.conftest import DAYS, FIRST_DAY
-from tests.streaming.conftest import WINDOW_END, assert_windows_equal_polars, sink_frame
+from feature_defs.compile.polars import TIMESTAMP
+from feature_defs.dsl import Aggregation
+from tests.conftest import DAYS, FIRST_DAY, LAST_DAY, run_pipeline
+from tests.streaming.conftest import WINDOW_END, assert_windows_equal_polars
 
 DAYS_RANGE = [FIRST_DAY + timedelta(days=k) for k in range(DAYS)]
 STREAMING_VIEWS = [v for v in catalogue.views if v.streaming]
+HISTORY = AssetSelection.groups("streaming_history")
 
 
 @pytest.fixture(scope="module")
-def backfilled(pipeline_dir, tmp_path_factory):
-    settings = StreamingJobSettings("interactions", tmp_path_factory.mktemp("backfill"), SourceOptions(),
-                                    slide_seconds=3600)
-    return backfill(settings, Lake(pipeline_dir), DAYS_RANGE)
+def lake_dir(pipeline_dir, tmp_path_factory):
+    """What the backfill reads (landing, offline tables), copied: it writes into the lake."""
+    root = tmp_path_factory.mktemp("backfill_lake")
+    for zone in ("landing", OFFLINE_ZONE):
+        shutil.copytree(pipeline_dir / zone, root / zone)
+    return root
 
 
 @pytest.fixture(scope="module")
-def landed(pipeline_dir) -> pl.DataFrame:
+def first_run(lake_dir):
+    return run_pipeline(lake_dir, FIRST_DAY, LAST_DAY, selection=HISTORY)
+
+
+def history(lake_dir, view) -> pl.DataFrame:
+    lake = Lake(lake_dir)
+    return pl.concat([lake.read_partition(HISTORY_ZONE, view.name, d) for d in DAYS_RANGE])
+
+
+def metadata(result, view) -> dict:
+    """The metadata of the run's materialization (Dagster records it once per partition of the range)."""
+    events = [e for e in result.get_asset_materialization_events() if e.asset_key == history_key(view.name)]
+    assert sorted(e.partition for e in events) == [d.isoformat() for d in DAYS_RANGE]
+    return {k: v.value for k, v in events[0].materialization.metadata.items()}
+
+
+def test_one_flink_job_reads_every_landing_line(first_run, pipeline_dir):
     lake = Lake(pipeline_dir)
-    return pl.concat([pl.read_parquet(p) for d in DAYS_RANGE for p in lake.landing_files("interactions", d)])
-
-
-def test_backfill_counts_every_landing_line(backfilled, landed):
-    _, counts = backfilled
-    assert counts["lines_staged"] == counts["records"] == landed.height
-    assert counts["malformed"] == 0 and counts["late"] == 0
+    landed = sum(pl.read_parquet(p).height for d in DAYS_RANGE for p in lake.landing_files("interactions", d))
+    for view in STREAMING_VIEWS:
+        meta = metadata(first_run, view)
+        assert meta["lines_read"] == landed and meta["malformed_events"] == 0
+        # hourly windows: a running total is emitted every hour up to its period's end, a sliding window
+        # only while it holds events (the simulated days are quiet from 23:00)
+        running = all(f.spec.running for f in view.features if isinstance(f.spec, Aggregation))
+        assert meta["windows"] == 24 * DAYS if running else 20 * DAYS < meta["windows"] < 24 * DAYS
 
 
 @pytest.mark.parametrize("view", STREAMING_VIEWS, ids=lambda v: v.name)
-def test_backfill_equals_the_polars_plan_window_by_window(pipeline_dir, backfilled, landed, view):
-    job, _ = backfilled
-    sink = sink_frame(job.sink_root / view.name)
-    assert sink[WINDOW_END].n_unique() > 20 * DAYS  # hourly windows across the days
-    assert assert_windows_equal_polars(sink, landed, view) > 1000
-    # at each day's end the daily pipeline's offline rows say the same: whoever is missing from
-    # Flink's output had no events in the window, so the offline counts are zero
+def test_history_equals_the_polars_plan_window_by_window(first_run, lake_dir, pipeline_dir, view):
     lake = Lake(pipeline_dir)
-    counts = [f.name for f in view.features if view.dtype_of(f) == "int64"]
-    for day in DAYS_RANGE:
-        offline = lake.read_partition("offline", view.name, day).drop(TIMESTAMP)
-        emitted = sink.filter(pl.col(WINDOW_END) == day_end(day)).select(view.join_keys)
-        silent = offline.join(emitted, on=view.join_keys, how="anti")
-        assert silent.height > 0 and silent.select(pl.sum_horizontal(counts).sum()).item() == 0
+    landed = pl.concat([pl.read_parquet(p) for d in DAYS_RANGE for p in lake.landing_files("interactions", d)])
+    rows = history(lake_dir, view)
+    assert rows.schema == Lake(pipeline_dir).read_partition(OFFLINE_ZONE, view.name, FIRST_DAY).schema
+    assert assert_windows_equal_polars(rows.rename({TIMESTAMP: WINDOW_END}), landed, view) > 1000
+    [check] = [c for c in first_run.get_asset_check_evaluations() if c.asset_key == history_key(view.name)]
+    assert check.check_name == MATCHES_OFFLINE and check.passed
+
+
+def test_rerunning_a_day_is_idempotent_and_a_failed_check_writes_nothing(first_run, lake_dir):
+    lake = Lake(lake_dir)
+    before = {v.name: history(lake_dir, v) for v in STREAMING_VIEWS}
+    day = DAYS_RANGE[1]  # alone, it still sees the day before for the windows that start there
+    run_pipeline(lake_dir, day, day, selection=HISTORY)
+    for view in STREAMING_VIEWS:
+        assert history(lake_dir, view).equals(before[view.name])
+
+    # an offline table that disagrees (as a changed definition would) fails the check: nothing written
+    view, last = catalogue.view("item_sales_today"), DAYS_RANGE[-1]
+    offline = lake.read_partition(OFFLINE_ZONE, view.name, last)
+    busiest = offline.sort("clicks_today", descending=True).row(0, named=True)["item_id"]
+    lake.write_partition(OFFLINE_ZONE, view.name, last, offline.with_columns(
+        clicks_today=pl.when(pl.col("item_id") == busiest).then(pl.col("clicks_today") + 1)
+        .otherwise(pl.col("clicks_today"))))
+    written = lake.partition_path(HISTORY_ZONE, view.name, last).stat().st_mtime_ns
+    failed = run_pipeline(lake_dir, last, last, selection=HISTORY, instance=DagsterInstance.ephemeral(),
+                          raise_on_error=False)
+    assert not failed.success
+    checks = {c.asset_key: c for c in failed.get_asset_check_evaluations()}
+    assert not checks[history_key(view.name)].passed
+    assert checks[history_key("item_trending")].passed
+    differences = checks[history_key(view.name)].metadata["differences"].value.records
+    assert [(r.data["feature"], r.data["entity"]) for r in differences] == [
+        ("clicks_today", f'{{"item_id": {busiest}}}')]
+    assert lake.partition_path(HISTORY_ZONE, view.name, last).stat().st_mtime_ns == written
