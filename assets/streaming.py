@@ -38,6 +38,7 @@ from engines.streaming import (
     HISTORY_ZONE,
     JobHealth,
     backfill,
+    days_before,
     differences_from_offline,
     rows_by_day,
     streaming_sources,
@@ -117,10 +118,9 @@ class HistoryConfig(Config):
 
 def streaming_history_asset(source: str) -> AssetsDefinition:
     views = [v for v in catalogue.views if v.streaming and v.source.name == source]
-    reach_days = -(-max(v.max_window for v in views).total_seconds() // 86400)
     ingested = AssetDep(warehouse_key(next(s for s in catalogue.sources if s.name == source)),
-                       partition_mapping=TimeWindowPartitionMapping(start_offset=-int(reach_days),
-                                                                    allow_nonexistent_upstream_partitions=True))
+                        partition_mapping=TimeWindowPartitionMapping(start_offset=-days_before(source),
+                                                                     allow_nonexistent_upstream_partitions=True))
     specs = [AssetSpec(
         history_key(v.name),
         group_name="streaming_history",
@@ -143,6 +143,11 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
             raise Failure(f"slide_seconds={config.slide_seconds} does not divide a day: no window would end at "
                           "midnight, where the history is checked against the offline features")
         days, the_lake = partition_days(context), lake.lake()
+        for view in views:
+            missing = sorted(set(days) - set(the_lake.partition_days(OFFLINE_ZONE, view.name)))
+            if missing:
+                raise Failure(f"offline/{view.name} has no partition for {', '.join(map(str, missing))}: "
+                              "materialize it first, the history is checked against it")
         settings = replace(flink.job(source).settings, slide_seconds=config.slide_seconds)
         job, counts = backfill(settings, the_lake, days)
         context.log.info(f"Flink batch job over {counts['days_staged']} landing days: {counts}")
@@ -151,9 +156,6 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
         for view in views:  # every check before any write: a mismatch leaves earlier partitions as they were
             differences = []
             for day in days:
-                if day not in the_lake.partition_days(OFFLINE_ZONE, view.name):
-                    raise Failure(f"offline/{view.name} has no partition for {day}: materialize it first, "
-                                  "the history is checked against it")
                 offline = the_lake.read_partition(OFFLINE_ZONE, view.name, day)
                 differences += differences_from_offline(view, per_view[view.name][day], offline)
             if differences:

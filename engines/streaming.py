@@ -362,8 +362,7 @@ def backfill(settings: StreamingJobSettings, lake, days: list, catalogue: Catalo
     if run_dir.exists():
         shutil.rmtree(run_dir)
     source = next(s for s in catalogue.sources if s.name == settings.source)
-    reach = max(v.max_window for v in catalogue.views if v.streaming and v.source.name == source.name)
-    earlier = {min(days) - timedelta(days=k) for k in range(1, -(-reach // timedelta(days=1)) + 1)}
+    earlier = {min(days) - timedelta(days=k) for k in range(1, days_before(source.name, catalogue) + 1)}
     staged_days = sorted(set(days) | earlier & set(lake.landing_days(source.name)))
     staged = stage_landing(lake, settings.source, staged_days, run_dir / "input", key=source.key)
     job = FlinkJob(replace(settings, state_dir=run_dir, source_options=SourceOptions(path=str((run_dir / "input")
@@ -371,6 +370,12 @@ def backfill(settings: StreamingJobSettings, lake, days: list, catalogue: Catalo
                    catalogue, mode="batch")
     job.run_to_end(timeout)
     return job, {"lines_staged": staged, "days_staged": len(staged_days), **job.metrics()}
+
+
+def days_before(source: str, catalogue: Catalogue = default_catalogue) -> int:
+    """How many days before a day the windows ending on it reach back, over the source's streaming views."""
+    reach = max(v.max_window for v in catalogue.views if v.streaming and v.source.name == source)
+    return -(-reach // timedelta(days=1))
 
 
 def window_rows(job: FlinkJob, view: FeatureView) -> pl.DataFrame:

@@ -102,3 +102,12 @@ def test_rerunning_a_day_is_idempotent_and_a_failed_check_writes_nothing(first_r
     assert [(r.data["feature"], r.data["entity"]) for r in differences] == [
         ("clicks_today", f'{{"item_id": {busiest}}}')]
     assert lake.partition_path(HISTORY_ZONE, view.name, last).stat().st_mtime_ns == written
+
+
+def test_a_day_without_offline_features_is_refused_before_flink_runs(first_run, lake_dir):
+    day = LAST_DAY + timedelta(days=1)
+    result = run_pipeline(lake_dir, day, day, selection=HISTORY, raise_on_error=False)
+    assert not result.success
+    [failure] = result.get_step_failure_events()
+    assert f"offline/user_activity_realtime has no partition for {day}" in failure.event_specific_data.error.message
+    assert not (lake_dir / "streaming" / "interactions" / "backfill" / f"{day}_{day}").exists()
