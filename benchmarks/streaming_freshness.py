@@ -51,6 +51,7 @@ class Recorder:
     def __init__(self):
         self.events: list[tuple[int, float, float]] = []  # (user, event time, appended at)
         self.pushes: dict[int, list[tuple[float, float]]] = defaultdict(list)  # user -> [(window_end, pushed_at)]
+        self.rows_pushed: dict[str, int] = defaultdict(int)  # view -> rows written to the online store
         self.lock = threading.Lock()
 
     def on_file(self, path, appended_at, rows):
@@ -59,6 +60,8 @@ class Recorder:
             self.events += [(u, t, appended_at) for u, t in zip(rows["user_id"].to_pylist(), times)]
 
     def on_push(self, view, frame, pushed_at):
+        with self.lock:
+            self.rows_pushed[view] += len(frame)
         if view != VIEW:
             return
         with self.lock:
@@ -122,6 +125,7 @@ def flink_run(root: Path, stream: EventStream, store, rates: list[int], seconds:
         stop.set()
         job.stop()
         pusher.close()
+    print("rows pushed online per view:", dict(recorder.rows_pushed), flush=True)
     return results
 
 
