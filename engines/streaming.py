@@ -387,7 +387,10 @@ def window_rows(job: FlinkJob, view: FeatureView) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     frame = pl.DataFrame(rows, infer_schema_length=None).with_columns(
         pl.col(WINDOW_END).str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_zone="UTC").alias(TIMESTAMP))
-    return frame.select([pl.col(c).cast(t) for c, t in schema.items()]).sort([TIMESTAMP, *view.join_keys])
+    # no qualifying values: an empty list, as offline and online (the pusher) have it
+    typed = [pl.col(c).cast(t).fill_null(pl.lit([], dtype=t)) if isinstance(t, pl.List) else pl.col(c).cast(t)
+             for c, t in schema.items()]
+    return frame.select(typed).sort([TIMESTAMP, *view.join_keys])
 
 
 def rows_by_day(rows: pl.DataFrame, days: list[date]) -> dict[date, pl.DataFrame]:

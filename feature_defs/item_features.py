@@ -1,4 +1,4 @@
-from feature_defs.dsl import Feature, FeatureView, count, distinct_count, mean, ratio, sum_, transform
+from feature_defs.dsl import Feature, FeatureView, count, distinct_count, last_n, mean, ratio, sum_, transform
 from feature_defs.entities import item
 from feature_defs.expr import col
 from feature_defs.funnel import click, funnel_counts, impression, play, purchase
@@ -44,6 +44,8 @@ item_sales_today = FeatureView(
         Feature("buyers_today", distinct_count("user_id", "1d", where=purchase, running=True)),
         Feature("revenue_today", sum_("amount", "1d", where=purchase, running=True)),
         Feature("conversion_today", ratio("purchases_today", "clicks_today"), "Purchases per click since midnight"),
+        Feature("last_buyers_today", last_n("user_id", 5, "1d", where=purchase, running=True),
+                "The last 5 users who bought the item since midnight"),
     ],
 )
 
