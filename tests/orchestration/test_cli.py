@@ -27,7 +27,8 @@ def test_demo_simulates_materializes_and_reports(tmp_path):
     out = run(["demo", "--days", "2", "--scale", "0.2"], env)
 
     produced = dict(re.findall(r"^\s+(\w+/\w+)\s+2 partitions\s+([\d,]+) rows$", out, re.M))
-    assert {"warehouse/interactions", "offline/user_engagement", "datasets/personalization_training"} <= set(produced)
+    assert {"warehouse/interactions", "offline/user_engagement", "datasets/personalization_training",
+            "streaming_history/item_sales_today"} <= set(produced)
     assert int(produced["datasets/personalization_training"].replace(",", "")) > 100
     report = Path(re.search(r"Data-quality report: (\S+)", out).group(1))
     assert report.exists() and "mlplane" in report.read_text()
@@ -36,7 +37,8 @@ def test_demo_simulates_materializes_and_reports(tmp_path):
     instance = DagsterInstance.from_config(str(tmp_path / "home"))
     try:
         runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS]))
-        assert {r.job_name for r in runs} == {"daily_pipeline", "feature_store_refresh"} and len(runs) == 3
+        assert {r.job_name for r in runs} == {"daily_pipeline", "streaming_backfill", "feature_store_refresh"}
+        assert len(runs) == 4
     finally:
         instance.dispose()
 
