@@ -223,7 +223,13 @@ class OnlinePusher:
 
     Per (view, entity) it remembers the newest window pushed, in SQLite next to the sink; a result
     for an older window is skipped, so the online value only moves forward, and applying the same
-    file twice changes nothing."""
+    file twice changes nothing.
+
+    Flink emits no empty windows, so an entity missing from the newest window's results had no
+    events in it: the pusher writes the view's empty values (zero counts, empty lists, null means
+    and ratios) for it at that window, once, as the batch plan's zero rows do. Should that
+    window's results for the entity arrive in a later commit (a job with several parallel
+    subtasks), they replace the empty values, being as new."""
 
     def __init__(self, store, spec: FlinkJobSpec | dict,
                  on_push: Callable[[str, pd.DataFrame, float], None] | None = None):
@@ -236,7 +242,8 @@ class OnlinePusher:
         self.db.executescript(
             "CREATE TABLE IF NOT EXISTS applied_files (path TEXT PRIMARY KEY);"
             "CREATE TABLE IF NOT EXISTS newest_window (view TEXT, entity TEXT, window_end TEXT, "
-            "PRIMARY KEY (view, entity));")
+            "PRIMARY KEY (view, entity));"
+            "CREATE TABLE IF NOT EXISTS emptied (view TEXT, entity TEXT, PRIMARY KEY (view, entity));")
 
     def poll(self) -> dict[str, int]:
         """Push every newly committed result; returns rows pushed per view."""
@@ -254,6 +261,8 @@ class OnlinePusher:
         return pushed
 
     def _push(self, view: str, info: dict, rows: list[dict]) -> int:
+        if not rows:
+            return 0
         keys = info["keys"]
         newest: dict[str, dict] = {}
         for row in rows:
@@ -262,22 +271,49 @@ class OnlinePusher:
                 newest[entity] = row
         known = dict(self.db.execute("SELECT entity, window_end FROM newest_window WHERE view = ?", (view,)))
         fresh = {e: r for e, r in newest.items() if e not in known or known[e] <= r[WINDOW_END]}
-        if not fresh:
+        pushed = 0
+        if fresh:
+            frame = self._frame(info, list(fresh.values()))
+            self.store.push(info["push_source"], frame, to=_push_mode_online())
+            pushed_at = time.time()
+            with self.db:
+                self.db.executemany("INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)",
+                                    [(view, e, r[WINDOW_END]) for e, r in fresh.items()])
+                self.db.executemany("DELETE FROM emptied WHERE view = ? AND entity = ?",
+                                    [(view, e) for e in fresh])
+            if self.on_push:
+                self.on_push(view, frame, pushed_at)
+            pushed = len(frame)
+        return pushed + self._empty_the_silent(view, info, max(r[WINDOW_END] for r in rows))
+
+    def _empty_the_silent(self, view: str, info: dict, window_end: str) -> int:
+        """Empty values at `window_end` for the entities without a result there, not yet emptied."""
+        silent = [e for (e,) in self.db.execute(
+            "SELECT entity FROM newest_window WHERE view = ? AND window_end < ? AND entity NOT IN "
+            "(SELECT entity FROM emptied WHERE view = ?)", (view, window_end, view))]
+        if not silent:
             return 0
-        frame = pd.DataFrame(list(fresh.values()))
+        rows = [{**dict(zip(info["keys"], json.loads(e))), WINDOW_END: window_end, **info["empty"]} for e in silent]
+        frame = self._frame(info, rows)
+        # a millisecond before the window's end, so that a result of that window committed later
+        # still replaces it in stores that keep only strictly newer values (Redis)
+        frame["event_timestamp"] -= pd.Timedelta(milliseconds=1)
+        self.store.push(info["push_source"], frame, to=_push_mode_online())
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)",
+                                [(view, e, window_end) for e in silent])
+            self.db.executemany("INSERT OR REPLACE INTO emptied VALUES (?, ?)", [(view, e) for e in silent])
+        return len(rows)
+
+    @staticmethod
+    def _frame(info: dict, rows: list[dict]) -> pd.DataFrame:
+        frame = pd.DataFrame(rows)
         frame["event_timestamp"] = pd.to_datetime(frame.pop(WINDOW_END), utc=True)
-        frame = frame[[*keys, "event_timestamp", *info["features"]]]
+        frame = frame[[*info["keys"], "event_timestamp", *info["features"]]]
         for feature, dtype in info["features"].items():  # no qualifying values: an empty list, as offline
             if dtype.endswith("_list"):
                 frame[feature] = [v if isinstance(v, list) else [] for v in frame[feature]]
-        self.store.push(info["push_source"], frame, to=_push_mode_online())
-        pushed_at = time.time()
-        with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)",
-                                [(view, e, r[WINDOW_END]) for e, r in fresh.items()])
-        if self.on_push:
-            self.on_push(view, frame, pushed_at)
-        return len(frame)
+        return frame
 
     def close(self) -> None:
         self.db.close()
