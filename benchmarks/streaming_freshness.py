@@ -100,10 +100,11 @@ def flink_run(root: Path, stream: EventStream, store, rates: list[int], seconds:
             time.sleep(0.1)
 
     results: dict[int, dict] = {}
+    pushing = threading.Thread(target=push_loop, daemon=True)
     job.start()
     try:
         job.wait_running(600)
-        threading.Thread(target=push_loop, daemon=True).start()
+        pushing.start()
         written = 0
         for rate in rates:
             runs = []
@@ -123,6 +124,8 @@ def flink_run(root: Path, stream: EventStream, store, rates: list[int], seconds:
                   f"kept up: {results[rate]['caught_up']}", flush=True)
     finally:
         stop.set()
+        if pushing.is_alive():  # the pusher's SQLite connection must not close under a running poll
+            pushing.join()
         job.stop()
         pusher.close()
     print("rows pushed online per view:", dict(recorder.rows_pushed), flush=True)
