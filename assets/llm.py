@@ -8,6 +8,7 @@ from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, Config, Material
 
 from assets.ingestion import warehouse_key
 from assets.metadata import table
+from engines.embeddings import current_catalogue
 from feature_defs.sources import chat_messages, items
 from ml.llm import LlmConfig, corpus_from_frames, train_llm
 from resources.lake import LakeResource
@@ -36,7 +37,10 @@ def lake_corpus(lake) -> list[str]:
             raise ValueError(f"warehouse/{table} has no partitions: ingest landing data first")
         return scan.collect()
 
-    chats, catalogue = frame(chat_messages.name), frame(items.name).unique("item_id", keep="last")
+    catalogue = current_catalogue(lake)
+    if catalogue.is_empty():
+        raise ValueError(f"warehouse/{items.name} has no partitions: ingest landing data first")
+    chats = frame(chat_messages.name)
     return corpus_from_frames(chats["text"].to_list(), catalogue["title"].to_list(),
                               catalogue["description"].to_list())
 

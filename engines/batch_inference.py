@@ -75,8 +75,7 @@ def index_items(store: VectorStore, model: PersonalizationModel, items: pl.DataF
     padded = np.hstack([vectors, np.sqrt(np.maximum(radius ** 2 - norms ** 2, 0.0))[:, None]])
     store.ensure_collection(name, {VECTOR_NAME: padded.shape[1]})
     ids = [str(i) for i in items.get_column("item_id").to_list()]
-    store.upsert(name, ids, {VECTOR_NAME: padded},
-                 [{"item_id": int(i), "radius": radius} for i in items.get_column("item_id").to_list()])
+    store.upsert(name, ids, {VECTOR_NAME: padded}, [{"item_id": int(i)} for i in ids])
     gone = sorted(set(store.ids(name)) - set(ids))
     store.delete(name, gone)
     return radius
@@ -186,8 +185,7 @@ def online_rows(recommendations: pl.DataFrame, day: date) -> pl.DataFrame:
 
 def coverage(recommendations: pl.DataFrame, active: list[int], items: set[int]) -> BatchResult:
     """Which active users got no list or more than one, and which recommended items do not exist."""
-    per_user = recommendations.group_by("user_id").agg(pl.col("rank").min().alias("first"),
-                                                        (pl.col("rank") == 1).sum().alias("lists"))
+    per_user = recommendations.group_by("user_id").agg((pl.col("rank") == 1).sum().alias("lists"))
     covered = set(per_user.get_column("user_id").to_list())
     duplicates = sorted(per_user.filter(pl.col("lists") != 1).get_column("user_id").to_list())
     unknown = sorted(set(recommendations.get_column("item_id").unique().to_list()) - items)

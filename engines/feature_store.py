@@ -148,10 +148,9 @@ class FeatureStoreEngine:
                     self.store.materialize(start_date=since, end_date=end, feature_views=names)
         return [v.name for v in views]
 
-    def load_online(self, view: str, rows: pd.DataFrame) -> int:
+    def load_online(self, view: str, rows: pd.DataFrame) -> None:
         """Write a produced view's rows (join key, features, event_timestamp) straight to the online store."""
         self.store.write_to_online_store(view, rows)
-        return len(rows)
 
     def online_features(self, service: str, entity_rows: list[dict[str, Any]]) -> dict[str, list]:
         """Columns of feature values (None where the store has none), named <view>__<feature>."""

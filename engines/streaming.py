@@ -196,6 +196,13 @@ class FlinkJob:
                 totals["newest_event_time"] = row["max_event_time"]
         return totals
 
+    def progress(self, now: float) -> dict:
+        """The job's counts (metrics()) and its lag: `now` minus the newest event time processed."""
+        metrics = self.metrics()
+        newest = metrics["newest_event_time"]
+        lag = now - _parse_time(newest).timestamp() if newest else None
+        return {**metrics, "lag_seconds": round(lag, 1) if lag is not None else None}
+
     def health(self, now: float | None = None) -> JobHealth:
         now = now or time.time()
         status = self.status()
@@ -204,17 +211,13 @@ class FlinkJob:
         if state not in ("FINISHED", "FAILED", "CANCELED", "NOT_STARTED") and not (pid and process_alive(pid)):
             state = "DIED"  # killed, or crashed before it could say so
         checkpoint = self.latest_checkpoint()
-        metrics = self.metrics()
-        newest = metrics.pop("newest_event_time")
-        lag = now - _parse_time(newest).timestamp() if newest else None
         healthy = state == "RUNNING" if self.mode == "streaming" else state == "FINISHED"
         return JobHealth(
             name=self.settings.name, status=state, healthy=healthy, pid=pid, job_id=status.get("job_id"),
             checkpoint=str(checkpoint) if checkpoint else None,
             checkpoint_age_seconds=round(now - checkpoint.stat().st_mtime, 1) if checkpoint else None,
-            newest_event_time=newest, lag_seconds=round(lag, 1) if lag is not None else None,
             error=status.get("error") or (f"the job process {pid} is gone" if state == "DIED" else None),
-            log_dir=str(self.log_dir), **metrics,
+            log_dir=str(self.log_dir), **self.progress(now),
         )
 
 
@@ -379,7 +382,8 @@ def stage_landing(lake, source: str, days: list, out: Path, key: str | None = No
                     identity = None
                 if identity is not None and identity in seen:
                     continue
-                seen.add(identity) if identity is not None else None
+                if identity is not None:
+                    seen.add(identity)
                 kept.append(line)
             (out / f"{day.isoformat()}-{path.stem}.jsonl").write_text("".join(line + "\n" for line in kept))
             lines_written += len(kept)
@@ -525,12 +529,9 @@ class FlinkSqlGateway:
         latest = self.rest.get(f"/jobs/{job_id}/checkpoints").raise_for_status().json().get("latest", {})
         completed = latest.get("completed") or {}
         age = time.time() - completed["latest_ack_timestamp"] / 1000 if completed else None
-        metrics = job.metrics()
-        newest = metrics.pop("newest_event_time")
         return JobHealth(name=job.settings.name, status=state, healthy=state == "RUNNING", job_id=job_id,
                          checkpoint=completed.get("external_path"), checkpoint_age_seconds=age,
-                         newest_event_time=newest, **metrics,
-                         lag_seconds=time.time() - _parse_time(newest).timestamp() if newest else None)
+                         **job.progress(time.time()))
 
 
 def run_pusher(config_path: Path, interval_seconds: float = 0.5) -> None:

@@ -350,7 +350,7 @@ def evaluate(model: PersonalizationModel, train_frame: pl.DataFrame, held_out: p
     baseline_scores = np.array([popular.get(i, 0.0) for i in rows.get_column("item_id").to_list()])
 
     # every candidate item with its latest known features; every user with theirs
-    item_columns = [c for c in model.spec.item.columns if c != "item_embedding"]
+    item_columns = [c for c in model.spec.item.columns if c != model.spec.item.embedding_column]
     items = with_item_embeddings(
         pl.concat([train_frame, held_out], how="diagonal_relaxed").sort("event_timestamp")
         .select(item_columns).unique("item_id", keep="last").sort("item_id"), item_embeddings)

@@ -2,9 +2,8 @@
 embedded stand-in for a Kafka topic. Each file appears atomically under a name that sorts in
 write order; the Flink file source picks new files up as they land.
 
-`replay` writes a simulated day's events in event-time order, in chunks (a day of history
-streamed quickly, for tests and parity checks); `live` writes events stamped with the wall clock
-at a steady rate (freshness benchmarks and demos).
+`append` writes a table of events as one file (tests stream a simulated day in chunks with it);
+`live` writes events stamped with the wall clock at a steady rate (freshness benchmarks and demos).
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .files import to_jsonl, write_bytes
 from .simulator import Simulator
@@ -44,33 +42,20 @@ class EventStream:
         path = self.directory / f"events-{next(self._sequence):09d}.jsonl"
         return write_bytes(path, "".join(line + "\n" for line in lines).encode())
 
-    def replay(self, day: date, chunks: int, pause_seconds: float = 0.0,
-               until: datetime | None = None) -> Iterator[Path]:
-        """The day's events (those before `until`, if given) in `chunks` files, in time order."""
-        table = self.day_events(day)
-        if until is not None:
-            table = table.filter(pc.less(table["event_timestamp"], pa.scalar(until, pa.timestamp("us", "UTC"))))
-        size = -(-table.num_rows // chunks)
-        for start in range(0, table.num_rows, size):
-            yield self.append(table.slice(start, size))
-            if pause_seconds:
-                time.sleep(pause_seconds)
-
     def live(self, rate_per_second: float, seconds: float, day: date, batch_seconds: float = 0.2,
              on_file: Callable[[Path, float, pa.Table], None] | None = None) -> int:
         """Append the day's events re-stamped to now, `rate_per_second` of them for `seconds`.
 
-        Each file gets a fresh event id prefix, so events never repeat. `on_file(path, wall_time,
-        table)` is called after each file lands. Returns how many events were written."""
+        Event ids are `live-<n>`, numbered from 0 in each call. `on_file(path, wall_time, table)` is
+        called after each file lands. Returns how many events were written."""
         source = self.day_events(day)
         if source.num_rows == 0:
             raise ValueError(f"no {self.stream} events on {day} to stream")
-        written, cursor, started = 0, 0, time.time()
+        written, started = 0, time.time()
         while (now := time.time()) < started + seconds:
             due = int((now - started) * rate_per_second) - written
             if due > 0:
-                rows = source.take([(cursor + k) % source.num_rows for k in range(due)])
-                cursor += due
+                rows = source.take([(written + k) % source.num_rows for k in range(due)])
                 stamp = pa.array([datetime.fromtimestamp(now, UTC)] * due, pa.timestamp("us", "UTC"))
                 ids = pa.array([f"live-{written + k}" for k in range(due)], pa.string())
                 rows = rows.set_column(0, rows.column_names[0], ids).set_column(

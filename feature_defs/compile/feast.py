@@ -30,15 +30,15 @@ VALUE_TYPES = {"int64": ValueType.INT64, "string": ValueType.STRING}
 DAILY_TTL = timedelta(days=1)
 
 
-def offline_table_glob(offline_root: Path, view: dsl.FeatureView) -> str:
-    return str(offline_root / view.name / "*" / "*.parquet")
+def offline_table_glob(offline_root: Path, table: str) -> str:
+    return str(offline_root / table / "*" / "*.parquet")
 
 
 def push_source_name(view: dsl.FeatureView) -> str:
     return f"{view.name}_push"
 
 
-def feast_objects(catalogue: dsl.Catalogue, offline_root: Path, outputs: list[OutputView] = all_outputs) -> list:
+def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
     """Every Feast object of the catalogue and of the platform's output views, ready for FeatureStore.apply()."""
     entities = {e.name: _entity(e) for e in catalogue.entities}
     objects: list = list(entities.values())
@@ -46,7 +46,7 @@ def feast_objects(catalogue: dsl.Catalogue, offline_root: Path, outputs: list[Ou
     for view in catalogue.views:
         batch = FileSource(
             name=f"{view.name}_offline",
-            path=offline_table_glob(offline_root, view),
+            path=offline_table_glob(offline_root, view.name),
             file_format=ParquetFormat(),
             timestamp_field=TIMESTAMP,
             description=f"Offline table of {view.name}, one Parquet partition per day",
@@ -71,13 +71,13 @@ def feast_objects(catalogue: dsl.Catalogue, offline_root: Path, outputs: list[Ou
                        owner=s.owner)
         for s in catalogue.services
     ]
-    for output in outputs:
+    for output in all_outputs:
         objects += _output_objects(output, entities[output.entity.name], offline_root)
     return objects
 
 
 def _output_objects(output: OutputView, entity: Entity, offline_root: Path) -> list:
-    batch = FileSource(name=f"{output.name}_offline", path=str(offline_root / output.name / "*" / "*.parquet"),
+    batch = FileSource(name=f"{output.name}_offline", path=offline_table_glob(offline_root, output.name),
                        file_format=ParquetFormat(), timestamp_field=TIMESTAMP,
                        description=f"Offline table of {output.name}, one Parquet partition per day")
     view = FeatureView(

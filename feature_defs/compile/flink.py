@@ -15,7 +15,7 @@ means and maxima of nothing are null; last_n keeps distinct values, most recent 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from feature_defs.compile.streaming import StreamingPlan, WindowedAggregate
@@ -70,7 +70,6 @@ class FlinkJobSpec:
     inserts: list[str]  # one statement set, one Flink job
     views: dict[str, dict]  # view -> {"keys": [...], "features": {name: dtype}, "push_source": ...}
     sink_root: str
-    settings: dict[str, str] = field(default_factory=dict)  # Flink configuration
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,13 +1,12 @@
 """Compile streaming feature views to an engine-neutral plan (JSON-able) that a streaming engine
-executes: keyed sliding or running (cumulative) windows over an event stream, with filters and values as SQL fragments,
-pushed to the view's Feast PushSource. The Flink job compiler consumes this plan."""
+executes: keyed sliding or running (cumulative) windows over an event stream, with filters and
+values as SQL fragments, pushed to the view's Feast PushSource. The Flink job compiler consumes this plan."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 from feature_defs.compile.feast import push_source_name
-from feature_defs.compile.polars import TIMESTAMP
 from feature_defs.dsl import Aggregation, Catalogue, FeatureView, Ratio, format_window
 
 
@@ -39,7 +38,6 @@ class StreamingPlan:
     aggregates: list[WindowedAggregate]
     derived: list[DerivedFeature]
     push_source: str
-    output_timestamp: str = TIMESTAMP
     output_types: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -76,7 +76,6 @@ def submit(spec: dict, args: argparse.Namespace):
         }
         if args.restore:
             values["execution.state-recovery.path"] = Path(args.restore).resolve().as_uri()
-    values |= spec.get("settings", {})
     for key, value in values.items():
         config.set(key, value)
     for statement in spec["statements"]:

@@ -126,12 +126,13 @@ class Gateway:
         try:
             config = load_config(self.config_path)
             self.config_mtime = self.config_path.stat().st_mtime
+            router = Router(config, previous=self.router)  # loads tokenizers: a bad path fails here
         except (ConfigError, OSError, TypeError) as error:
             log.error("config reload failed, keeping the running configuration: %s", error)
             return False
         if (config.settings.store, config.settings.rate_limits) != (self.settings.store, self.settings.rate_limits):
             log.warning("settings.store and settings.rate_limits take effect on restart only")
-        self.router = Router(config, previous=self.router)
+        self.router = router
         self.config = config
         log.info("configuration reloaded: %d model groups", len(self.router.groups))
         return True
@@ -150,9 +151,7 @@ class Gateway:
     async def _health_loop(self) -> None:
         while True:
             groups = self.router.groups
-            states = {s.spec.id: s for g in groups.values() for s in g.backends}
-            await asyncio.gather(*(self._check(s) for s in states.values()))
-            self.metrics.observe_backends({name: g.backends for name, g in groups.items()})
+            await asyncio.gather(*(self._check(s) for g in groups.values() for s in g.backends))
             await asyncio.sleep(self.settings.health_interval_s)
 
     async def _check(self, state: BackendState) -> None:
@@ -392,11 +391,9 @@ def create_app(config_path: str | Path) -> FastAPI:
 
     def check_request(body: dict, group: ModelGroup, endpoint: str) -> tuple[int, int]:
         """Validates the body; returns the prompt tokens and the completion cap to reserve."""
-        if endpoint != "embeddings" and not body.get("messages" if endpoint == "chat" else "prompt"):
-            field = "messages" if endpoint == "chat" else "prompt"
+        field = {"chat": "messages", "completions": "prompt", "embeddings": "input"}[endpoint]
+        if not body.get(field):
             raise GatewayError(400, f"'{field}' is required", "invalid_request_error", "invalid_value", field)
-        if endpoint == "embeddings" and not body.get("input"):
-            raise GatewayError(400, "'input' is required", "invalid_request_error", "invalid_value", "input")
         prompt_tokens = group.counter.prompt_tokens(endpoint, body)
         completion_cap = 0
         if endpoint != "embeddings":

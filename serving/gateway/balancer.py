@@ -29,8 +29,6 @@ class BackendState:
     consecutive_failures: int = 0
     open_until: float = 0.0
     half_open_trial: bool = False
-    requests: int = 0
-    failures: int = 0
     clock: object = field(default=time.monotonic, repr=False)
 
     def circuit(self) -> str:
@@ -50,7 +48,6 @@ class BackendState:
 
     def start(self) -> None:
         self.in_flight += 1
-        self.requests += 1
         if self.circuit() == "half_open":
             self.half_open_trial = True
 
@@ -66,7 +63,6 @@ class BackendState:
             if ttft_s is not None:
                 self.ttft_s = _ewma(self.ttft_s, ttft_s)
             return
-        self.failures += 1
         self.consecutive_failures += 1
         if self.consecutive_failures >= failures_to_open or self.circuit() != "closed":
             self.open_until = self.clock() + open_s

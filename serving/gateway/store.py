@@ -102,7 +102,6 @@ def engine_for(url: str) -> sa.Engine:
 
 class GatewayStore:
     def __init__(self, url: str):
-        self.url = url
         self.engine = engine_for(url)
         metadata.create_all(self.engine)
 
@@ -188,10 +187,6 @@ class GatewayStore:
         query = query.group_by(*columns).order_by(*columns)
         with self.engine.connect() as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
-
-    def usage_count(self) -> int:
-        with self.engine.connect() as conn:
-            return conn.execute(sa.select(sa.func.count()).select_from(usage_table)).scalar_one()
 
 
 def _key(row) -> ApiKey:

@@ -16,7 +16,6 @@ class UsageWriter:
         self.store = store
         self.queue: asyncio.Queue = asyncio.Queue()
         self.task: asyncio.Task | None = None
-        self.written = 0
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name="usage-writer")
@@ -43,7 +42,6 @@ class UsageWriter:
         for attempt in range(5):
             try:
                 await asyncio.to_thread(self.store.write_usage, batch)
-                self.written += len(batch)
                 return
             except Exception:  # the store is down: keep the batch and try again
                 log.exception("writing %d usage records failed (attempt %d)", len(batch), attempt + 1)

@@ -180,12 +180,8 @@ def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
     after_online = store.online_features("personalization_ranking", rows)
     assert after_online.keys() == before_online.keys()
     for name, values in after_online.items():
-        assert values == pytest.approx(before_online[name], rel=1e-12) if _numeric(values) else \
-            values == before_online[name], name
-
-
-def _numeric(values: list) -> bool:
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        assert values == [pytest.approx(v, rel=1e-12) if isinstance(v, float) else v
+                          for v in before_online[name]], name
 
 
 def test_online_item_content_is_the_latest_catalogue_row(pipeline_dir, store):

@@ -3,6 +3,7 @@ gets exactly one list, also when a Ray worker dies mid-batch."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 from dagster import DagsterInstance, materialize
 
@@ -85,3 +86,10 @@ def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, p
 def engine_key():
     from assets.inference import KEY
     return KEY
+
+
+def test_score_drift_is_small_for_the_same_distribution_and_large_for_a_shifted_one():
+    rng = np.random.default_rng(0)
+    yesterday = pl.Series(rng.normal(size=5000))
+    assert engine.score_drift(pl.Series(rng.normal(size=5000)), yesterday) < 0.05
+    assert engine.score_drift(yesterday + 1.0, yesterday) > 0.25  # the warning check's limit

@@ -1,10 +1,12 @@
-"""The balancer's choices and the in-process limiter's arithmetic, without servers."""
+"""The balancer's choices, the in-process limiter's arithmetic and config errors, without servers."""
 
 import asyncio
 import random
 
+import pytest
+
 from serving.gateway.balancer import BackendState, choose
-from serving.gateway.config import BackendSpec
+from serving.gateway.config import BackendSpec, ConfigError, parse_config
 from serving.gateway.limits import Limit, MemoryLimiter, Rejection, Reservation, limits_for
 from serving.gateway.store import ApiKey
 
@@ -121,3 +123,12 @@ def test_a_rejection_increments_nothing():
         assert isinstance(await limiter.acquire(limits, 1), Rejection)
 
     asyncio.run(scenario())
+
+
+def test_gateway_config_errors_name_the_problem():
+    good = {"model_list": [{"model_name": "m", "url": "http://x"}], "settings": {}}
+    assert parse_config(good).backends[0].model_name == "m"
+    with pytest.raises(ConfigError, match=r"model_list\[0\]: unknown fields \['urll'\]"):
+        parse_config({**good, "model_list": [{"model_name": "m", "urll": "http://x"}]})
+    with pytest.raises(ConfigError, match="unknown settings"):
+        parse_config({**good, "settings": {"stroe": "x"}})

@@ -65,8 +65,6 @@ def test_streaming_chat(gateway):
                                                         stream=True))
     assert chunks and all(c.model == MODEL_NAME for c in chunks)
     assert all(c.choices for c in chunks)  # the usage chunk the gateway asked for is not passed on
-    text = "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert isinstance(text, str)
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
     with_usage = list(openai_client.chat.completions.create(
         model=MODEL_NAME, messages=MESSAGES, max_tokens=8, stream=True, stream_options={"include_usage": True}))
@@ -245,7 +243,8 @@ def test_backend_killed_under_load_no_client_sees_a_failure(vllm_backends, gatew
     eu = vllm_backends["eu"]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, i) for i in range(requests)]
-        while len(done) < killed_after:
+        deadline = time.time() + 300
+        while len(done) < killed_after and time.time() < deadline:
             time.sleep(0.05)
         eu.kill()
         results = [f.result() for f in futures]  # raises if any client saw an error
@@ -278,8 +277,9 @@ def test_hot_reload_adds_a_group_without_dropping_requests(gateway, vllm_backend
     response = openai_client.chat.completions.create(model="gateway-llm-alias", messages=MESSAGES, max_tokens=2)
     assert response.model == "gateway-llm-alias"
     gateway.rewrite({**original, "model_list": "not a list"})  # a broken file keeps the running config
-    time.sleep(1.5)
-    assert openai_client.chat.completions.create(model="gateway-llm-alias", messages=MESSAGES, max_tokens=2)
+    assert gateway.admin("POST", "/admin/reload").status_code == 400
+    response = openai_client.chat.completions.create(model="gateway-llm-alias", messages=MESSAGES, max_tokens=2)
+    assert response.model == "gateway-llm-alias"
     gateway.rewrite(original)
 
 
@@ -318,16 +318,6 @@ def test_gateway_resource_calls_models_with_a_service_key(gateway):
     assert answer["model"] == MODEL_NAME and answer["usage"]["completion_tokens"] <= 4
     vectors = resource.embed(EMBEDDING_MODEL, ["a", "b", "c"])
     assert len(vectors) == 3 and len(vectors[0]) == 128
-
-
-def test_gateway_config_errors_name_the_problem(vllm_backends, gateway_llm_path, tmp_path):
-    from serving.gateway.config import ConfigError, parse_config
-
-    good = gateway_config(vllm_backends, gateway_llm_path, "sqlite:///x.db")
-    with pytest.raises(ConfigError, match=r"model_list\[0\]: unknown fields \['urll'\]"):
-        parse_config({**good, "model_list": [{"model_name": "m", "urll": "http://x"}]})
-    with pytest.raises(ConfigError, match="unknown settings"):
-        parse_config({**good, "settings": {"stroe": "x"}})
 
 
 def test_gateway_llm_asset_is_a_llama_in_hugging_face_format(gateway_llm_path):
