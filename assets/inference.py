@@ -76,18 +76,17 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
         raise Failure(f"no champion of {MODEL!r} in the registry yet: train and promote one first")
     ray.ensure_started()
     with tempfile.TemporaryDirectory(prefix="batch-inference-") as work:
-        model_dir = registry.load(MODEL, champion.version, Path(work))
-        model = PersonalizationModel.load(model_dir)
-        active = engine.active_users(the_lake, day)
-        existing = engine.existing_items(the_lake, day)
-        users = engine.entity_features(the_lake, day, model.spec.user.columns, "user_id", active)
-        item_rows = engine.entity_features(the_lake, day, model.spec.item.columns, "item_id", sorted(existing))
-        if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them again
-            item_rows = with_item_embeddings(item_rows, item_embeddings(the_lake))
-        with vector_store.open() as store:
-            radius = engine.index_items(store, model, item_rows, champion.version)
-            recommendations = engine.recommend(users, store, model_dir, champion.version, radius, config.k,
-                                               engine="ray", workers=config.workers, batch_size=config.batch_size)
+        model = PersonalizationModel.load(registry.load(MODEL, champion.version, Path(work)))
+    active = engine.active_users(the_lake, day)
+    existing = engine.existing_items(the_lake, day)
+    users = engine.entity_features(the_lake, day, model.spec.user.columns, "user_id", active)
+    item_rows = engine.entity_features(the_lake, day, model.spec.item.columns, "item_id", sorted(existing))
+    if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them again
+        item_rows = with_item_embeddings(item_rows, item_embeddings(the_lake))
+    with vector_store.open() as store:
+        radius = engine.index_items(store, model, item_rows, champion.version)
+        recommendations = engine.recommend(users, store, model, champion.version, radius, config.k,
+                                           engine="ray", workers=config.workers, batch_size=config.batch_size)
     result = engine.coverage(recommendations, active, existing)
     covered = not result.missing_users and not result.duplicate_users
     yield AssetCheckResult(check_name="covers_active_users", passed=covered, metadata={

@@ -76,7 +76,6 @@ def main() -> None:
     day = days[-1]
     model = PersonalizationModel(TwoTower(build_spec(labelled(lake.scan_partitions(
         "datasets", "personalization_training", days).collect()), TrainConfig())))
-    model_dir = model.save(scratch / "model")
 
     active = engine.active_users(lake, day)
     real = engine.entity_features(lake, day, model.spec.user.columns, "user_id", active)
@@ -96,7 +95,7 @@ def main() -> None:
         for name in ("local", "ray"):
             for attempt in range(args.repeat + 1):
                 started = time.perf_counter()
-                out = engine.recommend(users, store, model_dir, "bench", radius, args.k, engine=name,
+                out = engine.recommend(users, store, model, "bench", radius, args.k, engine=name,
                                        workers=args.workers, batch_size=256)
                 elapsed = time.perf_counter() - started
                 assert out.get_column("user_id").n_unique() == users.height

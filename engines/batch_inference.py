@@ -98,15 +98,16 @@ def retrieve(store: VectorStore, name: str, radius: float, users: pl.DataFrame, 
 
 # --- user vectors: Ray Data or one process ---------------------------------------------------------
 class UserTower:
-    """Ray Data callable: a batch of user feature rows -> (user_id, vector). Loads the model once per actor.
+    """Ray Data callable: a batch of user feature rows -> (user_id, vector). The model travels with the
+    actor through Ray's object store, so actors on any node of a cluster have it.
     `fail_once_marker` injects one worker crash (tests): the first actor to find no marker file writes
     it and dies mid-batch; Ray restarts the actor and retries the batch."""
 
-    def __init__(self, model_dir: str, fail_once_marker: str | None = None):
+    def __init__(self, model: PersonalizationModel, fail_once_marker: str | None = None):
         import torch
 
         torch.set_num_threads(1)
-        self.model = PersonalizationModel.load(Path(model_dir))
+        self.model = model
         self.fail_once_marker = fail_once_marker
 
     def __call__(self, batch):
@@ -121,7 +122,7 @@ class UserTower:
                          "vector": pa.array(vectors.tolist(), type=pa.list_(pa.float32()))})
 
 
-def user_vectors_ray(users: pl.DataFrame, model_dir: Path, workers: int, batch_size: int,
+def user_vectors_ray(users: pl.DataFrame, model: PersonalizationModel, workers: int, batch_size: int,
                      fail_once_marker: str | None = None) -> Iterator[pl.DataFrame]:
     """User vectors computed on Ray Data by a pool of `workers` actors (Ray must be started)."""
     import ray.data
@@ -131,7 +132,7 @@ def user_vectors_ray(users: pl.DataFrame, model_dir: Path, workers: int, batch_s
     dataset = ray.data.from_arrow(blocks)
     vectors = dataset.map_batches(
         UserTower,
-        fn_constructor_kwargs={"model_dir": str(model_dir), "fail_once_marker": fail_once_marker},
+        fn_constructor_kwargs={"model": model, "fail_once_marker": fail_once_marker},
         batch_size=batch_size, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers), num_cpus=1,
         # a crashed worker is restarted and its batch re-run; outputs of a failed attempt are dropped
@@ -141,9 +142,10 @@ def user_vectors_ray(users: pl.DataFrame, model_dir: Path, workers: int, batch_s
         yield pl.from_arrow(batch)
 
 
-def user_vectors_local(users: pl.DataFrame, model_dir: Path, batch_size: int) -> Iterator[pl.DataFrame]:
+def user_vectors_local(users: pl.DataFrame, model: PersonalizationModel, batch_size: int
+                       ) -> Iterator[pl.DataFrame]:
     """The same user vectors in this process, batch by batch (the baseline of the benchmark)."""
-    tower = UserTower(str(model_dir))
+    tower = UserTower(model)
     for start in range(0, users.height, batch_size):
         yield pl.from_arrow(tower(users.slice(start, batch_size).to_arrow()))
 
@@ -157,14 +159,14 @@ class BatchResult:
     unknown_items: list[int]
 
 
-def recommend(users: pl.DataFrame, store: VectorStore, model_dir: Path, version: str, radius: float, k: int,
-              engine: str = "ray", workers: int = 1, batch_size: int = 256,
+def recommend(users: pl.DataFrame, store: VectorStore, model: PersonalizationModel, version: str, radius: float,
+              k: int, engine: str = "ray", workers: int = 1, batch_size: int = 256,
               fail_once_marker: str | None = None) -> pl.DataFrame:
     """Top-k recommendations for every row of `users` (user feature rows)."""
     if engine == "ray":
-        batches = user_vectors_ray(users, model_dir, workers, batch_size, fail_once_marker)
+        batches = user_vectors_ray(users, model, workers, batch_size, fail_once_marker)
     elif engine == "local":
-        batches = user_vectors_local(users, model_dir, batch_size)
+        batches = user_vectors_local(users, model, batch_size)
     else:
         raise ValueError(f"engine must be 'ray' or 'local', not {engine!r}")
     name = collection_name(version)

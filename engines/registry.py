@@ -108,8 +108,7 @@ class ModelRegistry:
     # --- reading ----------------------------------------------------------------------------
     def get(self, name: str, version: str) -> RegisteredVersion:
         mv = self.client.get_model_version(name, str(version))
-        return RegisteredVersion(name, str(mv.version), mv.run_id, list(mv.aliases or []), dict(mv.tags),
-                                 datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC))
+        return _registered(name, mv, list(mv.aliases or []))
 
     def by_alias(self, name: str, alias: str) -> RegisteredVersion | None:
         try:
@@ -118,8 +117,17 @@ class ModelRegistry:
             return None
 
     def versions(self, name: str) -> list[RegisteredVersion]:
+        """Every version, oldest first, in two calls (MLflow's search leaves the aliases out)."""
+        try:
+            aliases = self.client.get_registered_model(name).aliases
+        except MlflowException:
+            return []
+        held: dict[str, list[str]] = {}
+        for alias, version in sorted(aliases.items()):
+            held.setdefault(str(version), []).append(alias)
         found = self.client.search_model_versions(f"name = '{name}'")
-        return sorted((self.get(name, mv.version) for mv in found), key=lambda v: int(v.version))
+        return sorted((_registered(name, mv, held.get(str(mv.version), [])) for mv in found),
+                      key=lambda v: int(v.version))
 
     def load(self, name: str, version: str, destination: Path) -> Path:
         """Download a version's model folder and verify every file against its checksums."""
@@ -183,6 +191,11 @@ class ModelRegistry:
         log = [*self.alias_log(name, alias), {**event, "at": _now()}][-LOG_LENGTH:]
         self.client.set_registered_model_tag(name, HISTORY_TAG.format(alias=alias), json.dumps(stack[-LOG_LENGTH:]))
         self.client.set_registered_model_tag(name, LOG_TAG.format(alias=alias), json.dumps(log))
+
+
+def _registered(name: str, mv, aliases: list[str]) -> RegisteredVersion:
+    return RegisteredVersion(name, str(mv.version), mv.run_id, aliases, dict(mv.tags),
+                             datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC))
 
 
 def _now() -> str:

@@ -185,11 +185,11 @@ def features_list() -> None:
 @click.option("--entity", "entities", multiple=True, required=True, help="key=value, e.g. user_id=3 (repeatable)")
 def features_get(service: str, entities: tuple[str, ...]) -> None:
     """Online feature values of one entity row for a feature service."""
-    from orchestration.profiles import current_profile, resources_for
+    from orchestration.profiles import open_resource
 
     row = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (e.split("=", 1) for e in entities)}
-    engine = resources_for(current_profile())["feature_store"].engine()
-    values = engine.online_features(service, [row])
+    with open_resource("feature_store") as feature_store:
+        values = feature_store.engine().online_features(service, [row])
     click.echo(json.dumps({k: v[0] for k, v in values.items()}, indent=2, default=str))
 
 

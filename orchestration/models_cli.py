@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 from pathlib import Path
 
 import click
 
-from orchestration.profiles import current_profile, local_data_dir
+from orchestration.profiles import open_resource
 
 
 def open_registry(data_dir: str | None):
-    from engines.registry import ModelRegistry
-
-    if current_profile() == "prod":
-        uri = os.environ.get("MLPLANE_MLFLOW_TRACKING_URI")
-        if not uri:
-            raise click.ClickException("MLPLANE_PROFILE=prod needs MLPLANE_MLFLOW_TRACKING_URI")
-        return ModelRegistry(uri, os.environ.get("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
-    root = Path(data_dir or local_data_dir()) / "registry"
-    if not (root / "mlflow.db").exists():
-        raise click.ClickException(f"no model registry at {root}: train a model first")
-    return ModelRegistry.local(root)
+    with open_resource("model_registry", data_dir) as resource:
+        if not resource.tracking_uri and not (Path(resource.root) / "mlflow.db").exists():
+            raise click.ClickException(f"no model registry at {resource.root}: train a model first")
+        return resource.registry()
 
 
 @click.group()

@@ -2,9 +2,13 @@
 on one machine; `prod` points the same code at shared services."""
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from dagster import EnvVar
+import click
+from dagster import DagsterInvalidConfigError, EnvVar
 
 from resources.feature_store import FeatureStoreResource
 from resources.flink import FlinkResource
@@ -80,3 +84,17 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "model_registry": model_registry,
         "gateway": gateway,
     }
+
+
+@contextmanager
+def open_resource(name: str, data_dir: str | None = None) -> Iterator:
+    """One resource of the current profile, configured as in a run (its EnvVars read), for the CLIs."""
+    profile = current_profile()
+    try:
+        with resources_for(profile, data_dir)[name].process_config_and_initialize_cm() as resource:
+            yield resource
+    except DagsterInvalidConfigError as error:
+        unset = sorted(set(re.findall(r'environment variable "([^"]+)" which is not set', str(error))))
+        problem = f"set {', '.join(unset)}" if unset else "; ".join(e.message.splitlines()[0] for e in error.errors)
+        raise click.ClickException(f"the {profile} profile's {name} resource needs configuration: {problem}") \
+            from error

@@ -24,18 +24,18 @@ def search(text: str | None, image: Path | None, k: int, category: tuple[str, ..
     """Top-k catalogue items for a TEXT query (or --image PATH), with optional filters."""
     from engines.embeddings import current_model
     from engines.search import ItemSearch
-    from orchestration.profiles import current_profile, resources_for
+    from orchestration.profiles import open_resource
 
     if (text is None) == (image is None):
         raise click.UsageError("give a TEXT query or --image PATH (not both)")
-    resources = resources_for(current_profile(), data_dir=data_dir)
-    spec, _ = current_model(resources["lake"].lake())
-    with resources["vector_store"].open() as store:
-        try:
-            hits = ItemSearch(store, spec).search(text=text, image=image, k=k, category=list(category) or None,
-                                                  price_min=price_min, price_max=price_max, using=using)
-        except (ValueError, KeyError) as error:
-            raise click.ClickException(str(error)) from error
+    with open_resource("lake", data_dir) as lake, open_resource("vector_store", data_dir) as vectors:
+        spec, _ = current_model(lake.lake())
+        with vectors.open() as store:
+            try:
+                hits = ItemSearch(store, spec).search(text=text, image=image, k=k, category=list(category) or None,
+                                                      price_min=price_min, price_max=price_max, using=using)
+            except (ValueError, KeyError) as error:
+                raise click.ClickException(str(error)) from error
     for hit in hits:
         click.echo(json.dumps({"item_id": hit.payload.get("item_id", hit.id), "score": round(hit.score, 4),
                                **{f: hit.payload.get(f) for f in ("title", "category", "price", "flags")}}))

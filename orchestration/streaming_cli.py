@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from orchestration.profiles import current_profile, local_data_dir, resources_for
+from orchestration.profiles import local_data_dir, open_resource
 
 
 @click.group()
@@ -42,9 +42,9 @@ def status() -> None:
     """Health of every streaming job: status, checkpoint age, lag, malformed and late events."""
     from engines.streaming import streaming_sources
 
-    flink = resources_for(current_profile())["flink"]
-    for source in streaming_sources():
-        click.echo(json.dumps(flink.health(source).to_dict(), indent=2))
+    with open_resource("flink") as flink:
+        for source in streaming_sources():
+            click.echo(json.dumps(flink.health(source).to_dict(), indent=2))
 
 
 @streaming.command("stop")
@@ -52,7 +52,7 @@ def stop() -> None:
     """Stop every local streaming job and its pusher (they resume from their checkpoints when started)."""
     from engines.streaming import streaming_sources
 
-    flink = resources_for(current_profile())["flink"]
-    for source in streaming_sources():
-        flink.stop(source)
-        click.echo(f"stopped {source}")
+    with open_resource("flink") as flink:
+        for source in streaming_sources():
+            flink.stop(source)
+            click.echo(f"stopped {source}")

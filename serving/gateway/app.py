@@ -252,25 +252,28 @@ class Gateway:
         return GatewayError(502, f"Every backend of model '{group.name}' failed; last error: {last_error}",
                             "upstream_error", "backend_failed")
 
-    async def forward_json(self, group: ModelGroup, path_of, body: dict, region: str | None):
-        """Non-streaming call with retries on another backend; returns (state, status, payload)."""
+    async def forward(self, group: ModelGroup, method: str, url_of, body: dict | None, region: str | None,
+                      parse_json: bool = True):
+        """A non-streaming call, moved to another backend on a transport error, a 5xx or (with `parse_json`)
+        an unreadable answer. A 4xx is the client's and is passed on: it never counts against the backend.
+        Returns (state, response, payload)."""
         last_error = ""
         for state in self.attempts(group, region):
             started = time.perf_counter()
             try:
-                response = await self.client.post(state.spec.url + path_of(state), json=self._upstream(body, state))
+                response = await self.client.request(method, url_of(state), json=self._upstream(body, state))
                 if response.status_code >= 500:
                     raise BackendFailure(f"HTTP {response.status_code}: {response.text[:200]}")
-                payload = response.json()
+                payload = response.json() if parse_json else None
             except (httpx.HTTPError, BackendFailure, ValueError) as error:
                 last_error = self.failed(group, state, error)
                 continue
-            self.finish(state, response.status_code < 400, time.perf_counter() - started)
-            return state, response.status_code, payload
+            self.finish(state, True, time.perf_counter() - started)
+            return state, response, payload
         raise self.all_failed(group, last_error)
 
     @staticmethod
-    def _upstream(body: dict, state: BackendState) -> dict:
+    def _upstream(body: dict | None, state: BackendState) -> dict | None:
         return {**body, "model": state.spec.model} if state.spec.kind == "openai" else body
 
     async def open_stream(self, group: ModelGroup, body: dict, region: str | None, path: str):
@@ -418,19 +421,20 @@ def create_app(config_path: str | Path) -> FastAPI:
                                 completion_cap, started)
         path = ENDPOINT_PATHS[endpoint]
         try:
-            state, status, payload = await gateway.forward_json(group, lambda _s: path, body, region)
+            state, response, payload = await gateway.forward(group, "POST", lambda s: s.spec.url + path, body, region)
         except GatewayError as error:
             await gateway.limiter.settle(reservation, -(prompt_tokens + completion_cap))
             gateway.record(request_id, key, group.name, endpoint, None, 0, 0, started, error.status)
             raise
         usage = payload.get("usage") or {} if isinstance(payload, dict) else {}
-        used_prompt = usage.get("prompt_tokens", prompt_tokens) if status < 400 else 0
-        used_completion = usage.get("completion_tokens", 0) if status < 400 else 0
+        used_prompt = usage.get("prompt_tokens", prompt_tokens) if response.status_code < 400 else 0
+        used_completion = usage.get("completion_tokens", 0) if response.status_code < 400 else 0
         await gateway.limiter.settle(reservation, used_prompt + used_completion - prompt_tokens - completion_cap)
         if isinstance(payload, dict) and "model" in payload:
             payload["model"] = group.name
-        gateway.record(request_id, key, group.name, endpoint, state, used_prompt, used_completion, started, status)
-        return JSONResponse(payload, status_code=status)
+        gateway.record(request_id, key, group.name, endpoint, state, used_prompt, used_completion, started,
+                       response.status_code)
+        return JSONResponse(payload, status_code=response.status_code)
 
     async def stream(request_id, key, group, endpoint, body, region, reservation, prompt_tokens, cap, started):
         client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -534,22 +538,16 @@ def create_app(config_path: str | Path) -> FastAPI:
         await gateway.reserve(key, 0)  # v2 calls count against request limits; they carry no tokens
         request_id = f"req-{uuid.uuid4().hex}"
         region = request.headers.get(REGION_HEADER) or None
-        last_error = ""
-        for state in gateway.attempts(group, region):
-            url = f"{state.spec.url}/v2/models/{state.spec.model}{suffix}"
-            try:
-                response = await gateway.client.request(method, url, json=body)
-                if response.status_code >= 500:
-                    raise BackendFailure(f"HTTP {response.status_code}")
-            except (httpx.HTTPError, BackendFailure) as error:
-                last_error = gateway.failed(group, state, error)
-                continue
-            gateway.finish(state, True, time.perf_counter() - started)
-            gateway.record(request_id, key, name, "v2", state, 0, 0, started, response.status_code)
-            return Response(response.content, status_code=response.status_code,
-                            media_type=response.headers.get("content-type", "application/json"))
-        gateway.record(request_id, key, name, "v2", None, 0, 0, started, 502)
-        raise gateway.all_failed(group, last_error)
+        try:
+            state, response, _ = await gateway.forward(
+                group, method, lambda s: f"{s.spec.url}/v2/models/{s.spec.model}{suffix}", body, region,
+                parse_json=False)
+        except GatewayError as error:
+            gateway.record(request_id, key, name, "v2", None, 0, 0, started, error.status)
+            raise
+        gateway.record(request_id, key, name, "v2", state, 0, 0, started, response.status_code)
+        return Response(response.content, status_code=response.status_code,
+                        media_type=response.headers.get("content-type", "application/json"))
 
     # admin API
     def admin(request: Request) -> None:

@@ -57,8 +57,7 @@ def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipel
 def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, pipeline_dir, ray_compute, tmp_path):
     registry, _, _ = trained
     lake = Lake(pipeline_dir)
-    model_dir = registry.load("personalization", "1", tmp_path / "model")
-    model = PersonalizationModel.load(model_dir)
+    model = PersonalizationModel.load(registry.load("personalization", "1", tmp_path / "model"))
     active = engine.active_users(lake, LAST_DAY)
     existing = engine.existing_items(lake, LAST_DAY)
     users = engine.entity_features(lake, LAST_DAY, model.spec.user.columns, "user_id", active)
@@ -66,9 +65,9 @@ def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, p
     marker = tmp_path / "crashed"
     with VectorStore.open(str(tmp_path / "vectors")) as store:
         radius = engine.index_items(store, model, items, "1")
-        recommendations = engine.recommend(users, store, model_dir, "1", radius, K, engine="ray", batch_size=64,
+        recommendations = engine.recommend(users, store, model, "1", radius, K, engine="ray", batch_size=64,
                                            fail_once_marker=str(marker))
-        baseline = engine.recommend(users, store, model_dir, "1", radius, K, engine="local")
+        baseline = engine.recommend(users, store, model, "1", radius, K, engine="local")
     assert marker.exists()  # a worker did die mid-batch
     result = engine.coverage(recommendations, active, existing)
     assert result.missing_users == [] and result.duplicate_users == [] and result.unknown_items == []

@@ -40,6 +40,12 @@ def test_register_load_alias_and_rollback_on_postgres(postgres_registry, tmp_pat
     assert registry.rollback("ranker", "champion", who="bob", reason="latency regression") == ("2", "1")
     assert registry.by_alias("ranker", "champion").version == "1"
     assert registry.alias_log("ranker", "champion")[-1]["who"] == "bob"
+    registry.set_alias("ranker", "challenger", "2", who="ci", reason="shadow")
+    registry.set_alias("ranker", "shadow", "2", who="ci", reason="shadow")
+    listed = registry.versions("ranker")
+    assert [(v.version, v.aliases) for v in listed] == [("1", ["champion"]), ("2", ["challenger", "shadow"])]
+    assert [v.tags["metric.auc"] for v in listed] == ["0.61", "0.64"]
+    assert registry.versions("no-such-model") == []
     with pytest.raises(ValueError, match="no earlier version"):
         registry.rollback("ranker", "champion", who="bob", reason="again")
 

@@ -87,3 +87,23 @@ def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypa
     out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],
                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "MLPLANE_PROFILE must be one of local, prod" in out.stdout + out.stderr
+
+
+def test_the_cli_configures_prod_resources_as_a_run_does(prod_env, monkeypatch):
+    """CLI commands read the prod profile's EnvVars (not their names), and name the ones left unset."""
+    from click.testing import CliRunner
+
+    from orchestration.cli import main
+    from orchestration.profiles import open_resource
+
+    monkeypatch.setenv("MLPLANE_PROFILE", "prod")
+    with open_resource("feature_store") as feature_store:
+        assert feature_store.redis_url == "redis.internal:6379"
+        assert feature_store.lake.root == prod_env["MLPLANE_DATA_DIR"]
+    monkeypatch.delenv("MLPLANE_REDIS_URL")
+    monkeypatch.delenv("MLPLANE_MLFLOW_TRACKING_URI")
+    features = CliRunner().invoke(main, ["features", "get", "search", "--entity", "item_id=3"])
+    assert features.exit_code != 0 and "feature_store resource needs configuration: set MLPLANE_REDIS_URL" \
+        in features.output, features.output
+    models = CliRunner().invoke(main, ["models", "list"])
+    assert models.exit_code != 0 and "set MLPLANE_MLFLOW_TRACKING_URI" in models.output, models.output

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from orchestration.cli import main as mlplane
 from resources.gateway import GatewayResource
@@ -167,6 +168,31 @@ def test_bad_requests_get_clear_4xx_never_5xx(gateway):
     too_long = client(gateway, key).chat.completions
     with pytest.raises(openai.BadRequestError):
         too_long.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=10_000)
+
+
+def backend_metrics(gateway) -> tuple[float, float]:
+    """(upstream attempts booked as failures, circuits open) of the chat model's backends, from /metrics."""
+    failures = circuits = 0.0
+    for family in text_string_to_metric_families(httpx.get(f"{gateway.url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == "mlplane_gateway_backend_requests_total" and sample.labels["outcome"] == "failure":
+                failures += sample.value
+            if sample.name == "mlplane_gateway_backend_circuit_open" and sample.labels["model"] == MODEL_NAME:
+                circuits += sample.value
+    return failures, circuits
+
+
+def test_client_errors_the_backend_answers_never_open_its_circuit(gateway):
+    """A 4xx from the backend is the client's mistake: more of them than the circuit breaker's threshold
+    (3) leave every backend in rotation and book no failed attempt."""
+    key = gateway.key()
+    failures_before, _ = backend_metrics(gateway)
+    for _ in range(8):
+        with pytest.raises(openai.BadRequestError):
+            client(gateway, key).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=10_000)
+    assert backend_metrics(gateway) == (failures_before, 0)
+    answer = client(gateway, key).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2)
+    assert answer.choices[0].message.content is not None
 
 
 def test_request_limit_answers_429_with_retry_after(gateway):
