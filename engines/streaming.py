@@ -38,6 +38,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 JOB_BODY = PROJECT_ROOT / "jobs" / "flink" / "run_job.py"
 DEFAULT_FLINK_PYTHON = PROJECT_ROOT / ".venv-flink" / "bin" / "python"
 HISTORY_ZONE = "streaming_history"  # the lake zone of backfilled window results
+TOTALS_FILE = "_totals.json"  # in the metrics sink: the counts of metric files folded in and deleted
+MIN_KEEP_SECONDS = 60  # result files are kept at least this long after their commit
+PRUNE_EVERY_SECONDS = 60
 
 
 class StreamingJobError(RuntimeError):
@@ -188,13 +191,7 @@ class FlinkJob:
 
     def metrics(self) -> dict:
         """The job's own counts: lines read, malformed, late; the newest event time processed."""
-        totals = {"records": 0, "malformed": 0, "late": 0, "newest_event_time": None}
-        for row in read_committed_rows(self.sink_root / METRICS):
-            for key in ("records", "malformed", "late"):
-                totals[key] += row.get(key) or 0
-            if row.get("max_event_time") and (totals["newest_event_time"] or "") < row["max_event_time"]:
-                totals["newest_event_time"] = row["max_event_time"]
-        return totals
+        return job_metrics(self.sink_root / METRICS)
 
     def progress(self, now: float) -> dict:
         """The job's counts (metrics()) and its lag: `now` minus the newest event time processed."""
@@ -235,10 +232,15 @@ class OnlinePusher:
     subtasks), they replace the empty values, being as new."""
 
     def __init__(self, store, spec: FlinkJobSpec | dict,
-                 on_push: Callable[[str, pd.DataFrame, float], None] | None = None):
+                 on_push: Callable[[str, pd.DataFrame, float], None] | None = None, keep_seconds: float = 3600):
         self.store = store  # a feast.FeatureStore
         self.spec = spec.to_dict() if isinstance(spec, FlinkJobSpec) else spec
         self.on_push = on_push
+        if keep_seconds < MIN_KEEP_SECONDS:
+            raise ValueError(f"keep_seconds must be at least {MIN_KEEP_SECONDS}: a restart from a checkpoint may "
+                             "commit again the files of the last checkpoints")
+        self.keep_seconds = keep_seconds
+        self.pruned_at = time.time()
         state = Path(self.spec["sink_root"]).parent / "pusher.db"
         state.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(state, check_same_thread=False)  # one poller at a time, any thread
@@ -261,7 +263,28 @@ class OnlinePusher:
             pushed[view] = self._push(view, info, rows)
             with self.db:
                 self.db.executemany("INSERT OR IGNORE INTO applied_files VALUES (?)", [(str(p),) for p in new_files])
+        if time.time() - self.pruned_at >= PRUNE_EVERY_SECONDS:
+            self.prune()
         return pushed
+
+    def prune(self, now: float | None = None) -> int:
+        """Deletes applied result files older than `keep_seconds` and folds older metric files into
+        the job's totals, so that a job running for weeks keeps a small sink and a fast poll (the
+        online store and `newest_window` hold what the deleted files said). Returns files deleted."""
+        now = now or time.time()
+        cutoff = now - self.keep_seconds
+        deleted = 0
+        for info in self.spec["views"].values():
+            applied = {p for (p,) in self.db.execute("SELECT path FROM applied_files WHERE path LIKE ?",
+                                                     (info["sink"] + "/%",))}
+            old = [p for p in committed_files(Path(info["sink"])) if str(p) in applied and p.stat().st_mtime < cutoff]
+            for path in old:
+                path.unlink()
+            with self.db:
+                self.db.executemany("DELETE FROM applied_files WHERE path = ?", [(str(p),) for p in old])
+            deleted += len(old)
+        self.pruned_at = now
+        return deleted + fold_metrics(Path(self.spec["sink_root"]) / METRICS, cutoff)
 
     def _push(self, view: str, info: dict, rows: list[dict]) -> int:
         if not rows:
@@ -333,6 +356,54 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def read_committed_rows(folder: Path) -> list[dict[str, Any]]:
     return [row for path in committed_files(folder) for row in read_rows(path)]
+
+
+def job_metrics(folder: Path) -> dict:
+    """A job's counts from its metrics sink: the folded totals plus every committed file not folded."""
+    while True:
+        paths = committed_files(folder)  # before the totals: a file folded meanwhile is then named there
+        base = _read_totals(folder)
+        try:
+            rows = [row for path in paths if path.name not in base["folded"] for row in read_rows(path)]
+        except FileNotFoundError:
+            continue  # folded and deleted after the totals were read: read again
+        return _add_metrics(base["totals"], rows)
+
+
+def fold_metrics(folder: Path, older_than: float) -> int:
+    """Adds the committed metric files older than `older_than` (epoch seconds) to the totals file,
+    then deletes them. The totals file names the files it took in until they are gone, so a fold cut
+    short between the two steps neither counts a file twice nor loses one. Returns files folded."""
+    base = _read_totals(folder)
+    for name in base["folded"]:
+        (folder / name).unlink(missing_ok=True)
+    old = [p for p in committed_files(folder) if p.name not in base["folded"] and p.stat().st_mtime < older_than]
+    if not old and not base["folded"]:
+        return 0
+    totals = _add_metrics(base["totals"], [row for path in old for row in read_rows(path)])
+    tmp = folder / f".{TOTALS_FILE}.tmp"
+    tmp.write_text(json.dumps({"totals": totals, "folded": [p.name for p in old]}))
+    tmp.replace(folder / TOTALS_FILE)
+    for path in old:
+        path.unlink()
+    return len(old)
+
+
+def _read_totals(folder: Path) -> dict:
+    try:
+        return json.loads((folder / TOTALS_FILE).read_text())
+    except FileNotFoundError:
+        return {"totals": {"records": 0, "malformed": 0, "late": 0, "newest_event_time": None}, "folded": []}
+
+
+def _add_metrics(totals: dict, rows: list[dict]) -> dict:
+    totals = dict(totals)
+    for row in rows:
+        for key in ("records", "malformed", "late"):
+            totals[key] += row.get(key) or 0
+        if row.get("max_event_time") and (totals["newest_event_time"] or "") < row["max_event_time"]:
+            totals["newest_event_time"] = row["max_event_time"]
+    return totals
 
 
 def _push_mode_online():

@@ -1,17 +1,19 @@
 """The pusher's rules on the production online store (a real Redis), with window results written
 as Flink's sink commits them: newest window wins, an entity missing from the newest window gets
 the empty values once, a result of that window committed later still replaces them, and a
-replayed older window changes nothing."""
+replayed older window changes nothing; old applied files are pruned, the job's counts kept."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 
 import pytest
 
 from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
-from engines.streaming import OnlinePusher
+from engines.streaming import TOTALS_FILE, OnlinePusher, fold_metrics, job_metrics
 from feature_defs import catalogue
 from feature_defs.compile.flink import SourceOptions, flink_job
 from feature_defs.compile.streaming import streaming_plans
@@ -70,3 +72,48 @@ def test_newest_window_wins_and_silent_entities_get_empty_values_once(redis_stor
         assert online(1) == {"impressions_1h": 8, "clicks_1h": 4, "ctr_1h": 0.5}
     finally:
         pusher.close()
+
+
+def test_old_applied_files_are_pruned_and_the_job_counts_survive(redis_store, tmp_path):
+    """A job running for weeks commits a file per checkpoint and subtask: the pusher deletes applied
+    result files older than `keep_seconds` and folds old metric files into the job's totals."""
+    spec = flink_job("j", streaming_plans(catalogue), SourceOptions(path="/unused"), str(tmp_path / "sink"))
+    sink, metrics = tmp_path / "sink" / "item_trending", tmp_path / "sink" / "_metrics"
+    sink.mkdir(parents=True)
+    metrics.mkdir()
+    (sink / "part-1").write_text(json.dumps(trending(1, W1, 10, 2)) + "\n")
+    (sink / "part-2").write_text(json.dumps(trending(1, W2, 8, 4)) + "\n")
+    (metrics / "part-1").write_text(json.dumps({"records": 10, "malformed": 1, "late": 2,
+                                                "max_event_time": "2026-01-02 10:05:00"}) + "\n")
+    (metrics / "part-2").write_text(json.dumps({"records": 5, "malformed": 0, "late": 1,
+                                                "max_event_time": "2026-01-02 10:20:00"}) + "\n")
+    counts = {"records": 15, "malformed": 1, "late": 3, "newest_event_time": "2026-01-02 10:20:00"}
+    hour_ago = time.time() - 3600
+    for old in (sink / "part-1", metrics / "part-1"):
+        os.utime(old, (hour_ago, hour_ago))
+
+    with pytest.raises(ValueError, match="keep_seconds must be at least 60"):
+        OnlinePusher(redis_store.store, spec, keep_seconds=5)
+    pusher = OnlinePusher(redis_store.store, spec, keep_seconds=60)
+    try:
+        pusher.poll()
+        (sink / "part-4").write_text(json.dumps(trending(2, W2, 3, 3)) + "\n")
+        os.utime(sink / "part-4", (hour_ago, hour_ago))
+        assert pusher.prune() == 2  # result part-1 and metric part-1; part-2 is recent, part-4 not applied yet
+        assert sorted(p.name for p in sink.iterdir()) == ["part-2", "part-4"]
+        assert sorted(p.name for p in metrics.iterdir()) == [TOTALS_FILE, "part-2"]
+        assert job_metrics(metrics) == counts
+        assert pusher.poll() == {"item_trending": 1}  # only part-4: nothing pruned is applied again
+        values = redis_store.online_features("search", [{"item_id": 1}])
+        assert values["item_trending__clicks_1h"] == [4]
+    finally:
+        pusher.close()
+
+    # a fold cut short after writing the totals: the file it took in is not counted twice, then deleted
+    (metrics / "part-5").write_text(json.dumps({"records": 7, "malformed": 0, "late": 0}) + "\n")
+    folded = json.loads((metrics / TOTALS_FILE).read_text())
+    folded["totals"]["records"] += 7
+    (metrics / TOTALS_FILE).write_text(json.dumps({"totals": folded["totals"], "folded": ["part-5"]}))
+    assert job_metrics(metrics)["records"] == 22
+    assert fold_metrics(metrics, older_than=0) == 0
+    assert not (metrics / "part-5").exists() and job_metrics(metrics)["records"] == 22
