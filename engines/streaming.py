@@ -249,20 +249,24 @@ class OnlinePusher:
             "CREATE TABLE IF NOT EXISTS newest_window (view TEXT, entity TEXT, window_end TEXT, "
             "PRIMARY KEY (view, entity));"
             "CREATE TABLE IF NOT EXISTS emptied (view TEXT, entity TEXT, PRIMARY KEY (view, entity));")
+        self.applied = {view: {Path(p).name for (p,) in self.db.execute(  # file names, per view
+            "SELECT path FROM applied_files WHERE path LIKE ?", (info["sink"] + "/%",))}
+            for view, info in self.spec["views"].items()}
 
     def poll(self) -> dict[str, int]:
         """Push every newly committed result; returns rows pushed per view."""
         pushed = {}
         for view, info in self.spec["views"].items():
-            applied = {p for (p,) in self.db.execute("SELECT path FROM applied_files WHERE path LIKE ?",
-                                                     (info["sink"] + "/%",))}
-            new_files = [p for p in committed_files(Path(info["sink"])) if str(p) not in applied]
-            if not new_files:
+            sink, applied = Path(info["sink"]), self.applied[view]
+            new_names = [name for name in committed_names(sink) if name not in applied]
+            if not new_names:
                 continue
-            rows = [row for path in new_files for row in read_rows(path)]
+            rows = [row for name in new_names for row in read_rows(sink / name)]
             pushed[view] = self._push(view, info, rows)
             with self.db:
-                self.db.executemany("INSERT OR IGNORE INTO applied_files VALUES (?)", [(str(p),) for p in new_files])
+                self.db.executemany("INSERT OR IGNORE INTO applied_files VALUES (?)",
+                                    [(str(sink / name),) for name in new_names])
+            applied.update(new_names)
         if time.time() - self.pruned_at >= PRUNE_EVERY_SECONDS:
             self.prune()
         return pushed
@@ -274,14 +278,15 @@ class OnlinePusher:
         now = now or time.time()
         cutoff = now - self.keep_seconds
         deleted = 0
-        for info in self.spec["views"].values():
-            applied = {p for (p,) in self.db.execute("SELECT path FROM applied_files WHERE path LIKE ?",
-                                                     (info["sink"] + "/%",))}
-            old = [p for p in committed_files(Path(info["sink"])) if str(p) in applied and p.stat().st_mtime < cutoff]
-            for path in old:
-                path.unlink()
+        for view, info in self.spec["views"].items():
+            sink, applied = Path(info["sink"]), self.applied[view]
+            old = [name for name in committed_names(sink)
+                   if name in applied and (sink / name).stat().st_mtime < cutoff]
+            for name in old:
+                (sink / name).unlink()
             with self.db:
-                self.db.executemany("DELETE FROM applied_files WHERE path = ?", [(str(p),) for p in old])
+                self.db.executemany("DELETE FROM applied_files WHERE path = ?", [(str(sink / name),) for name in old])
+            applied.difference_update(old)
             deleted += len(old)
         self.pruned_at = now
         return deleted + fold_metrics(Path(self.spec["sink_root"]) / METRICS, cutoff)
@@ -346,8 +351,15 @@ class OnlinePusher:
 
 
 def committed_files(folder: Path) -> list[Path]:
-    """Files the sink has committed (in-progress ones are hidden, named .part-...)."""
-    return sorted(folder.glob("part-*")) if folder.exists() else []
+    """Files the sink has committed (in-progress ones are hidden, named .part-...), in name order."""
+    return [folder / name for name in committed_names(folder)]
+
+
+def committed_names(folder: Path) -> list[str]:
+    try:
+        return sorted(entry.name for entry in os.scandir(folder) if entry.name.startswith("part-"))
+    except FileNotFoundError:
+        return []
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
