@@ -389,7 +389,7 @@ def fold_metrics(folder: Path, older_than: float) -> int:
     base = _read_totals(folder)
     for name in base["folded"]:
         (folder / name).unlink(missing_ok=True)
-    old = [p for p in committed_files(folder) if p.name not in base["folded"] and p.stat().st_mtime < older_than]
+    old = [p for p in committed_files(folder) if p.stat().st_mtime < older_than]  # the folded ones are gone now
     if not old and not base["folded"]:
         return 0
     totals = _add_metrics(base["totals"], [row for path in old for row in read_rows(path)])
