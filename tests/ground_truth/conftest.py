@@ -1,0 +1,86 @@
+"""Label stores on SQLite and on the real PostgreSQL (a fresh database per test), and the labeling app
+served by a real uvicorn on a free port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from ground_truth import accounts, queue
+from ground_truth.app import create_app
+from ground_truth.schema import ItemIn, Role, TaskSpec
+from tests.services import create_database, drop_database
+
+PASSWORD = "correct horse battery"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'labels.db'}"
+        return
+    name = f"gt_{uuid.uuid4().hex[:12]}"
+    url = create_database(name)
+    yield url.replace("postgresql://", "postgresql+psycopg2://")
+    drop_database(name)
+
+
+@contextmanager
+def serve_app(database_url: str, media_root: Path | None = None) -> Iterator[str]:
+    """The app on 127.0.0.1:<free port> in a background thread; yields its base URL."""
+    app = create_app(database_url, media_root)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("labeling app did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        app.state.engine.dispose()
+        sock.close()
+
+
+def make_accounts(engine, annotators: int, reviewers: int = 1, admins: int = 1) -> dict[str, list[str]]:
+    made: dict[str, list[str]] = {"annotator": [], "reviewer": [], "admin": []}
+    for role, count in ((Role.annotator, annotators), (Role.reviewer, reviewers), (Role.admin, admins)):
+        for i in range(count):
+            name = f"{role.value}{i}"
+            accounts.create_account(engine, name, PASSWORD, role)
+            made[role.value].append(name)
+    return made
+
+
+def add_task(engine, spec: TaskSpec, keys: list[str], queue_name: str = "audit", gold: dict[str, str] | None = None):
+    task = queue.create_task(engine, spec)
+    queue.add_items(engine, task, [ItemIn(key=k, queue=queue_name, title=f"item {k}", description=f"about {k}",
+                                          model_score=0.5) for k in keys])
+    if gold:
+        queue.add_items(engine, task, [ItemIn(key=f"gold-{k}", queue="gold", title=f"gold {k}", gold_label=v)
+                                       for k, v in gold.items()])
+    return task
+
+
+@contextmanager
+def login(base_url: str, username: str) -> Iterator[httpx.Client]:
+    """An API client signed in as `username` (bearer token)."""
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        token = client.post("/api/login", json={"username": username, "password": PASSWORD}).json()["token"]
+        client.headers["authorization"] = f"Bearer {token}"
+        yield client
