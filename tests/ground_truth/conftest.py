@@ -15,12 +15,20 @@ import httpx
 import pytest
 import uvicorn
 
+from engines.simulator.annotators import (
+    SimulatedAnnotator,
+    SimulatedReviewer,
+    run_concurrently,
+    violation_answer_key,
+)
 from ground_truth import accounts, queue
 from ground_truth.app import create_app
-from ground_truth.schema import ItemIn, Role, TaskSpec
+from ground_truth.schema import CONTENT_VIOLATION, ItemIn, Role, TaskSpec
+from orchestration.profiles import resources_for
 from tests.services import create_database, drop_database
 
 PASSWORD = "correct horse battery"
+ACCURACY = {"ann0": 0.98, "ann1": 0.95, "ann2": 0.9, "ann3": 0.8}  # simulated annotators
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -84,3 +92,20 @@ def login(base_url: str, username: str) -> Iterator[httpx.Client]:
         token = client.post("/api/login", json={"username": username, "password": PASSWORD}).json()["token"]
         client.headers["authorization"] = f"Bearer {token}"
         yield client
+
+
+def label_everything(lake: Path, k_people: dict[str, float] = ACCURACY):
+    """Simulated annotators label the content_violation task of the lake's label store through the app,
+    then a simulated reviewer settles every dispute."""
+    engine = resources_for("local", data_dir=str(lake))["labels"].engine()
+    for name in [*k_people, "rev0"]:
+        if name not in {a.username for a in accounts.list_accounts(engine)}:
+            accounts.create_account(engine, name, PASSWORD, Role.reviewer if name == "rev0" else Role.annotator)
+    key = violation_answer_key(lake)
+    people = [SimulatedAnnotator(n, PASSWORD, a, seed=1) for n, a in k_people.items()]
+    database = resources_for("local", data_dir=str(lake))["labels"].database_url()
+    with serve_app(database, lake / "landing") as base_url:
+        run_concurrently([lambda p=p: p.label_all(base_url, "content_violation", key) for p in people])
+        disputed = SimulatedReviewer("rev0", PASSWORD).review_all(base_url, "content_violation", key,
+                                                                   CONTENT_VIOLATION.labels)
+    return engine, key, people, disputed

@@ -18,22 +18,15 @@ from assets import all_assets
 from engines import content_violation as cv
 from engines.lake import Lake
 from engines.releases import newest_release, releases
-from engines.simulator.annotators import (
-    SimulatedAnnotator,
-    SimulatedReviewer,
-    run_concurrently,
-    violation_answer_key,
-)
-from ground_truth import accounts, queue, review
-from ground_truth.schema import CONTENT_VIOLATION, ItemIn, Role
+from ground_truth import queue, review
+from ground_truth.schema import ItemIn
 from orchestration.profiles import resources_for
 from tests.conftest import FIRST_DAY, LAST_DAY
-from tests.ground_truth.conftest import PASSWORD, serve_app
+from tests.ground_truth.conftest import label_everything
 
 QUEUE = AssetSelection.assets(["ground_truth", "content_violation", "queue"])
 RELEASE = AssetSelection.assets(["ground_truth", "content_violation", "release"])
 SECOND_DAY = FIRST_DAY + timedelta(days=1)
-ACCURACY = {"ann0": 0.98, "ann1": 0.95, "ann2": 0.9, "ann3": 0.8}
 
 
 def run(data_dir, selection, partitioned=True, run_config=None, raise_on_error=True):
@@ -107,21 +100,6 @@ def test_model_queue_records_a_missing_challenger(lake):
     result = run(lake, AssetSelection.assets(["ground_truth", "recommendation_relevance", "queue"]))
     meta = metadata(result, "ground_truth", "recommendation_relevance", "queue")
     assert meta["filled"].value == 0 and "no champion" in meta["reason"].value
-
-
-def label_everything(lake, k_people=ACCURACY):
-    engine = resources_for("local", data_dir=str(lake))["labels"].engine()
-    for name in [*k_people, "rev0"]:
-        if name not in {a.username for a in accounts.list_accounts(engine)}:
-            accounts.create_account(engine, name, PASSWORD, Role.reviewer if name == "rev0" else Role.annotator)
-    key = violation_answer_key(lake)
-    people = [SimulatedAnnotator(n, PASSWORD, a, seed=1) for n, a in k_people.items()]
-    database = resources_for("local", data_dir=str(lake))["labels"].database_url()
-    with serve_app(database, lake / "landing") as base_url:
-        run_concurrently([lambda p=p: p.label_all(base_url, "content_violation", key) for p in people])
-        disputed = SimulatedReviewer("rev0", PASSWORD).review_all(base_url, "content_violation", key,
-                                                                   CONTENT_VIOLATION.labels)
-    return engine, key, people, disputed
 
 
 def test_labels_review_and_versioned_releases(lake):
