@@ -102,11 +102,12 @@ verdicts = Table(
 
 
 def connect(url: str) -> Engine:
-    """An engine with the tables created. SQLite runs every transaction as BEGIN IMMEDIATE (one writer
-    at a time, waiting up to 30 s) so concurrent requests queue instead of failing with 'locked'."""
+    """An engine with the tables created. SQLite takes one writer at a time: in this process requests
+    queue for its single pooled connection (first come, first served), and every transaction is BEGIN
+    IMMEDIATE so another process's writer is waited for (30 s) instead of failing with 'locked'."""
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=20,
-                               max_overflow=20)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=1,
+                               max_overflow=0, pool_timeout=60)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -101,21 +101,48 @@ def _existing_ids(conn: Connection, task: Task, keys: list[str]) -> dict[str, in
 
 def serve(engine: Engine, task: Task, account_id: int) -> Shown | None:
     """The item this annotator should label now: the one they hold, else every n-th time a gold
-    question, else a freshly claimed slot of the highest-priority open item. None when nothing is left."""
-    with engine.begin() as conn:
-        held = _held(conn, task, account_id)
-        if held is not None:
-            conn.execute(update(slots).where(slots.c.id == held.slot_id).values(leased_until=now() + LEASE))
-            return _shown(conn, task, held.item_id)
+    question, else a freshly claimed slot of the highest-priority open item. None when nothing is left.
+    One transaction per attempt; a lost race tries again."""
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            with engine.begin() as conn:
+                found, settled = _serve_once(conn, task, account_id)
+                if settled:
+                    return _shown(conn, task, found) if found is not None else None
+        except IntegrityError:  # another request of this annotator claimed a slot of the item meanwhile
+            continue
+    return None
+
+
+def _serve_once(conn: Connection, task: Task, account_id: int) -> tuple[int | None, bool]:
+    """(item id, settled); not settled when the candidate slot was claimed by someone else first."""
+    moment = now()
+    held = _held(conn, task, account_id)
+    if held is not None:
+        conn.execute(update(slots).where(slots.c.id == held.slot_id).values(leased_until=moment + LEASE))
+        return held.item_id, True
+    every = task.spec.gold_every
+    if every:
         answered = conn.execute(select(func.count()).select_from(slots.join(items)).where(
             items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))).scalar()
-    every = task.spec.gold_every
-    if every and answered % every == every - 1:
-        item_id = _claim_gold(engine, task, account_id)
-        if item_id is not None:
-            return _shown_item(engine, task, item_id)
-    item_id = _claim_slot(engine, task, account_id)
-    return _shown_item(engine, task, item_id) if item_id is not None else None
+        if answered % every == every - 1:
+            gold = conn.execute(select(items.c.id).where(
+                items.c.task_id == task.id, items.c.gold_label.is_not(None), _not_seen_by(account_id))
+                .order_by(func.random()).limit(1)).scalar()
+            if gold is not None:
+                conn.execute(insert(slots).values(item_id=gold, slot=None, holder=account_id,
+                                                  leased_until=moment + LEASE))
+                return gold, True
+    free = or_(slots.c.holder.is_(None), slots.c.leased_until < moment)
+    candidate = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
+        items.c.task_id == task.id, slots.c.slot.is_not(None), slots.c.answered_at.is_(None), free,
+        _not_seen_by(account_id)).order_by(items.c.priority.desc(), items.c.id, slots.c.slot).limit(1)).first()
+    if candidate is None:
+        return None, True
+    # the conditional UPDATE is the claim: a concurrent claimer of the same slot updates nothing
+    claimed = conn.execute(update(slots).where(slots.c.id == candidate.id, slots.c.answered_at.is_(None), free)
+                           .values(holder=account_id, leased_until=moment + LEASE)).rowcount
+    return candidate.item_id, claimed == 1
 
 
 @dataclass(frozen=True)
@@ -135,44 +162,6 @@ def _not_seen_by(account_id: int):
     mine = select(slots.c.item_id).where(slots.c.holder == account_id)
     skipped = select(skips.c.item_id).where(skips.c.account_id == account_id)
     return and_(items.c.id.not_in(mine), items.c.id.not_in(skipped))
-
-
-def _claim_slot(engine: Engine, task: Task, account_id: int) -> int | None:
-    for _ in range(CLAIM_ATTEMPTS):
-        moment = now()
-        free = or_(slots.c.holder.is_(None), slots.c.leased_until < moment)
-        with engine.begin() as conn:
-            candidates = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
-                items.c.task_id == task.id, slots.c.slot.is_not(None), slots.c.answered_at.is_(None), free,
-                _not_seen_by(account_id)).order_by(items.c.priority.desc(), items.c.id, slots.c.slot).limit(1)).first()
-        if candidates is None:
-            return None
-        try:
-            with engine.begin() as conn:
-                claimed = conn.execute(update(slots).where(slots.c.id == candidates.id, slots.c.answered_at.is_(None),
-                                                           free).values(holder=account_id,
-                                                                        leased_until=moment + LEASE)).rowcount
-        except IntegrityError:  # this annotator took another slot of the item meanwhile
-            continue
-        if claimed == 1:
-            return candidates.item_id
-    return None
-
-
-def _claim_gold(engine: Engine, task: Task, account_id: int) -> int | None:
-    with engine.begin() as conn:
-        item_id = conn.execute(select(items.c.id).where(
-            items.c.task_id == task.id, items.c.gold_label.is_not(None), _not_seen_by(account_id))
-            .order_by(func.random()).limit(1)).scalar()
-    if item_id is None:
-        return None
-    try:
-        with engine.begin() as conn:
-            conn.execute(insert(slots).values(item_id=item_id, slot=None, holder=account_id,
-                                              leased_until=now() + LEASE))
-    except IntegrityError:
-        return None
-    return item_id
 
 
 def answer(engine: Engine, task: Task, account_id: int, item_id: int, label: str) -> None:
@@ -231,11 +220,6 @@ def undo(engine: Engine, task: Task, account_id: int) -> Shown:
         conn.execute(update(slots).where(slots.c.id == last.id).values(label=None, answered_at=None,
                                                                        leased_until=now() + LEASE))
         return _shown(conn, task, last.item_id)
-
-
-def _shown_item(engine: Engine, task: Task, item_id: int) -> Shown:
-    with engine.begin() as conn:
-        return _shown(conn, task, item_id)
 
 
 def _shown(conn: Connection, task: Task, item_id: int) -> Shown:

@@ -3,9 +3,6 @@ served by a real uvicorn on a free port."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from engines.simulator.annotators import (
     SimulatedAnnotator,
@@ -22,8 +18,8 @@ from engines.simulator.annotators import (
     violation_answer_key,
 )
 from ground_truth import accounts, queue
-from ground_truth.app import create_app
 from ground_truth.schema import CONTENT_VIOLATION, ItemIn, Role, TaskSpec
+from ground_truth.server import serve_app  # noqa: F401 (the tests' way to run the app)
 from orchestration.profiles import resources_for
 from tests.services import create_database, drop_database
 
@@ -40,29 +36,6 @@ def database_url(request, tmp_path) -> Iterator[str]:
     url = create_database(name)
     yield url.replace("postgresql://", "postgresql+psycopg2://")
     drop_database(name)
-
-
-@contextmanager
-def serve_app(database_url: str, media_root: Path | None = None) -> Iterator[str]:
-    """The app on 127.0.0.1:<free port> in a background thread; yields its base URL."""
-    app = create_app(database_url, media_root)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("labeling app did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        app.state.engine.dispose()
-        sock.close()
 
 
 def make_accounts(engine, annotators: int, reviewers: int = 1, admins: int = 1) -> dict[str, list[str]]:
