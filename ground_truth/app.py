@@ -42,6 +42,7 @@ class ItemRef(BaseModel):
 
 class Next(BaseModel):
     item: Shown | None
+    retry: bool = False  # the answer is saved but the next item could not be claimed yet: GET .../next
 
 
 def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
@@ -93,15 +94,21 @@ def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
     def api_next(account: Annotator, task: TaskDep) -> Next:
         return Next(item=q.serve(engine, task, account.id))
 
+    def following(task: q.Task, account: acc.Account) -> Next:
+        try:
+            return Next(item=q.serve(engine, task, account.id))
+        except q.Busy:
+            return Next(item=None, retry=True)
+
     @app.post("/api/tasks/{task}/answers")
     def api_answer(body: Answer, account: Annotator, task: TaskDep) -> Next:
         q.answer(engine, task, account.id, body.item_id, body.label)
-        return Next(item=q.serve(engine, task, account.id))
+        return following(task, account)
 
     @app.post("/api/tasks/{task}/skip")
     def api_skip(body: ItemRef, account: Annotator, task: TaskDep) -> Next:
         q.skip(engine, task, account.id, body.item_id)
-        return Next(item=q.serve(engine, task, account.id))
+        return following(task, account)
 
     @app.post("/api/tasks/{task}/undo")
     def api_undo(account: Annotator, task: TaskDep) -> Next:
@@ -218,6 +225,10 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(ValueError)
     def invalid(_request, error):
         return JSONResponse({"detail": str(error)}, status_code=422)
+
+    @app.exception_handler(q.Busy)
+    def busy(_request, error):
+        return JSONResponse({"detail": str(error)}, status_code=503, headers={"retry-after": "1"})
 
     @app.exception_handler(OperationalError)
     def unavailable(_request, error):

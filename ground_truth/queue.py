@@ -33,6 +33,10 @@ class Conflict(ValueError):
     pass
 
 
+class Busy(RuntimeError):
+    """Every attempt to claim a slot lost a race: the client should retry (never read as 'nothing left')."""
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 
@@ -111,7 +115,7 @@ def serve(engine: Engine, task: Task, account_id: int) -> Shown | None:
                     return _shown(conn, task, found) if found is not None else None
         except IntegrityError:  # another request of this annotator claimed a slot of the item meanwhile
             continue
-    return None
+    raise Busy(f"{CLAIM_ATTEMPTS} claims in a row lost a race to other annotators: retry")
 
 
 def _serve_once(conn: Connection, task: Task, account_id: int) -> tuple[int | None, bool]:

@@ -55,8 +55,9 @@ class SimulatedAnnotator:
             while item is not None and (limit is None or len(self.answers) < limit):
                 label = self.choose(item["labels"], key[item["key"]], rng)
                 started = time.perf_counter()
-                item_next = _call(http, "POST", f"/api/tasks/{task}/answers",
-                                  {"item_id": item["item_id"], "label": label})["item"]
+                sent = _call(http, "POST", f"/api/tasks/{task}/answers", {"item_id": item["item_id"], "label": label},
+                             retries=0)  # a POST is never repeated: it may have been saved
+                item_next = _call(http, "GET", f"/api/tasks/{task}/next")["item"] if sent["retry"] else sent["item"]
                 self.round_trips.append(time.perf_counter() - started)
                 self.answers[item["item_id"]] = label
                 item = item_next
@@ -80,7 +81,8 @@ class SimulatedReviewer:
             open_disputes = _call(http, "GET", f"/api/tasks/{task}/disputes")
             for dispute in open_disputes:
                 _call(http, "POST", f"/api/tasks/{task}/verdicts",
-                      {"item_id": dispute["item_id"], "label": judge.choose(labels, key[dispute["key"]], rng)})
+                      {"item_id": dispute["item_id"], "label": judge.choose(labels, key[dispute["key"]], rng)},
+                      retries=0)
         return len(open_disputes)
 
 
@@ -97,8 +99,13 @@ def _sign_in(http: httpx.Client, username: str, password: str) -> None:
     http.headers["authorization"] = f"Bearer {token}"
 
 
-def _call(http: httpx.Client, method: str, path: str, body: dict | None = None):
-    response = http.request(method, path, json=body)
+def _call(http: httpx.Client, method: str, path: str, body: dict | None = None, retries: int = 5):
+    """One API call; a 503 (busy or database unavailable) is retried after a short pause, as the page does."""
+    for attempt in range(retries + 1):
+        response = http.request(method, path, json=body)
+        if response.status_code != 503 or attempt == retries:
+            break
+        time.sleep(0.05 * (attempt + 1))
     if response.status_code >= 400:
         raise ApiError(response)
     return response.json()

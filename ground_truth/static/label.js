@@ -59,11 +59,20 @@ async function send(action, body) {
       body: action === "next" ? undefined : JSON.stringify(body || {}),
     });
     const data = await response.json();
+    if (response.status === 503 && action === "next") {
+      status.textContent = "Busy, retrying ...";
+      setTimeout(() => send("next"), 500);
+      return;
+    }
     if (!response.ok) {
       status.textContent = data.detail || ("error " + response.status);
       return;
     }
     status.textContent = {answers: "Saved.", skip: "Skipped.", undo: "Answer taken back: answer again.", next: ""}[action];
+    if (data.retry) {  // saved, but the next item could not be claimed yet
+      setTimeout(() => send("next"), 200);
+      return;
+    }
     render(data.item);
   } catch (error) {
     status.textContent = "Network problem: " + error;

@@ -219,7 +219,8 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
     for item_id, is_violation in labelled:
         sims = refs @ np.asarray(vectors_by_id[item_id], dtype=np.float32)
         sims[np.array(references) == item_id] = -1.0
-        hits.append((sims.max() >= np.float32(threshold), is_violation))
+        # the threshold is one of the asset's own (matrix-product) similarities: allow float32 rounding
+        hits.append((sims.max() >= threshold - 1e-5, is_violation))
     tp = sum(f and v for f, v in hits)
     assert metadata["release_precision"].value == pytest.approx(tp / sum(f for f, _ in hits))
     assert metadata["release_recall"].value == pytest.approx(tp / sum(v for _, v in hits))
@@ -228,6 +229,7 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
     flags = pl.concat([store.read_partition("content_violations", "flags", d) for d in (FIRST_DAY, SECOND_DAY,
                                                                                           LAST_DAY)])
     flagged = set(flags.filter("flagged")["item_id"].to_list()) - set(references)
+    assert flagged, "the release's confirmed violations flag other items"
     violations = {int(k) for k, v in truth.items() if v == "violation"} & set(flags["item_id"].to_list())
     precision = len(flagged & violations) / len(flagged)
     assert precision > len(violations) / flags.height  # better than flagging everything
