@@ -117,3 +117,18 @@ def test_twenty_concurrent_annotators_lose_nothing_and_never_exceed_k(database_u
     person_id = dict(zip(names, ids(engine, names), strict=True))
     sent = {(person_id[p.username], item): label for p in people for item, label in p.answers.items()}
     assert stored == sent  # every acknowledged answer is stored, as sent, and nothing else
+
+
+def test_free_text_tasks_take_text_and_raise_no_disputes(database_url):
+    engine = connect(database_url)
+    a, b = ids(engine, make_accounts(engine, 2)["annotator"])
+    spec = TaskSpec(name="describe", question="Describe the item", labels=None, annotators_per_item=2, gold_share=0)
+    task = add_task(engine, spec, ["1"])
+    with pytest.raises(ValueError, match="1-2000 characters"):
+        queue.answer(engine, task, a, queue.serve(engine, task, a).item_id, "   ")
+    for person, text in ((a, "a red teapot"), (b, "a teapot, red")):
+        queue.answer(engine, task, person, queue.serve(engine, task, person).item_id, text)
+    (state,) = review.item_states(engine, task)
+    assert state.answers == {"annotator0": "a red teapot", "annotator1": "a teapot, red"}
+    assert review.disputes(engine, task) == []
+    assert review.task_quality(engine, task).krippendorff_alpha is None  # agreement is for label sets
