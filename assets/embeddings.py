@@ -3,6 +3,7 @@ index (Qdrant) and content-violation flags. Thin: the work is in ml/clip.py and 
 
 import time
 
+import numpy as np
 import polars as pl
 from dagster import AssetKey, BackfillPolicy, Config, MaterializeResult, MetadataValue, asset
 from pydantic import Field
@@ -165,16 +166,18 @@ def item_embeddings(context, config: ItemEmbeddingsConfig, lake: LakeResource, r
 
 
 class ViolationConfig(Config):
-    threshold: float = Field(default=cv.DEFAULT_THRESHOLD, description="Cosine similarity to a reference "
-                                                                       "image at or above which an item is flagged")
+    threshold: float | None = Field(default=None, description="Cosine similarity to a confirmed violation's image "
+                                                              "at or above which an item is flagged; None: "
+                                                              "calibrated on the newest ground-truth release")
 
 
 @asset(
     key=VIOLATION_FLAGS,
     group_name="embeddings",
-    description="Items whose image embedding is within the similarity threshold of a known-violating "
-                "reference item, flagged for review (dataset for the ground-truth review flow). Metadata: "
-                "precision and recall against the simulator's answer key.",
+    description="Items whose image embedding is within the similarity threshold of a confirmed violation of the "
+                "newest ground-truth release (ground_truth/content_violation/release), flagged for review; the "
+                "threshold is calibrated on that release. Before the first release nothing is flagged. Metadata: "
+                "precision and recall against the release (leave-one-out).",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[ITEM_EMBEDDINGS],
@@ -184,28 +187,38 @@ class ViolationConfig(Config):
 )
 def content_violation_flags(context, config: ViolationConfig, lake: LakeResource):
     store = lake.lake()
-    root = store.root
-    latest = latest_item_embeddings(root)
-    references = latest.filter(pl.col("item_id").is_in(cv.reference_items(root)))
-    if references.is_empty():
-        raise ValueError("none of the reference items has an embedding yet: embed the day that holds them")
+    latest = latest_item_embeddings(store.root)
+    if "skip_reason" in latest.columns:
+        latest = latest.filter(pl.col("skip_reason").is_null())
+    truth = cv.release_truth(store.root)
+    references = latest.filter(pl.col("item_id").is_in(truth.references)) if truth else latest.clear()
+    if truth is not None and references.is_empty():
+        raise ValueError(f"none of the confirmed violations of release {truth.release.name} has an embedding yet")
+    labelled = cv.flag_items(latest.filter(pl.col("item_id").is_in(truth.labels["item_id"].implode())), references,
+                             np.inf) if truth else None
+    calibrated = cv.calibrate_threshold(labelled, truth.labels) if truth else None
+    threshold = config.threshold if config.threshold is not None else calibrated or cv.DEFAULT_THRESHOLD
+    source = "config" if config.threshold is not None else \
+        f"calibrated on release {truth.release.name}" if calibrated is not None else "default"
     frames = []
     for day in partition_days(context):
         path = store.partition_path("embeddings", "items", day)
         embedded = pl.read_parquet(path).filter(pl.col("skip_reason").is_null()) if path.exists() \
             else pl.DataFrame()
-        flags = cv.flag_items(embedded, references, config.threshold) if embedded.height else \
-            cv.flag_items(pl.DataFrame(), references, config.threshold)
+        flags = cv.flag_items(embedded, references, threshold)
         store.write_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day, flags)
         frames.append(flags)
     flags = pl.concat(frames)
-    scores = cv.precision_recall(flags.filter(~pl.col("item_id").is_in(references["item_id"].implode())),
-                                 cv.violation_truth(root))
-    context.log.info(f"content violations: {scores}")
+    scores = cv.precision_recall(labelled.with_columns(flagged=pl.col("similarity") >= threshold), truth.labels) \
+        if truth else {}
+    context.log.info(f"content violations: threshold {threshold} ({source}), against the release: {scores}")
     return MaterializeResult(metadata={
-        "threshold": config.threshold,
+        "threshold": float(threshold),
+        "threshold_source": source,
+        "release": truth.release.name if truth else "none yet: nothing flagged until the first ground-truth release",
         "references": references.height,
-        **{k: v for k, v in scores.items() if v is not None},
+        "flagged": flags.filter("flagged").height,
+        **{f"release_{k}": v for k, v in scores.items() if v is not None},
         "flagged_items": table([{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                                 for r in flags.filter("flagged").head(100).iter_rows(named=True)]),
     })

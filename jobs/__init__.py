@@ -63,5 +63,15 @@ gateway_llm_training = define_asset_job(
     tags=CPU_POOL,
 )
 
+ground_truth_queues = define_asset_job(
+    "ground_truth_queues",
+    selection=AssetSelection.assets(["ground_truth", "content_violation", "queue"],
+                                    ["ground_truth", "recommendation_relevance", "queue"]),
+    partitions_def=daily_partitions,
+    description="Fill the labeling queues with the day's flagged items, detector-vs-reports disagreements, "
+                "champion-vs-challenger disagreements and a random audit sample (idempotent).",
+    tags=CPU_POOL,
+)
+
 all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily, train_personalization.job, batch_inference,
-            streaming_backfill, gateway_llm_training]
+            streaming_backfill, gateway_llm_training, ground_truth_queues]

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from orchestration.home import ensure_dagster_home
+from orchestration.labeling_cli import labeling
 from orchestration.models_cli import models
 from orchestration.profiles import PROJECT_ROOT, local_data_dir
 from orchestration.search_cli import search as search_command
@@ -196,6 +197,7 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
 main.add_command(search_command)
 main.add_command(streaming)
 main.add_command(models)
+main.add_command(labeling)
 main.add_command(gateway_cli.gateway)
 main.add_command(gateway_cli.usage)
 

@@ -13,6 +13,7 @@ from dagster import DagsterInvalidConfigError, EnvVar
 from resources.feature_store import FeatureStoreResource
 from resources.flink import FlinkResource
 from resources.gateway import GatewayResource
+from resources.labels import LabelStoreResource
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
@@ -47,6 +48,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         model_registry = ModelRegistryResource(root=str(Path(lake.root) / "registry"))
         gateway = GatewayResource(url=os.environ.get("MLPLANE_GATEWAY_URL", "http://127.0.0.1:4000"),
                                   api_key=os.environ.get("MLPLANE_GATEWAY_KEY"))
+        labels = LabelStoreResource(lake=lake)
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -71,6 +73,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         model_registry = ModelRegistryResource(tracking_uri=EnvVar("MLPLANE_MLFLOW_TRACKING_URI"),
                                                artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
         gateway = GatewayResource(url=EnvVar("MLPLANE_GATEWAY_URL"), api_key=EnvVar("MLPLANE_GATEWAY_KEY"))
+        labels = LabelStoreResource(lake=lake, url=EnvVar("MLPLANE_LABELS_DB_URL"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -83,6 +86,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "flink": flink,
         "model_registry": model_registry,
         "gateway": gateway,
+        "labels": labels,
     }
 
 

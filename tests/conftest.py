@@ -50,6 +50,7 @@ PROD_ENV = {
     "MLPLANE_MLFLOW_ARTIFACT_ROOT": "s3://models/mlplane",
     "MLPLANE_GATEWAY_URL": "http://gateway.internal:4000",
     "MLPLANE_GATEWAY_KEY": "sk-mlp-service",
+    "MLPLANE_LABELS_DB_URL": "postgresql+psycopg2://labels@db/labels",
 }
 
 

@@ -82,6 +82,7 @@ def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypa
         assert resources.model_registry.registry().tracking_uri == "http://mlflow.internal:5000"
         assert resources.model_registry.artifact_root == "s3://models/mlplane"
         assert (resources.gateway.url, resources.gateway.api_key) == ("http://gateway.internal:4000", "sk-mlp-service")
+        assert resources.labels.database_url() == "postgresql+psycopg2://labels@db/labels"
 
     monkeypatch.setenv("MLPLANE_PROFILE", "staging")
     out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],

@@ -1,0 +1,201 @@
+"""Ground truth: the daily queue-filling assets (detector flags, detector-vs-reports disagreements,
+champion-vs-challenger disagreements, a random audit sample) and the versioned releases behind
+blocking great-expectations checks. Thin: the work is in ground_truth/."""
+
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import great_expectations.expectations as gxe
+import polars as pl
+from dagster import AssetCheckSpec, AssetKey, Config, MaterializeResult, asset
+from pydantic import Field
+
+from assets.datasets import DATASETS_ZONE, TRAINING_SET
+from assets.embeddings import VIOLATION_FLAGS, WAREHOUSE_ITEMS
+from assets.metadata import quality_gate, table
+from assets.models import item_embeddings
+from assets.partitions import daily_partitions, partition_days
+from engines.quality import Suite
+from ground_truth import queue, review
+from ground_truth import release as rel
+from ground_truth import sources as src
+from ground_truth.schema import CONTENT_VIOLATION, RECOMMENDATION_RELEVANCE, ItemIn, TaskSpec
+from ml.personalization import PersonalizationModel, with_item_embeddings
+from resources.labels import LabelStoreResource
+from resources.lake import LakeResource
+from resources.quality import QualityResource
+from resources.registry import ModelRegistryResource
+
+MODEL = "personalization"
+PRIORITY = {src.FLAGGED: 3.0, src.REPORTS: 2.0, src.AUDIT: 1.0}
+
+
+def queue_key(spec: TaskSpec) -> AssetKey:
+    return AssetKey(["ground_truth", spec.name, "queue"])
+
+
+def release_key(spec: TaskSpec) -> AssetKey:
+    return AssetKey(["ground_truth", spec.name, "release"])
+
+
+class ViolationQueueConfig(Config):
+    audit_size: int = Field(default=20, ge=0, description="Random catalogue items per day for the audit queue "
+                                                          "(an unbiased accuracy estimate needs one)")
+
+
+@asset(
+    key=queue_key(CONTENT_VIOLATION),
+    group_name="ground_truth",
+    description="Fills the content_violation labeling task each day from three queues: items the violation "
+                "detector flagged, items where it and the users' ip_violation reports disagree, and a random "
+                "audit sample of the catalogue. Idempotent: an item is added once, a re-run adds nothing.",
+    partitions_def=daily_partitions,
+    deps=[VIOLATION_FLAGS, AssetKey(["warehouse", "abuse_reports"]), WAREHOUSE_ITEMS],
+    kinds={"sqlite", "postgres"},
+    owners=["team:trust-and-safety"],
+    tags={"domain": "ground_truth"},
+)
+def content_violation_queue(context, config: ViolationQueueConfig, lake: LakeResource,
+                            labels: LabelStoreResource) -> MaterializeResult:
+    store, engine = lake.lake(), labels.engine()
+    task = queue.create_task(engine, CONTENT_VIOLATION)
+    rows, missing_flags = [], []
+    for day in partition_days(context):
+        if not store.partition_path("content_violations", "flags", day).exists():
+            missing_flags.append(day.isoformat())  # said in metadata: (a) is empty, (b) sees no flags
+        scores = {r["item_id"]: float(r["similarity"]) for r in src.latest_flags(store, day).iter_rows(named=True)
+                  if r["similarity"] is not None}  # before the first release nothing has a score
+        picked = {src.FLAGGED: src.flagged_items(store, day)["item_id"].to_list(),
+                  src.REPORTS: src.report_disagreements(store, day)["item_id"].to_list(),
+                  src.AUDIT: src.audit_sample(store, day, config.audit_size)}
+        for name, ids in picked.items():
+            added = queue.add_items(engine, task, src.catalogue_items(store, day, ids, name, scores, PRIORITY[name]))
+            rows.append({"day": day.isoformat(), "queue": name, "candidates": len(ids), "new_items": added})
+        context.log.info(f"content_violation queue {day}: {rows[-3:]}")
+    quality = review.task_quality(engine, task)
+    return MaterializeResult(metadata={
+        "new_items": sum(r["new_items"] for r in rows), "task_items": quality.items,
+        "days_without_flags": ", ".join(missing_flags) or "none", "queues": table(rows),
+        "label_store": labels.database_url().split("@")[-1]})
+
+
+class ModelQueueConfig(Config):
+    top: int = Field(default=20, ge=1, description="Pairs per day where the two models disagree most")
+
+
+@asset(
+    key=queue_key(RECOMMENDATION_RELEVANCE),
+    group_name="ground_truth",
+    description="Fills the recommendation_relevance task each day with the user-item pairs of the day's "
+                "training rows whose click probability differs most between the personalization champion "
+                "and challenger. Without a challenger distinct from the champion it fills nothing and says so.",
+    partitions_def=daily_partitions,
+    deps=[AssetKey(["datasets", TRAINING_SET]), AssetKey(["models", f"{MODEL}_champion"])],
+    kinds={"pytorch", "sqlite", "postgres"},
+    owners=["team:ml-platform"],
+    tags={"domain": "ground_truth"},
+)
+def recommendation_queue(context, config: ModelQueueConfig, lake: LakeResource, labels: LabelStoreResource,
+                         model_registry: ModelRegistryResource) -> MaterializeResult:
+    registry, store = model_registry.registry(), lake.lake()
+    champion, challenger = registry.by_alias(MODEL, "champion"), registry.by_alias(MODEL, "challenger")
+    if champion is None or challenger is None or champion.version == challenger.version:
+        why = (f"no champion of {MODEL!r}" if champion is None else
+               f"no challenger of {MODEL!r} distinct from the champion (v{champion.version})")
+        context.log.info(f"recommendation queue: {why}; nothing filled")
+        return MaterializeResult(metadata={"filled": 0, "reason": why})
+    models = {}
+    with tempfile.TemporaryDirectory(prefix="gt-models-") as work:
+        for alias, version in (("champion", champion), ("challenger", challenger)):
+            models[alias] = PersonalizationModel.load(registry.load(MODEL, version.version, Path(work) / alias))
+    engine = labels.engine()
+    task = queue.create_task(engine, RECOMMENDATION_RELEVANCE)
+    embeddings = item_embeddings(store)
+    days = []
+    for day in partition_days(context):
+        if not store.partition_path(DATASETS_ZONE, TRAINING_SET, day).exists():
+            days.append({"day": day.isoformat(), "pairs": 0, "new_items": 0, "largest_gap": 0.0})
+            continue
+        rows = store.read_partition(DATASETS_ZONE, TRAINING_SET, day)
+        scored = {a: m.score(with_item_embeddings(rows, embeddings if m.spec.item.embedding_column else None))
+                  for a, m in models.items()}
+        pairs = src.most_disputed_pairs(rows, scored["champion"], scored["challenger"], config.top)
+        added = queue.add_items(engine, task, _pair_items(store, day, pairs))
+        days.append({"day": day.isoformat(), "pairs": pairs.height, "new_items": added,
+                     "largest_gap": round(float(pairs["gap"].max() or 0.0), 4)})
+    return MaterializeResult(metadata={"filled": sum(d["new_items"] for d in days), "champion": champion.version,
+                                       "challenger": challenger.version, "days": table(days)})
+
+
+def _pair_items(store, day, pairs: pl.DataFrame) -> list[ItemIn]:
+    items = {i.key: i for i in src.catalogue_items(store, day, pairs["item_id"].to_list(), src.MODELS, {}, 0.0)}
+    return [ItemIn(key=f"{r['user_id']}:{r['item_id']}", queue=src.MODELS, title=items[str(r["item_id"])].title,
+                   description=f"For user {r['user_id']}. {items[str(r['item_id'])].description}",
+                   thumbnail=items[str(r["item_id"])].thumbnail, model_score=round(r["champion"], 4),
+                   priority=float(r["gap"]))
+            for r in pairs.iter_rows(named=True) if str(r["item_id"]) in items]
+
+
+class ReleaseConfig(Config):
+    min_agreement: float = Field(default=0.4, description="Lowest Krippendorff's alpha a release may have")
+    min_class_share: float = Field(default=0.01, description="Smallest share any label may have")
+    max_class_share: float = Field(default=0.99, description="Largest share any label may have")
+    min_items: int = Field(default=1, ge=1)
+
+
+def release_suite(spec: TaskSpec, config: ReleaseConfig) -> Suite:
+    return Suite(f"ground_truth_{spec.name}_release", [
+        gxe.ExpectColumnValuesToBeBetween(column="items", min_value=config.min_items),
+        gxe.ExpectColumnValuesToBeBetween(column="krippendorff_alpha", min_value=config.min_agreement),
+        gxe.ExpectColumnValuesToNotBeNull(column="krippendorff_alpha"),
+        gxe.ExpectColumnValuesToBeBetween(column="unresolved_disagreements", min_value=0, max_value=0),
+        gxe.ExpectColumnValuesToBeBetween(column="smallest_class_share", min_value=config.min_class_share),
+        gxe.ExpectColumnValuesToBeBetween(column="largest_class_share", max_value=config.max_class_share),
+    ])
+
+
+def release_asset(spec: TaskSpec):
+    key = release_key(spec)
+
+    @asset(
+        key=key,
+        group_name="ground_truth",
+        description=f"A versioned, immutable release of the {spec.name} labels (resolved: unanimous or "
+                    "adjudicated): Parquet, manifest, dataset card and Label Studio import, written only when "
+                    "the blocking checks pass (agreement, no open disagreement, class balance). Unchanged "
+                    "labels make no new version.",
+        deps=[queue_key(spec)],
+        kinds={"parquet"},
+        owners=["team:ground-truth"],
+        tags={"domain": "ground_truth"},
+        check_specs=[AssetCheckSpec("great_expectations", asset=key, blocking=True,
+                                    description="Minimum agreement, no unresolved disagreement, class balance")],
+    )
+    def _release(context, config: ReleaseConfig, lake: LakeResource, labels: LabelStoreResource,
+                 quality: QualityResource):
+        engine = labels.engine()
+        task = queue.get_task(engine, spec.name)
+        states = review.item_states(engine, task)
+        found = rel.candidate(task, states, review.task_quality(engine, task, states))
+        summary = found.summary()
+        summary = summary.with_columns(largest_class_share=pl.lit(max(found.class_balance().values(), default=None),
+                                                                  dtype=pl.Float64))
+        yield from quality_gate(quality, release_suite(spec, config), {datetime.now(UTC).date(): summary},
+                                f"release of {spec.name}")
+        checks = summary.to_dicts()[0]
+        release, created = rel.write_release(Path(lake.root), found, checks)
+        context.log.info(f"{spec.name} release {release.name}: {'written' if created else 'unchanged'}")
+        manifest = release.manifest()
+        yield MaterializeResult(metadata={
+            "version": release.version, "created": created, "path": str(release.folder),
+            "items": manifest["items"], "content_hash": manifest["content_hash"],
+            "krippendorff_alpha": manifest["agreement"]["krippendorff_alpha"],
+            "class_counts": table([{"label": k, "count": v} for k, v in sorted(manifest["class_counts"].items())]),
+            "source_queues": table([{"queue": k, "items": v} for k, v in sorted(manifest["source_queues"].items())]),
+            "annotators": table([{k: v for k, v in a.items()} for a in manifest["annotators"]])})
+    return _release
+
+
+ground_truth_assets = [content_violation_queue, recommendation_queue, release_asset(CONTENT_VIOLATION),
+                       release_asset(RECOMMENDATION_RELEVANCE)]

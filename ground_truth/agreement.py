@@ -1,0 +1,59 @@
+"""Inter-annotator agreement for nominal labels: Krippendorff's alpha (any number of annotators per
+item, missing answers allowed), Fleiss' kappa (the same number per item) and Cohen's kappa (two
+sequences of labels over the same items). None where a statistic is undefined (e.g. one category)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from itertools import permutations
+
+
+def krippendorff_alpha(units: Sequence[Sequence[Hashable]]) -> float | None:
+    """Nominal alpha; each unit is the list of values it received (missing answers left out).
+    Units with fewer than two values are not pairable and drop out, as in Krippendorff (2011)."""
+    coincidences: Counter = Counter()
+    for values in units:
+        m = len(values)
+        if m < 2:
+            continue
+        for a, b in permutations(range(m), 2):
+            coincidences[(values[a], values[b])] += 1 / (m - 1)
+    totals: Counter = Counter()
+    for (c, _), weight in coincidences.items():
+        totals[c] += weight
+    n = sum(totals.values())
+    observed = sum(w for (c, k), w in coincidences.items() if c != k)
+    expected = sum(totals[c] * totals[k] for c in totals for k in totals if c != k)
+    if n <= 1 or expected == 0:
+        return None
+    return 1 - (n - 1) * observed / expected
+
+
+def fleiss_kappa(units: Sequence[Sequence[Hashable]]) -> float | None:
+    """Each unit holds the labels of exactly n raters (the raters may differ between units)."""
+    if not units:
+        return None
+    n = len(units[0])
+    if n < 2 or any(len(u) != n for u in units):
+        raise ValueError("Fleiss' kappa needs the same number (>= 2) of labels per unit")
+    counts = [Counter(u) for u in units]
+    share: Counter = Counter()
+    for count in counts:
+        share.update(count)
+    total = len(units) * n
+    chance = sum((v / total) ** 2 for v in share.values())
+    observed = sum((sum(v * v for v in c.values()) - n) / (n * (n - 1)) for c in counts) / len(units)
+    return None if chance == 1 else (observed - chance) / (1 - chance)
+
+
+def cohen_kappa(first: Sequence[Hashable], second: Sequence[Hashable]) -> float | None:
+    if len(first) != len(second):
+        raise ValueError("Cohen's kappa needs two label sequences over the same items")
+    if not first:
+        return None
+    n = len(first)
+    observed = sum(a == b for a, b in zip(first, second, strict=True)) / n
+    left, right = Counter(first), Counter(second)
+    chance = sum(left[c] * right[c] for c in left) / (n * n)
+    return None if chance == 1 else (observed - chance) / (1 - chance)

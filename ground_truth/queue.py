@@ -1,0 +1,234 @@
+"""Tasks, their items and the assignment of items to annotators (serve, answer, skip, undo).
+
+Every operation is a short transaction; claiming a slot is one conditional UPDATE (see db.py), so
+concurrent annotators never push an item past k answers and no answer is overwritten."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from ground_truth.db import item_sources, items, skips, slots, tasks, verdicts
+from ground_truth.schema import ItemIn, Shown, TaskSpec
+
+LEASE = timedelta(minutes=10)  # an unanswered claim is given to someone else after this
+CLAIM_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    spec: TaskSpec
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(ValueError):
+    pass
+
+
+class Busy(RuntimeError):
+    """Every attempt to claim a slot lost a race: the client should retry (never read as 'nothing left')."""
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def create_task(engine: Engine, spec: TaskSpec) -> Task:
+    """Create the task, or return it when one with the same spec exists (idempotent)."""
+    with engine.begin() as conn:
+        row = conn.execute(select(tasks).where(tasks.c.name == spec.name)).first()
+        if row is not None:
+            if TaskSpec.model_validate(row.spec) != spec:
+                raise Conflict(f"task {spec.name!r} exists with another spec")
+            return Task(row.id, spec)
+        task_id = conn.execute(insert(tasks).values(name=spec.name, spec=spec.model_dump(mode="json"),
+                                                    created_at=now())).inserted_primary_key[0]
+    return Task(task_id, spec)
+
+
+def get_task(engine: Engine, name: str) -> Task:
+    with engine.begin() as conn:
+        row = conn.execute(select(tasks).where(tasks.c.name == name)).first()
+    if row is None:
+        raise NotFound(f"no task {name!r}")
+    return Task(row.id, TaskSpec.model_validate(row.spec))
+
+
+def list_tasks(engine: Engine) -> list[Task]:
+    with engine.begin() as conn:
+        rows = conn.execute(select(tasks).order_by(tasks.c.id)).all()
+    return [Task(r.id, TaskSpec.model_validate(r.spec)) for r in rows]
+
+
+def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
+    """Add items (with k answer slots each, none for gold questions); an item already in the task only
+    gains the new source queue. Returns how many items were new. Idempotent."""
+    if task.spec.labels is not None:
+        bad = [i.key for i in new if i.gold_label is not None and i.gold_label not in task.spec.labels]
+        if bad:
+            raise ValueError(f"gold labels outside the label set for {bad[:5]}")
+    added = 0
+    with engine.begin() as conn:
+        existing = _existing_ids(conn, task, [i.key for i in new])
+        for item in new:
+            item_id = existing.get(item.key)
+            if item_id is None:
+                item_id = conn.execute(insert(items).values(
+                    task_id=task.id, created_at=now(), **item.model_dump(exclude={"queue"}))).inserted_primary_key[0]
+                existing[item.key] = item_id
+                added += 1
+                if item.gold_label is None:
+                    conn.execute(insert(slots), [{"item_id": item_id, "slot": s}
+                                                 for s in range(task.spec.annotators_per_item)])
+            known = conn.execute(select(item_sources.c.queue).where(item_sources.c.item_id == item_id)).scalars()
+            if item.queue not in set(known):
+                conn.execute(insert(item_sources).values(item_id=item_id, queue=item.queue, added_at=now()))
+    return added
+
+
+def _existing_ids(conn: Connection, task: Task, keys: list[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), 500):
+        rows = conn.execute(select(items.c.key, items.c.id).where(items.c.task_id == task.id,
+                                                                   items.c.key.in_(keys[start:start + 500])))
+        found.update({r.key: r.id for r in rows})
+    return found
+
+
+def serve(engine: Engine, task: Task, account_id: int) -> Shown | None:
+    """The item this annotator should label now: the one they hold, else every n-th time a gold
+    question, else a freshly claimed slot of the highest-priority open item. None when nothing is left.
+    One transaction per attempt; a lost race tries again."""
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            with engine.begin() as conn:
+                found, settled = _serve_once(conn, task, account_id)
+                if settled:
+                    return _shown(conn, task, found) if found is not None else None
+        except IntegrityError:  # another request of this annotator claimed a slot of the item meanwhile
+            continue
+    raise Busy(f"{CLAIM_ATTEMPTS} claims in a row lost a race to other annotators: retry")
+
+
+def _serve_once(conn: Connection, task: Task, account_id: int) -> tuple[int | None, bool]:
+    """(item id, settled); not settled when the candidate slot was claimed by someone else first."""
+    moment = now()
+    held = _held(conn, task, account_id)
+    if held is not None:
+        conn.execute(update(slots).where(slots.c.id == held.slot_id).values(leased_until=moment + LEASE))
+        return held.item_id, True
+    every = task.spec.gold_every
+    if every:
+        answered = conn.execute(select(func.count()).select_from(slots.join(items)).where(
+            items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))).scalar()
+        if answered % every == every - 1:
+            gold = conn.execute(select(items.c.id).where(
+                items.c.task_id == task.id, items.c.gold_label.is_not(None), _not_seen_by(account_id))
+                .order_by(func.random()).limit(1)).scalar()
+            if gold is not None:
+                conn.execute(insert(slots).values(item_id=gold, slot=None, holder=account_id,
+                                                  leased_until=moment + LEASE))
+                return gold, True
+    free = or_(slots.c.holder.is_(None), slots.c.leased_until < moment)
+    candidate = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
+        items.c.task_id == task.id, slots.c.slot.is_not(None), slots.c.answered_at.is_(None), free,
+        _not_seen_by(account_id)).order_by(items.c.priority.desc(), items.c.id, slots.c.slot).limit(1)).first()
+    if candidate is None:
+        return None, True
+    # the conditional UPDATE is the claim: a concurrent claimer of the same slot updates nothing
+    claimed = conn.execute(update(slots).where(slots.c.id == candidate.id, slots.c.answered_at.is_(None), free)
+                           .values(holder=account_id, leased_until=moment + LEASE)).rowcount
+    return candidate.item_id, claimed == 1
+
+
+@dataclass(frozen=True)
+class _Held:
+    slot_id: int
+    item_id: int
+
+
+def _held(conn: Connection, task: Task, account_id: int) -> _Held | None:
+    row = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
+        items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_(None),
+        slots.c.leased_until >= now()).order_by(slots.c.id).limit(1)).first()
+    return _Held(row.id, row.item_id) if row else None
+
+
+def _not_seen_by(account_id: int):
+    mine = select(slots.c.item_id).where(slots.c.holder == account_id)
+    skipped = select(skips.c.item_id).where(skips.c.account_id == account_id)
+    return and_(items.c.id.not_in(mine), items.c.id.not_in(skipped))
+
+
+def answer(engine: Engine, task: Task, account_id: int, item_id: int, label: str) -> None:
+    """Record the answer to the item this annotator holds."""
+    if task.spec.labels is not None and label not in task.spec.labels:
+        raise ValueError(f"label must be one of {task.spec.labels}, not {label!r}")
+    if task.spec.labels is None and not 1 <= len(label.strip()) <= 2000:
+        raise ValueError("a free-text answer must be 1-2000 characters")
+    with engine.begin() as conn:
+        done = conn.execute(update(slots).where(
+            slots.c.item_id == item_id, slots.c.holder == account_id, slots.c.answered_at.is_(None),
+            slots.c.item_id.in_(select(items.c.id).where(items.c.task_id == task.id)))
+            .values(label=label, answered_at=now(), leased_until=None)).rowcount
+        if done == 1:
+            return
+        mine = conn.execute(select(slots.c.answered_at).where(slots.c.item_id == item_id,
+                                                              slots.c.holder == account_id)).first()
+    if mine is not None:
+        raise Conflict(f"item {item_id} is already answered: undo it first to change the answer")
+    raise Conflict(f"item {item_id} is not assigned to you (never served, skipped, or the lease ran out "
+                   "and someone else took it): ask for the next item")
+
+
+def skip(engine: Engine, task: Task, account_id: int, item_id: int) -> None:
+    with engine.begin() as conn:
+        held = conn.execute(select(slots.c.id, slots.c.slot).join(items).where(
+            items.c.task_id == task.id, slots.c.item_id == item_id, slots.c.holder == account_id,
+            slots.c.answered_at.is_(None))).first()
+        if held is None:
+            raise Conflict(f"item {item_id} is not assigned to you unanswered, so it cannot be skipped")
+        if held.slot is None:
+            conn.execute(delete(slots).where(slots.c.id == held.id))
+        else:
+            conn.execute(update(slots).where(slots.c.id == held.id).values(holder=None, leased_until=None))
+        conn.execute(insert(skips).values(item_id=item_id, account_id=account_id))
+
+
+def undo(engine: Engine, task: Task, account_id: int) -> Shown:
+    """Take back this annotator's newest answer (unless a reviewer already ruled on the item) and serve
+    that item again; any item they held unanswered goes back to the pool."""
+    with engine.begin() as conn:
+        last = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
+            items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))
+            .order_by(slots.c.answered_at.desc(), slots.c.id.desc()).limit(1)).first()
+        if last is None:
+            raise Conflict("nothing to undo")
+        if conn.execute(select(exists().where(verdicts.c.item_id == last.item_id))).scalar():
+            raise Conflict(f"item {last.item_id} is already adjudicated; the answer stays")
+        held = conn.execute(select(slots.c.id, slots.c.slot).join(items).where(
+            items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_(None))).all()
+        for row in held:
+            if row.slot is None:
+                conn.execute(delete(slots).where(slots.c.id == row.id))
+            else:
+                conn.execute(update(slots).where(slots.c.id == row.id).values(holder=None, leased_until=None))
+        conn.execute(update(slots).where(slots.c.id == last.id).values(label=None, answered_at=None,
+                                                                       leased_until=now() + LEASE))
+        return _shown(conn, task, last.item_id)
+
+
+def _shown(conn: Connection, task: Task, item_id: int) -> Shown:
+    row = conn.execute(select(items).where(items.c.id == item_id)).one()
+    return Shown(item_id=row.id, key=row.key, title=row.title, description=row.description,
+                 thumbnail_url=f"/media/{row.thumbnail}" if row.thumbnail else None,
+                 model_score=row.model_score if task.spec.show_model_score else None,
+                 labels=task.spec.labels, question=task.spec.question, instructions=task.spec.instructions)

@@ -1,0 +1,148 @@
+"""What the answers add up to: disputes for reviewers, verdicts (a verdict is the item's gold label),
+resolved labels, agreement per task and per annotator, and each annotator's gold score."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from ground_truth.agreement import cohen_kappa, fleiss_kappa, krippendorff_alpha
+from ground_truth.db import accounts, item_sources, items, slots, verdicts
+from ground_truth.queue import Conflict, NotFound, Task, now
+
+
+@dataclass
+class ItemState:
+    item_id: int
+    key: str
+    title: str
+    description: str
+    thumbnail: str | None
+    model_score: float | None
+    gold_label: str | None
+    is_gold_question: bool  # seeded with a known answer: scores annotators, not itself labelled
+    answers: dict[str, str] = field(default_factory=dict)  # annotator -> label (regular slots)
+    gold_answers: dict[str, str] = field(default_factory=dict)  # annotator -> label (as a gold question)
+    verdict: str | None = None
+    queues: list[str] = field(default_factory=list)
+
+    def complete(self, k: int) -> bool:
+        return len(self.answers) >= k
+
+    @property
+    def disputed(self) -> bool:
+        return len(set(self.answers.values())) > 1
+
+    def resolved_label(self, k: int) -> str | None:
+        """The reviewer's verdict, else the unanimous answer of all k annotators; None while open."""
+        if self.verdict is not None:
+            return self.verdict
+        if self.complete(k) and not self.disputed:
+            return next(iter(self.answers.values()))
+        return None
+
+
+def item_states(engine: Engine, task: Task) -> list[ItemState]:
+    with engine.begin() as conn:
+        rows = conn.execute(select(items).where(items.c.task_id == task.id).order_by(items.c.id)).all()
+        answers = conn.execute(select(slots.c.item_id, slots.c.slot, slots.c.label, accounts.c.username)
+                               .join(items, items.c.id == slots.c.item_id)
+                               .join(accounts, accounts.c.id == slots.c.holder)
+                               .where(items.c.task_id == task.id, slots.c.answered_at.is_not(None))).all()
+        ruled = conn.execute(select(verdicts.c.item_id, verdicts.c.label).join(items)
+                             .where(items.c.task_id == task.id)).all()
+        sources = conn.execute(select(item_sources.c.item_id, item_sources.c.queue).join(items)
+                               .where(items.c.task_id == task.id)).all()
+        # an item without regular slots was added as a gold question
+        slotted = set(conn.execute(select(slots.c.item_id).join(items).where(
+            items.c.task_id == task.id, slots.c.slot.is_not(None)).distinct()).scalars())
+    states = {r.id: ItemState(r.id, r.key, r.title, r.description, r.thumbnail, r.model_score, r.gold_label,
+                              is_gold_question=r.id not in slotted) for r in rows}
+    for a in answers:
+        (states[a.item_id].answers if a.slot is not None else states[a.item_id].gold_answers)[a.username] = a.label
+    for v in ruled:
+        states[v.item_id].verdict = v.label
+    for s in sources:
+        states[s.item_id].queues.append(s.queue)
+    return list(states.values())
+
+
+def disputes(engine: Engine, task: Task) -> list[ItemState]:
+    """Items all k annotators answered without agreeing, not yet adjudicated (labelled tasks only)."""
+    k = task.spec.annotators_per_item
+    return [s for s in item_states(engine, task)
+            if task.spec.labels is not None and s.complete(k) and s.disputed and s.verdict is None]
+
+
+def adjudicate(engine: Engine, task: Task, reviewer_id: int, item_id: int, label: str) -> None:
+    """The reviewer's verdict settles the item and becomes its gold label."""
+    if task.spec.labels is not None and label not in task.spec.labels:
+        raise ValueError(f"verdict must be one of {task.spec.labels}, not {label!r}")
+    try:
+        with engine.begin() as conn:
+            found = conn.execute(select(items.c.id).where(items.c.id == item_id, items.c.task_id == task.id)).first()
+            if found is None:
+                raise NotFound(f"no item {item_id} in task {task.spec.name!r}")
+            conn.execute(insert(verdicts).values(item_id=item_id, reviewer_id=reviewer_id, label=label,
+                                                 decided_at=now()))
+            conn.execute(update(items).where(items.c.id == item_id).values(gold_label=label))
+    except IntegrityError as error:
+        raise Conflict(f"item {item_id} already has a verdict") from error
+
+
+@dataclass(frozen=True)
+class AnnotatorQuality:
+    annotator: str
+    answers: int
+    agreement_with_resolved: float | None  # share of their answers equal to the item's resolved label
+    kappa_vs_resolved: float | None  # Cohen's kappa of their answers vs the resolved labels
+    gold_answered: int
+    gold_accuracy: float | None
+
+
+@dataclass(frozen=True)
+class TaskQuality:
+    items: int
+    complete: int
+    resolved: int
+    disputed_open: int
+    krippendorff_alpha: float | None
+    fleiss_kappa: float | None
+    annotators: list[AnnotatorQuality]
+
+
+def task_quality(engine: Engine, task: Task, states: list[ItemState] | None = None) -> TaskQuality:
+    k = task.spec.annotators_per_item
+    states = item_states(engine, task) if states is None else states
+    labelled = [s for s in states if not s.is_gold_question]
+    complete = [s for s in labelled if s.complete(k)]
+    per_person: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
+    gold: dict[str, list[bool]] = defaultdict(list)
+    for s in states:
+        resolved = s.resolved_label(k)
+        for person, label in s.answers.items():
+            per_person[person].append((label, resolved))
+        for person, label in s.gold_answers.items():
+            gold[person].append(label == s.gold_label)
+    people = []
+    for person in sorted(set(per_person) | set(gold)):
+        pairs = [(a, r) for a, r in per_person[person] if r is not None]
+        people.append(AnnotatorQuality(
+            annotator=person, answers=len(per_person[person]),
+            agreement_with_resolved=sum(a == r for a, r in pairs) / len(pairs) if pairs else None,
+            kappa_vs_resolved=cohen_kappa([a for a, _ in pairs], [r for _, r in pairs]) if pairs else None,
+            gold_answered=len(gold[person]),
+            gold_accuracy=sum(gold[person]) / len(gold[person]) if gold[person] else None))
+    nominal = task.spec.labels is not None
+    return TaskQuality(
+        items=len(labelled), complete=len(complete),
+        resolved=sum(s.resolved_label(k) is not None for s in labelled),
+        disputed_open=sum(s.disputed and s.verdict is None for s in complete),
+        krippendorff_alpha=krippendorff_alpha([list(s.answers.values()) for s in labelled]) if nominal else None,
+        fleiss_kappa=fleiss_kappa([list(s.answers.values())[:k] for s in complete]) if nominal and complete
+        and k >= 2 else None,
+        annotators=people)

@@ -1,0 +1,96 @@
+"""Typed specs of the labeling flow: roles, task schemas, what an annotator is shown."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class Role(StrEnum):
+    annotator = "annotator"  # labels items, blind to everyone else's labels
+    reviewer = "reviewer"  # sees all labels of disputed items and adjudicates
+    admin = "admin"  # accounts, tasks, items
+
+
+class Subject(StrEnum):
+    item = "item"  # one catalogue item
+    user_item = "user_item"  # a (user, item) pair, e.g. "would this user want this item?"
+
+
+class TaskSpec(BaseModel):
+    """What is labelled and how. `labels=None` asks for free text."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{1,62}$")
+    subject: Subject = Subject.item
+    question: str = Field(min_length=1, max_length=500)
+    instructions: str = Field(default="", max_length=5000)
+    labels: list[str] | None = Field(default=None, description="The label set; None for free text")
+    annotators_per_item: int = Field(default=3, ge=1, le=20)
+    show_model_score: bool = False
+    gold_share: float = Field(default=0.1, ge=0.0, lt=1.0, description="Share of served items that are gold "
+                                                                         "questions with a known answer")
+
+    @model_validator(mode="after")
+    def _labels_distinct(self) -> TaskSpec:
+        if self.labels is not None:
+            if len(self.labels) < 2 or len(set(self.labels)) != len(self.labels):
+                raise ValueError("labels must be at least two distinct values (or None for free text)")
+            if any(not label or len(label) > 64 for label in self.labels):
+                raise ValueError("each label must be 1-64 characters")
+        return self
+
+    @property
+    def gold_every(self) -> int:
+        """Every n-th answer of an annotator is a gold question (0: none)."""
+        return round(1 / self.gold_share) if self.gold_share > 0 else 0
+
+
+class ItemIn(BaseModel):
+    """One thing to label, as a queue-filling source hands it over."""
+
+    key: str = Field(min_length=1, max_length=128, description="item id, or 'user:item' for pairs")
+    queue: str = Field(min_length=1, max_length=64, description="the source queue that asked for it")
+    title: str = Field(default="", max_length=500)
+    description: str = Field(default="", max_length=5000)
+    thumbnail: str | None = Field(default=None, max_length=300, description="path under the media root")
+    model_score: float | None = None
+    priority: float = 0.0  # higher is served first
+    gold_label: str | None = None  # a known answer makes it a gold question
+
+
+class Shown(BaseModel):
+    """What an annotator sees of one item: never another person's label."""
+
+    item_id: int
+    key: str
+    title: str
+    description: str
+    thumbnail_url: str | None
+    model_score: float | None
+    labels: list[str] | None
+    question: str
+    instructions: str
+
+
+CONTENT_VIOLATION = TaskSpec(
+    name="content_violation",
+    question="Is this item a disguised copy of someone else's design (an IP violation)?",
+    instructions="Compare the thumbnail, title and description with designs you know. Answer 'violation' "
+                 "only for copies of another creator's work; 'ok' otherwise. Keys: 1 = violation, 2 = ok, "
+                 "s = skip, u = undo.",
+    labels=["violation", "ok"],
+    annotators_per_item=3,
+    show_model_score=False,
+    gold_share=0.1,
+)
+
+RECOMMENDATION_RELEVANCE = TaskSpec(
+    name="recommendation_relevance",
+    subject=Subject.user_item,
+    question="Given what this user bought and played, would they want this item?",
+    labels=["relevant", "not_relevant"],
+    annotators_per_item=3,
+    show_model_score=True,
+    gold_share=0.0,
+)

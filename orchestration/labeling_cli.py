@@ -1,0 +1,109 @@
+"""`mlplane labeling`: the annotators' web app, accounts, tasks and the simulated annotators."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+ROLES = ["annotator", "reviewer", "admin"]
+
+
+@click.group()
+def labeling() -> None:
+    """Ground-truth labeling: web app, accounts, tasks, releases."""
+
+
+def _store(data_dir: str | None):
+    from orchestration.profiles import open_resource
+
+    return open_resource("labels", data_dir)
+
+
+@labeling.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8700, show_default=True)
+@click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
+def serve(host: str, port: int, data_dir: str | None) -> None:
+    """Serve the labeling app (sign in, label one item at a time, review) on HOST:PORT."""
+    import uvicorn
+
+    from ground_truth.app import create_app
+
+    with _store(data_dir) as labels:
+        url, media = labels.database_url(), Path(labels.lake.root) / "landing"
+    click.echo(f"labeling app on http://{host}:{port} (label store {url.split('@')[-1]})")
+    uvicorn.run(create_app(url, media), host=host, port=port, log_level="warning")
+
+
+@labeling.command("add-account")
+@click.argument("username")
+@click.option("--role", type=click.Choice(ROLES), required=True)
+@click.option("--password", default=None, help="Default: $MLPLANE_LABELING_PASSWORD, else asked for.")
+@click.option("--data-dir", default=None)
+def add_account(username: str, role: str, password: str | None, data_dir: str | None) -> None:
+    """Create an account (the password is stored scrypt-hashed)."""
+    from ground_truth import accounts
+
+    password = password or os.environ.get("MLPLANE_LABELING_PASSWORD") or \
+        click.prompt("password", hide_input=True, confirmation_prompt=True)
+    with _store(data_dir) as labels:
+        try:
+            accounts.create_account(labels.engine(), username, password, accounts.Role(role))
+        except ValueError as error:
+            raise click.ClickException(str(error)) from error
+    click.echo(f"created {role} {username}")
+
+
+@labeling.command("tasks")
+@click.option("--data-dir", default=None)
+def tasks(data_dir: str | None) -> None:
+    """Each task with its agreement and progress."""
+    from ground_truth import queue, review
+
+    with _store(data_dir) as labels:
+        engine = labels.engine()
+        for task in queue.list_tasks(engine):
+            quality = review.task_quality(engine, task)
+            click.echo(json.dumps({"task": task.spec.name, "items": quality.items, "complete": quality.complete,
+                                   "resolved": quality.resolved, "disputes_open": quality.disputed_open,
+                                   "krippendorff_alpha": quality.krippendorff_alpha}))
+
+
+@labeling.command("simulate")
+@click.argument("task", default="content_violation")
+@click.option("--url", default="http://127.0.0.1:8700", show_default=True, help="The running labeling app.")
+@click.option("--annotators", default=4, show_default=True)
+@click.option("--accuracy", default=0.95, show_default=True, help="Each simulated annotator's accuracy.")
+@click.option("--data-dir", default=None)
+def simulate_annotators(task: str, url: str, annotators: int, accuracy: float, data_dir: str | None) -> None:
+    """Label TASK with simulated annotators (and a reviewer) through the app's HTTP API, for the demo.
+    Creates accounts sim-annN / sim-rev0 with $MLPLANE_LABELING_PASSWORD (default 'simulated-pass')."""
+    from engines.simulator.annotators import (
+        SimulatedAnnotator,
+        SimulatedReviewer,
+        run_concurrently,
+        violation_answer_key,
+    )
+    from ground_truth import accounts, queue
+    from orchestration.profiles import local_data_dir
+
+    if task != "content_violation":
+        raise click.ClickException("the simulator's answer key covers the content_violation task only")
+    password = os.environ.get("MLPLANE_LABELING_PASSWORD", "simulated-pass")
+    names = [f"sim-ann{i}" for i in range(annotators)]
+    with _store(data_dir) as labels:
+        engine = labels.engine()
+        known = {a.username for a in accounts.list_accounts(engine)}
+        for name in [*names, "sim-rev0"]:
+            if name not in known:
+                accounts.create_account(engine, name, password,
+                                        accounts.Role.reviewer if name == "sim-rev0" else accounts.Role.annotator)
+        labels_set = queue.get_task(engine, task).spec.labels
+    key = violation_answer_key(Path(data_dir or local_data_dir()))
+    people = [SimulatedAnnotator(n, password, accuracy, seed=i) for i, n in enumerate(names)]
+    answered = run_concurrently([lambda p=p: p.label_all(url, task, key) for p in people])
+    ruled = SimulatedReviewer("sim-rev0", password).review_all(url, task, key, labels_set)
+    click.echo(json.dumps({"answers": sum(answered), "disputes_settled": ruled}))
