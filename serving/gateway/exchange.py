@@ -10,6 +10,7 @@ import time
 import uuid
 
 import anyio
+from starlette.requests import ClientDisconnect
 
 from serving.gateway.balancer import BackendState
 from serving.gateway.errors import GatewayError, unavailable
@@ -128,7 +129,7 @@ class Exchange:
             return
         if isinstance(error, GatewayError):
             status = error.status
-        elif issubclass(kind, anyio.get_cancelled_exc_class()):
+        elif issubclass(kind, anyio.get_cancelled_exc_class() | ClientDisconnect):
             status = CLIENT_GONE
         else:
             status = 500

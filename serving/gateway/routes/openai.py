@@ -91,7 +91,7 @@ async def generate(request: Request, gateway: Gateway, who: Caller, endpoint: st
         prompt = await prompt_tokens(group, endpoint, body, size)
         await exchange.admit(prompt + completion_cap(group, endpoint, spec, body))
         region = region_of(request)
-        if spec.stream and endpoint != "embeddings":
+        if endpoint != "embeddings" and spec.stream:
             return await stream(gateway, exchange, group, body, spec, region, path, prompt)
         response, payload = await forward(gateway, exchange, group, "POST", lambda _s: path, body, region)
         ok = response.status_code < 400 and isinstance(payload, dict)
