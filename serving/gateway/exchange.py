@@ -87,7 +87,7 @@ class Exchange:
         with anyio.CancelScope(shield=True):
             self.release(None)
             if self.upstream is not None:
-                await self.upstream.aclose()
+                self.upstream.close()
             await self._settle(prompt_tokens + completion_tokens)
             self._record(status, prompt_tokens, completion_tokens)
 

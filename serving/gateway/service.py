@@ -73,10 +73,7 @@ class Gateway:
         self.usage = UsageWriter(self.store)
         self.key_cache: dict[str, tuple[Caller | None, float]] = {}
         self.store_version: tuple | None = None
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-        )
+        self.session = None  # the aiohttp session to backends, made on the running loop by start()
         # probes open a fresh connection each time: a pooled one could hide a backend that stopped accepting
         self.health_client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
                                                timeout=settings.connect_timeout_s + 1)
@@ -87,6 +84,9 @@ class Gateway:
         return self.config.settings
 
     async def start(self) -> None:
+        from serving.gateway.upstream import session_for
+
+        self.session = session_for(self.settings)
         self.usage.start()
         self.tasks = [asyncio.create_task(loop()) for loop in (self._health_loop, self._reload_loop,
                                                                  self._key_watch_loop)]
@@ -100,7 +100,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.usage.close()
-        await self.client.aclose()
+        await self.session.close()
         await self.health_client.aclose()
         await self.limiter.close()
         self.store.close()

@@ -254,7 +254,8 @@ def test_a_client_disconnecting_at_every_stage_leaks_nothing(gateway):
         next(response.iter_lines())  # after the first event
     assert_untouched(gateway, before)
     rows = my_rows(gateway, key, 4)
-    assert sum(r["requests"] for r in rows.values()) == 4 and set(rows) == {200, 499}
+    # the one answered without a stream is a 200, or a 499 when the hang-up cancels it at the backend
+    assert sum(r["requests"] for r in rows.values()) == 4 and set(rows) <= {200, 499} and rows[499]["requests"] >= 3
     # every reservation was settled to what was used: the rest of the 200-token minute is still there
     used = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows.values())
     assert client(gateway, key).chat.completions.create(**{**CHAT, "max_tokens": 200 - used - 40}).choices

@@ -273,3 +273,76 @@ def test_relay_passes_lines_it_cannot_read():
     tally = StreamTally(prompt_tokens=0)
     out = asyncio.run(collect(": keep-alive", lines("data: {not json", 'data: "x"'), tally, False))
     assert out == [": keep-alive\n", "data: {not json\n", 'data: "x"\n'] and tally.finished
+
+
+@pytest.fixture
+def bare_gateway(tmp_path):
+    """A Gateway over a SQLite store, not serving: its Exchanges are driven by hand."""
+    import yaml
+
+    from serving.gateway.service import Gateway
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"model_list": [{"model_name": "m", "url": "http://127.0.0.1:9"}],
+                                      "settings": {"store": f"sqlite:///{tmp_path}/g.db"}}))
+    gateway = Gateway(config)
+    yield gateway
+    gateway.store.close()
+
+
+def queued(gateway) -> list[dict]:
+    records = []
+    while not gateway.usage.queue.empty():
+        records.append(gateway.usage.queue.get_nowait())
+    return records
+
+
+def test_an_exchange_settles_and_records_exactly_once_on_every_path(bare_gateway):
+    from serving.gateway.exchange import Exchange
+    from serving.gateway.service import Caller
+    from serving.gateway.store import ApiKey
+
+    gateway = bare_gateway
+    caller = Caller(ApiKey(key_id="k", owner="o", team="t", tpm=100), None)
+    state = gateway.router.groups["m"].backends[0]
+    tokens = ("mlplane:gateway:key:k:tokens:minute",)
+
+    def held() -> int:
+        return sum(gateway.limiter.counters.get(tokens[0], {}).values())
+
+    async def normal():
+        async with Exchange(gateway, caller, "chat", "m") as exchange:
+            await exchange.admit(60)
+            exchange.take(state)
+            exchange.release(True, 0.01)
+            await exchange.finish(200, 10, 5)
+            await exchange.finish(200, 10, 5)  # a second close does nothing
+
+    async def failing():
+        async with Exchange(gateway, caller, "chat", "m") as exchange:
+            await exchange.admit(60)
+            exchange.take(state)
+            raise RuntimeError("a bug inside the gateway")
+
+    async def cancelled():
+        async def handler():
+            async with Exchange(gateway, caller, "chat", "m") as exchange:
+                await exchange.admit(60)
+                exchange.take(state)
+                await asyncio.sleep(3600)  # at the backend when the client goes away
+
+        task = asyncio.create_task(handler())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(normal())
+    assert held() == 15 and state.in_flight == 0
+    assert [(r["status"], r["prompt_tokens"], r["completion_tokens"]) for r in queued(gateway)] == [(200, 10, 5)]
+    with pytest.raises(RuntimeError):
+        asyncio.run(failing())
+    asyncio.run(cancelled())
+    assert [r["status"] for r in queued(gateway)] == [500, 499]
+    assert held() == 15 and state.in_flight == 0  # both reservations settled to nothing, both slots freed
+    assert state.consecutive_failures == 0  # neither counted against the backend

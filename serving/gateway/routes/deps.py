@@ -12,11 +12,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from serving.gateway.errors import GatewayError
 from serving.gateway.service import Caller, Gateway
 
+# every dependency is async: FastAPI runs a plain function in a worker thread, per request
+
 bearer = HTTPBearer(auto_error=False, description="An API key (sk-mlp-...), or the admin key for /admin")
 REGION_HEADER = "x-mlplane-region"
 
 
-def gateway_of(request: Request) -> Gateway:
+async def gateway_of(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
@@ -37,7 +39,7 @@ def is_admin(gateway: Gateway, secret: str) -> bool:
     return bool(expected) and hmac.compare_digest(secret.encode(), expected.encode())
 
 
-def admin(credentials: Credentials, gateway: GatewayDep) -> Gateway:
+async def admin(credentials: Credentials, gateway: GatewayDep) -> Gateway:
     if not gateway.config.admin_key:
         raise GatewayError(403, f"The admin API is disabled: set {gateway.settings.admin_key_env}",
                            "permission_error", "admin_disabled")

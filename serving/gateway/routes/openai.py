@@ -9,7 +9,6 @@ import logging
 import time
 
 import anyio
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
@@ -29,7 +28,7 @@ from serving.gateway.schemas import (
 )
 from serving.gateway.service import Caller, Gateway, ModelGroup
 from serving.gateway.sse import StreamTally, error_event, relay
-from serving.gateway.upstream import forward, open_stream
+from serving.gateway.upstream import UPSTREAM_ERRORS, forward, open_stream
 
 log = logging.getLogger("mlplane.gateway")
 router = APIRouter(tags=["openai"])
@@ -93,15 +92,16 @@ async def generate(request: Request, gateway: Gateway, who: Caller, endpoint: st
         region = region_of(request)
         if endpoint != "embeddings" and spec.stream:
             return await stream(gateway, exchange, group, body, spec, region, path, prompt)
-        response, payload = await forward(gateway, exchange, group, "POST", lambda _s: path, body, region)
-        ok = response.status_code < 400 and isinstance(payload, dict)
+        answer = await forward(gateway, exchange, group, "POST", lambda _s: path, body, region)
+        payload = answer.payload
+        ok = answer.status < 400 and isinstance(payload, dict)
         usage = (payload.get("usage") if ok else None) or {}
         used_prompt = _int(usage.get("prompt_tokens"), prompt) if ok else 0
         used_completion = _int(usage.get("completion_tokens"), 0) if ok else 0
         if isinstance(payload, dict) and "model" in payload:
             payload["model"] = group.name
-        await exchange.finish(response.status_code, used_prompt, used_completion)
-        return JSONResponse(payload, status_code=response.status_code)
+        await exchange.finish(answer.status, used_prompt, used_completion)
+        return JSONResponse(payload, status_code=answer.status)
 
 
 def _int(value, default: int) -> int:
@@ -149,7 +149,7 @@ async def events(exchange: Exchange, chunks, tally: StreamTally, opened: float, 
         async for chunk in chunks:
             yield chunk
         ok, status = True, 200
-    except httpx.HTTPError as error:  # after the first byte: never retried, the client is told
+    except UPSTREAM_ERRORS as error:  # after the first byte: never retried, the client is told
         ok, status = False, 502
         log.warning("backend %s failed during a stream: %s: %s", exchange.state.spec.url if exchange.state else "?",
                     type(error).__name__, error)

@@ -33,12 +33,10 @@ async def v2_call(request: Request, gateway: Gateway, who: Caller, name: str, me
             except ValidationError as error:
                 raise from_validation(error) from None
         await exchange.admit(0)
-        response, _ = await forward(gateway, exchange, group, method,
-                                    lambda s: f"/v2/models/{s.spec.model}{suffix}", body, region_of(request),
-                                    parse_json=False)
-        await exchange.finish(response.status_code)
-        return Response(response.content, status_code=response.status_code,
-                        media_type=response.headers.get("content-type", "application/json"))
+        answer = await forward(gateway, exchange, group, method, lambda s: f"/v2/models/{s.spec.model}{suffix}",
+                               body, region_of(request), parse_json=False)
+        await exchange.finish(answer.status)
+        return Response(answer.content, status_code=answer.status, media_type=answer.content_type)
 
 
 @router.get("/v2/models/{name}", summary="Model metadata (pass-through)", response_model=V2ModelMetadata,
