@@ -250,6 +250,12 @@ def main() -> None:
     finally:
         for process in processes:
             stop(process)
+        if rate_limits != "memory":  # the throwaway counters of this run
+            import redis
+
+            client = redis.Redis.from_url(rate_limits)
+            for key in client.scan_iter(f"mlplane:bench:{os.getpid()}:*"):
+                client.delete(key)
 
 
 def report(results: dict, args) -> None:

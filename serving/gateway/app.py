@@ -53,8 +53,15 @@ def openapi_document(app: FastAPI) -> dict:
                                routes=app.routes)
         _, definitions = models_json_schema([(m, "validation") for m in OPENAPI_MODELS],
                                             ref_template="#/components/schemas/{model}")
-        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        components = document.setdefault("components", {})
         for name, schema in definitions.get("$defs", {}).items():
-            schemas.setdefault(name, schema)
+            components.setdefault("schemas", {}).setdefault(name, schema)
+        components["securitySchemes"] = {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "An API key (sk-mlp-...); the admin key for /admin and /metrics"}}
+        for path, operations in document["paths"].items():
+            if path != "/health":
+                for operation in operations.values():
+                    operation["security"] = [{"bearer": []}]
         app.openapi_schema = document
     return app.openapi_schema

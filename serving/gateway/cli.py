@@ -68,6 +68,7 @@ def serve_command(config: str, host: str, port: int, log_level: str, workers: in
         raise click.ClickException(str(error)) from error
     if workers > 1 and settings.rate_limits == "memory":
         raise click.UsageError("--workers > 1 needs settings.rate_limits: redis://... (memory limits are per process)")
+    GatewayStore(settings.store).close()  # creates the tables once, before workers would race to
     os.environ[CONFIG_ENV] = str(config)
     options = {"host": host, "port": port, "log_level": log_level, "access_log": False,
                "timeout_graceful_shutdown": 30}

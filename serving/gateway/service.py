@@ -164,8 +164,8 @@ class Gateway:
             await asyncio.sleep(self.settings.key_watch_s)
 
     # authentication
-    async def authenticate(self, authorization: str) -> Caller:
-        secret = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+    async def authenticate(self, secret: str) -> Caller:
+        """The caller of a bearer secret, or a 401 (a 503 when the key store cannot be read)."""
         if not secret:
             raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'",
                                "invalid_request_error", "invalid_api_key")

@@ -345,6 +345,7 @@ def test_metrics_and_openapi(gateway):
     assert {"messages", "max_tokens", "n", "stream_options"} <= set(schemas["ChatCompletionRequest"]["properties"])
     assert schemas["KeyCreate"]["properties"]["models"]["type"] == "array"
     assert {"inputs"} <= set(schemas["InferRequest"]["required"])
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer" and chat["security"]
 
 
 def test_gateway_resource_calls_models_with_a_service_key(gateway):

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -290,15 +291,16 @@ def test_key_store_down_is_a_503_in_openai_shape(vllm_backends, gateway_llm_path
 
 
 def test_workers_share_their_limits_through_redis(vllm_backends, gateway_llm_path, prod_state, tmp_path):
-    """`mlplane gateway serve --workers 2`: a key's request limit holds across both processes."""
+    """`--workers 2` (`python -m serving.gateway` is `mlplane gateway serve` without the platform's CLI
+    imports): a key's request limit holds across both processes."""
     store, redis_url, prefix = prod_state
     config = gateway_config(vllm_backends, gateway_llm_path, store, redis_url, prefix)
     config_path = tmp_path / "gateway.yaml"
     config_path.write_text(yaml.safe_dump(config))
     port = closed_port()
     process = subprocess.Popen(
-        [str(PROJECT_ROOT / ".venv" / "bin" / "mlplane"), "gateway", "serve", "--config", str(config_path),
-         "--port", str(port), "--workers", "2", "--log-level", "warning"],
+        [sys.executable, "-m", "serving.gateway", "--config", str(config_path), "--port", str(port),
+         "--workers", "2", "--log-level", "warning"],
         env={**os.environ, "MLPLANE_GATEWAY_ADMIN_KEY": ADMIN_KEY}, cwd=PROJECT_ROOT,
         stdout=(tmp_path / "workers.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:

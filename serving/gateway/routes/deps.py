@@ -1,5 +1,7 @@
-"""FastAPI dependencies shared by the routers: the Gateway of the app, the authenticated caller and the
-admin check (the admin key compared in constant time)."""
+"""FastAPI dependencies shared by the routers: the authenticated caller and the admin check (the admin
+key compared in constant time). Each reads the request itself: no sub-dependencies to solve per request,
+and async, since FastAPI runs a plain function in a worker thread. The bearer scheme is declared in the
+OpenAPI document by the app."""
 
 from __future__ import annotations
 
@@ -7,31 +9,24 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serving.gateway.errors import GatewayError
 from serving.gateway.service import Caller, Gateway
 
-# every dependency is async: FastAPI runs a plain function in a worker thread, per request
-
-bearer = HTTPBearer(auto_error=False, description="An API key (sk-mlp-...), or the admin key for /admin")
 REGION_HEADER = "x-mlplane-region"
 
 
-async def gateway_of(request: Request) -> Gateway:
+def gateway_in(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-GatewayDep = Annotated[Gateway, Depends(gateway_of)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+def bearer_secret(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    return header[7:].strip() if header[:7].lower() == "bearer " else ""
 
 
-def secret_of(credentials: HTTPAuthorizationCredentials | None) -> str:
-    return credentials.credentials if credentials is not None else ""
-
-
-async def caller(credentials: Credentials, gateway: GatewayDep) -> Caller:
-    return await gateway.authenticate(f"Bearer {secret_of(credentials)}")
+async def caller(request: Request) -> Caller:
+    return await gateway_in(request).authenticate(bearer_secret(request))
 
 
 def is_admin(gateway: Gateway, secret: str) -> bool:
@@ -39,11 +34,12 @@ def is_admin(gateway: Gateway, secret: str) -> bool:
     return bool(expected) and hmac.compare_digest(secret.encode(), expected.encode())
 
 
-async def admin(credentials: Credentials, gateway: GatewayDep) -> Gateway:
+async def admin(request: Request) -> Gateway:
+    gateway = gateway_in(request)
     if not gateway.config.admin_key:
         raise GatewayError(403, f"The admin API is disabled: set {gateway.settings.admin_key_env}",
                            "permission_error", "admin_disabled")
-    if not is_admin(gateway, secret_of(credentials)):
+    if not is_admin(gateway, bearer_secret(request)):
         raise GatewayError(401, "The admin API needs the admin key", "invalid_request_error", "invalid_api_key")
     return gateway
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from serving.gateway.errors import from_validation, read_json
 from serving.gateway.exchange import CLIENT_GONE, Exchange
-from serving.gateway.routes.deps import CallerDep, GatewayDep, region_of
+from serving.gateway.routes.deps import CallerDep, gateway_in, region_of
 from serving.gateway.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -161,25 +161,25 @@ async def events(exchange: Exchange, chunks, tally: StreamTally, opened: float, 
 
 @router.post("/v1/chat/completions", summary="Chat completion (server-sent events when stream is true)",
              openapi_extra=body_doc(ChatCompletionRequest), response_model=ChatCompletion, responses=ERRORS)
-async def chat_completions(request: Request, who: CallerDep,
-                           gateway: GatewayDep):
-    return await generate(request, gateway, who, "chat")
+async def chat_completions(request: Request, who: CallerDep):
+    return await generate(request, gateway_in(request), who, "chat")
 
 
 @router.post("/v1/completions", summary="Text completion", openapi_extra=body_doc(CompletionRequest),
              response_model=Completion, responses=ERRORS)
-async def completions(request: Request, who: CallerDep, gateway: GatewayDep):
-    return await generate(request, gateway, who, "completions")
+async def completions(request: Request, who: CallerDep):
+    return await generate(request, gateway_in(request), who, "completions")
 
 
 @router.post("/v1/embeddings", summary="Embeddings", openapi_extra=body_doc(EmbeddingRequest),
              response_model=EmbeddingList, responses=ERRORS)
-async def embeddings(request: Request, who: CallerDep, gateway: GatewayDep):
-    return await generate(request, gateway, who, "embeddings")
+async def embeddings(request: Request, who: CallerDep):
+    return await generate(request, gateway_in(request), who, "embeddings")
 
 
 @router.get("/v1/models", summary="Models this key may use", response_model=ModelList, responses=ERRORS)
-async def models(who: CallerDep, gateway: GatewayDep):
+async def models(request: Request, who: CallerDep):
+    gateway = gateway_in(request)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "mlplane",
              "regions": sorted({s.spec.region for s in g.backends})}
             for name, g in sorted(gateway.router.groups.items()) if g.kind == "openai" and who.key.allows(name)]

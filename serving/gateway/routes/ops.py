@@ -3,12 +3,12 @@ admin key unless settings.public_metrics is true."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.gateway.errors import GatewayError
-from serving.gateway.routes.deps import Credentials, GatewayDep, is_admin, secret_of
+from serving.gateway.routes.deps import bearer_secret, gateway_in, is_admin
 
 router = APIRouter(tags=["ops"])
 
@@ -20,8 +20,9 @@ async def health():
 
 @router.get("/metrics", summary="Prometheus metrics (the admin key, unless settings.public_metrics)",
             response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-async def metrics(credentials: Credentials, gateway: GatewayDep):
-    if not gateway.settings.public_metrics and not is_admin(gateway, secret_of(credentials)):
+async def metrics(request: Request):
+    gateway = gateway_in(request)
+    if not gateway.settings.public_metrics and not is_admin(gateway, bearer_secret(request)):
         raise GatewayError(401, "/metrics needs the admin key (or settings.public_metrics: true)",
                            "invalid_request_error", "invalid_api_key")
     gateway.metrics.observe_backends({n: g.backends for n, g in gateway.router.groups.items()})

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from serving.gateway.errors import from_validation, read_json
 from serving.gateway.exchange import Exchange
-from serving.gateway.routes.deps import CallerDep, GatewayDep, region_of
+from serving.gateway.routes.deps import CallerDep, gateway_in, region_of
 from serving.gateway.routes.openai import ERRORS, body_doc
 from serving.gateway.schemas import InferRequest, InferResponse, V2ModelMetadata
 from serving.gateway.service import Caller, Gateway
@@ -41,13 +41,11 @@ async def v2_call(request: Request, gateway: Gateway, who: Caller, name: str, me
 
 @router.get("/v2/models/{name}", summary="Model metadata (pass-through)", response_model=V2ModelMetadata,
             responses=ERRORS)
-async def v2_metadata(request: Request, name: ModelName, who: CallerDep,
-                      gateway: GatewayDep):
-    return await v2_call(request, gateway, who, name, "GET", "")
+async def v2_metadata(request: Request, name: ModelName, who: CallerDep):
+    return await v2_call(request, gateway_in(request), who, name, "GET", "")
 
 
 @router.post("/v2/models/{name}/infer", summary="Inference (pass-through)", response_model=InferResponse,
              responses=ERRORS, openapi_extra=body_doc(InferRequest))
-async def v2_infer(request: Request, name: ModelName, who: CallerDep,
-                   gateway: GatewayDep):
-    return await v2_call(request, gateway, who, name, "POST", "/infer")
+async def v2_infer(request: Request, name: ModelName, who: CallerDep):
+    return await v2_call(request, gateway_in(request), who, name, "POST", "/infer")
