@@ -7,6 +7,8 @@ driven by the same load generator in the same run:
 - added latency: sequential requests (one in flight); P50 and P99 of the proxy's time minus the
   upstream's own time measured directly, per round; medians over rounds.
 - maximum requests/s: CONCURRENCY requests in flight until REQUESTS have completed, per round.
+- server CPU per request: the proxy's processes' CPU time (user + system, psutil) over each phase
+  divided by its requests, at one connection and at CONCURRENCY.
 
 The mlplane gateway checks an API key from its SQLite store (cached), a token-count rate limit
 (in-process) and writes usage records; LiteLLM runs without a database (its master key only, no spend
@@ -14,6 +16,10 @@ tracking: its lightest setup). LiteLLM installs into
 its own throwaway environment `.venv-litellm` (its pins clash with the main one).
 
     .venv/bin/python benchmarks/gateway.py [--rounds 5] [--requests 300] [--throughput-requests 800] [--concurrency 8]
+        [--workers 1] [--skip-litellm]
+
+With --workers N the gateway runs N processes sharing its limits through Redis (MLPLANE_BENCH_REDIS,
+default redis://127.0.0.1:6379/0, under a throwaway key prefix).
 """
 
 from __future__ import annotations
@@ -130,6 +136,28 @@ async def drive(url: str, headers: dict, requests: int, concurrency: int) -> tup
     return latencies, elapsed
 
 
+def cpu_seconds(process: subprocess.Popen) -> float:
+    """CPU time of a server and its worker processes so far."""
+    import psutil
+
+    total = 0.0
+    root = psutil.Process(process.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def measured(process: subprocess.Popen, url: str, headers: dict, requests: int, concurrency: int):
+    """(latencies, elapsed, server CPU seconds per request) of one phase."""
+    before = cpu_seconds(process)
+    latencies, elapsed = asyncio.run(drive(url, headers, requests, concurrency))
+    return latencies, elapsed, (cpu_seconds(process) - before) / requests
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -157,20 +185,24 @@ def main() -> None:
     parser.add_argument("--throughput-requests", type=int, default=800)
     parser.add_argument("--concurrency", type=int, default=8,
                         help="In flight at once (httpx slows down past about 8 on two cores).")
+    parser.add_argument("--workers", type=int, default=1, help="Gateway processes (limits shared in Redis).")
+    parser.add_argument("--skip-litellm", action="store_true", help="Measure the mlplane gateway only.")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
     from serving.gateway.store import GatewayStore
 
-    litellm = setup_litellm()
+    litellm = None if args.skip_litellm else setup_litellm()
     work = Path(tempfile.mkdtemp(prefix="mlplane-gateway-bench-"))
     upstream_port, gateway_port, litellm_port = free_port(), free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     store_url = f"sqlite:///{work}/gateway.db"
+    rate_limits = os.environ.get("MLPLANE_BENCH_REDIS", "redis://127.0.0.1:6379/0") if args.workers > 1 else "memory"
     (work / "gateway.yaml").write_text(json.dumps({
         "model_list": [{"model_name": "bench", "url": upstream_url, "model": "stub", "region": "local",
                         "capacity": 1000}],
-        "settings": {"store": store_url, "rate_limits": "memory"},
+        "settings": {"store": store_url, "rate_limits": rate_limits,
+                     "rate_limit_prefix": f"mlplane:bench:{os.getpid()}", "key_cache_s": 30.0},
     }))
     secret, _ = GatewayStore(store_url).create_key("bench", "bench", ["bench"], tpm=10**9, rpm=10**9)
     (work / "litellm.yaml").write_text(json.dumps({
@@ -184,34 +216,46 @@ def main() -> None:
         start([python, "-m", "uvicorn", "benchmarks.gateway:stub_app", "--port", str(upstream_port),
                "--log-level", "warning", "--no-access-log"]),
         start([python, "-m", "serving.gateway", "--config", str(work / "gateway.yaml"), "--port", str(gateway_port),
-               "--log-level", "warning"], log=work / "gateway.log"),
-        start([str(litellm), "--config", str(work / "litellm.yaml"), "--port", str(litellm_port),
-               "--num_workers", "1"], env={"LITELLM_LOG": "ERROR"}, log=work / "litellm.log"),
+               "--log-level", "warning", "--workers", str(args.workers)], log=work / "gateway.log"),
     ]
+    if litellm:
+        processes.append(start([str(litellm), "--config", str(work / "litellm.yaml"), "--port", str(litellm_port),
+                                "--num_workers", "1"], env={"LITELLM_LOG": "ERROR"}, log=work / "litellm.log"))
     try:
         wait_ready(f"{upstream_url}/health", processes[0])
         wait_ready(f"http://127.0.0.1:{gateway_port}/health", processes[1])
-        wait_ready(f"http://127.0.0.1:{litellm_port}/health/liveliness", processes[2])
         targets = {
-            "upstream (direct)": (upstream_url, {}),
-            "mlplane gateway": (f"http://127.0.0.1:{gateway_port}", {"Authorization": f"Bearer {secret}"}),
-            "litellm proxy": (f"http://127.0.0.1:{litellm_port}", {"Authorization": f"Bearer {LITELLM_MASTER_KEY}"}),
+            "upstream (direct)": (processes[0], upstream_url, {}),
+            "mlplane gateway": (processes[1], f"http://127.0.0.1:{gateway_port}",
+                                {"Authorization": f"Bearer {secret}"}),
         }
-        for url, headers in targets.values():  # warm connections, caches and imports
+        if litellm:
+            wait_ready(f"http://127.0.0.1:{litellm_port}/health/liveliness", processes[2])
+            targets["litellm proxy"] = (processes[2], f"http://127.0.0.1:{litellm_port}",
+                                        {"Authorization": f"Bearer {LITELLM_MASTER_KEY}"})
+        for _process, url, headers in targets.values():  # warm connections, caches and imports
             asyncio.run(drive(url, headers, 50, 4))
-        results = {name: {"p50": [], "p99": [], "rps": []} for name in targets}
+        results = {name: {"p50": [], "p99": [], "rps": [], "cpu1": [], "cpuN": []} for name in targets}
         for round_ in range(args.rounds):
-            for name, (url, headers) in targets.items():
-                latencies, _ = asyncio.run(drive(url, headers, args.requests, 1))
-                _, elapsed = asyncio.run(drive(url, headers, args.throughput_requests, args.concurrency))
+            for name, (process, url, headers) in targets.items():
+                latencies, _, cpu1 = measured(process, url, headers, args.requests, 1)
+                _, elapsed, cpu_n = measured(process, url, headers, args.throughput_requests, args.concurrency)
                 results[name]["p50"].append(percentile(latencies, 0.5))
                 results[name]["p99"].append(percentile(latencies, 0.99))
                 results[name]["rps"].append(args.throughput_requests / elapsed)
+                results[name]["cpu1"].append(cpu1)
+                results[name]["cpuN"].append(cpu_n)
             print(f"round {round_ + 1}/{args.rounds} done", flush=True)
         report(results, args)
     finally:
         for process in processes:
             stop(process)
+        if rate_limits != "memory":  # the throwaway counters of this run
+            import redis
+
+            client = redis.Redis.from_url(rate_limits)
+            for key in client.scan_iter(f"mlplane:bench:{os.getpid()}:*"):
+                client.delete(key)
 
 
 def report(results: dict, args) -> None:
@@ -219,19 +263,25 @@ def report(results: dict, args) -> None:
     print(f"\nchat completions through each proxy to the same stub upstream; {args.rounds} rounds, "
           f"{args.requests} sequential requests (latency) and {args.throughput_requests} requests at "
           f"concurrency {args.concurrency} (throughput) per round; medians over rounds")
-    print(f"{'':<20}{'P50 ms':>10}{'P99 ms':>10}{'added P50 ms':>14}{'added P99 ms':>14}{'max req/s':>12}")
+    print(f"{'':<20}{'P50 ms':>9}{'P99 ms':>9}{'added P50':>11}{'added P99':>11}{'max req/s':>11}"
+          f"{'CPU ms/req @1':>15}{f'CPU ms/req @{args.concurrency}':>16}")
     rows = {}
     for name, values in results.items():
         added50 = [a - b for a, b in zip(values["p50"], direct["p50"])]
         added99 = [a - b for a, b in zip(values["p99"], direct["p99"])]
         rows[name] = (statistics.median(values["p50"]) * 1e3, statistics.median(values["p99"]) * 1e3,
                       statistics.median(added50) * 1e3, statistics.median(added99) * 1e3,
-                      statistics.median(values["rps"]))
-        p50, p99, a50, a99, rps = rows[name]
-        print(f"{name:<20}{p50:>10.2f}{p99:>10.2f}{a50:>14.2f}{a99:>14.2f}{rps:>12.0f}")
+                      statistics.median(values["rps"]), statistics.median(values["cpu1"]) * 1e3,
+                      statistics.median(values["cpuN"]) * 1e3)
+        p50, p99, a50, a99, rps, cpu1, cpu_n = rows[name]
+        print(f"{name:<20}{p50:>9.2f}{p99:>9.2f}{a50:>11.2f}{a99:>11.2f}{rps:>11.0f}{cpu1:>15.2f}{cpu_n:>16.2f}")
+    if "litellm proxy" not in rows:
+        print("\nLiteLLM not measured (--skip-litellm): no ratio")
+        return
     ours, theirs = rows["mlplane gateway"], rows["litellm proxy"]
     print(f"\nratio litellm / mlplane: added P50 {theirs[2] / ours[2]:.2f}x, added P99 {theirs[3] / ours[3]:.2f}x, "
-          f"max req/s mlplane / litellm {ours[4] / theirs[4]:.2f}x")
+          f"max req/s mlplane / litellm {ours[4] / theirs[4]:.2f}x, CPU per request {theirs[5] / ours[5]:.2f}x "
+          f"(1 conn), {theirs[6] / ours[6]:.2f}x ({args.concurrency} conns)")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,12 @@ class BackendState:
         if self.circuit() == "half_open":
             self.half_open_trial = True
 
+    def release(self) -> None:
+        """Ends a request that says nothing about the backend (the client went away): frees its slot
+        and a half-open trial, counting neither a success nor a failure."""
+        self.in_flight -= 1
+        self.half_open_trial = False
+
     def finish(self, ok: bool, latency_s: float | None, ttft_s: float | None,
                failures_to_open: int, open_s: float) -> None:
         self.in_flight -= 1

@@ -51,14 +51,33 @@ def gateway() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=4000, show_default=True)
 @click.option("--log-level", default="info", show_default=True)
-def serve_command(config: str, host: str, port: int, log_level: str) -> None:
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Processes; with more than one, settings.rate_limits must be a redis:// URL so that the "
+                   "workers share their limits.")
+def serve_command(config: str, host: str, port: int, log_level: str, workers: int) -> None:
     """Run the gateway (SIGHUP or an edit of the file reloads its model list)."""
+    import os
+
     import uvicorn
 
-    from serving.gateway.app import create_app
+    from serving.gateway.config import ConfigError, load_config
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=30)
+    try:
+        settings = load_config(config).settings
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
+    if workers > 1 and settings.rate_limits == "memory":
+        raise click.UsageError("--workers > 1 needs settings.rate_limits: redis://... (memory limits are per process)")
+    GatewayStore(settings.store).close()  # creates the tables once, before workers would race to
+    os.environ[CONFIG_ENV] = str(config)
+    options = {"host": host, "port": port, "log_level": log_level, "access_log": False,
+               "timeout_graceful_shutdown": 30}
+    if workers > 1:  # each worker imports the app factory and reads the file itself
+        uvicorn.run("serving.gateway.app:app_from_env", factory=True, workers=workers, **options)
+    else:
+        from serving.gateway.app import create_app
+
+        uvicorn.run(create_app(config), **options)
 
 
 def serve() -> None:
@@ -72,11 +91,10 @@ def keys() -> None:
 
 def limit_options(command):
     for name in reversed(LIMIT_FIELDS):
-        scope = "the team" if name.startswith("team_") else "the key"
         unit = "tokens" if name.endswith(("tpm", "tpd")) else "requests"
         period = "minute" if name.endswith("m") else "day"
         command = click.option(f"--{name.replace('_', '-')}", name, type=click.IntRange(min=1), default=None,
-                               help=f"Limit of {unit} per {period} for {scope}.")(command)
+                               help=f"Limit of {unit} per {period}.")(command)
     return command
 
 
@@ -92,6 +110,30 @@ def keys_create(owner, team, models, expires_in_days, store, config, **limits) -
     expires_at = time.time() + expires_in_days * 86_400 if expires_in_days else None
     secret, record = open_store(store, config).create_key(owner, team, list(models), expires_at, **limits)
     click.echo(json.dumps({"key": secret, **record.public()}, indent=2))
+
+
+@gateway.group()
+def teams() -> None:
+    """Team limits: one budget shared by every key of a team."""
+
+
+@teams.command("set")
+@click.argument("team")
+@limit_options
+@with_store
+def teams_set(team, store, config, **limits) -> None:
+    """Set a team's limits (a limit left out is none); gateways apply them within a second."""
+    record = open_store(store, config).set_team(team, **limits)
+    click.echo(json.dumps(record.public(), indent=2))
+
+
+@teams.command("list")
+@with_store
+def teams_list(store, config) -> None:
+    """Teams with their limits."""
+    for team in open_store(store, config).list_teams():
+        limits = " ".join(f"{n}={getattr(team, n)}" for n in LIMIT_FIELDS if getattr(team, n) is not None)
+        click.echo(f"{team.team:<16} {limits or 'no limits'}")
 
 
 @keys.command("list")
@@ -111,7 +153,7 @@ def keys_list(store, config) -> None:
 @click.argument("key_id")
 @with_store
 def keys_revoke(key_id, store, config) -> None:
-    """Revoke a key: gateways refuse it within their key cache time (2 s by default)."""
+    """Revoke a key: every gateway refuses it within a second (settings.key_watch_s)."""
     try:
         record = open_store(store, config).revoke_key(key_id)
     except KeyError as error:

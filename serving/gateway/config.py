@@ -13,67 +13,123 @@ served by several backends (LiteLLM's layout, flattened):
     settings:
       store: sqlite:///data/gateway/gateway.db   # or postgresql://... (keys and usage)
       rate_limits: memory                         # or redis://host:6379/0 (shared by replicas)
+
+Both levels are strict pydantic models: a wrongly typed value (`max_attempts: "3"`) or an unknown
+field is refused with a message naming it, at start and at reload (which then keeps the running file).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 BACKEND_KINDS = ("openai", "v2")
+STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class ConfigError(ValueError):
     """The configuration file is invalid; the message names the entry and the field."""
 
 
-@dataclass(frozen=True)
-class BackendSpec:
-    model_name: str
-    url: str
-    model: str
+class BackendSpec(BaseModel):
+    model_config = STRICT
+
+    model_name: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    model: str = ""
     region: str = "default"
-    weight: float = 1.0
-    capacity: int = 32
-    kind: str = "openai"
+    weight: float = Field(default=1.0, gt=0)
+    capacity: int = Field(default=32, gt=0)
+    kind: Literal["openai", "v2"] = "openai"
     tokenizer: str | None = None
-    max_tokens: int = 256
+    max_tokens: int = Field(default=256, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, values):
+        if isinstance(values, dict) and isinstance(values.get("url"), str):
+            values = {**values, "url": values["url"].rstrip("/")}
+            if not values.get("model"):
+                values["model"] = values.get("model_name")
+        return values
 
     @property
     def id(self) -> str:
         return f"{self.model_name}@{self.url}#{self.model}"
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(BaseModel):
+    model_config = STRICT
+
     store: str = "sqlite:///data/gateway/gateway.db"
     rate_limits: str = "memory"
     rate_limit_prefix: str = "mlplane:gateway"
-    max_body_bytes: int = 1_048_576
-    request_timeout_s: float = 120.0
-    connect_timeout_s: float = 2.0
-    health_interval_s: float = 5.0
-    circuit_failures: int = 3
-    circuit_open_s: float = 10.0
-    spill_factor: float = 2.0
-    max_attempts: int = 3
+    # what a request meets while the rate-limit Redis is unreachable: "closed" answers 503 (nothing is
+    # admitted unmetered), "open" admits it unmetered and logs a warning
+    rate_limit_failure: Literal["closed", "open"] = "closed"
+    redis_timeout_s: float = Field(default=0.5, gt=0)
+    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    max_json_depth: int = Field(default=32, gt=1)
+    request_timeout_s: float = Field(default=120.0, gt=0)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    health_interval_s: float = Field(default=5.0, gt=0)
+    circuit_failures: int = Field(default=3, gt=0)
+    circuit_open_s: float = Field(default=10.0, ge=0)
+    spill_factor: float = Field(default=2.0, ge=1)
+    max_attempts: int = Field(default=3, gt=0)
     admin_key_env: str = "MLPLANE_GATEWAY_ADMIN_KEY"
-    key_cache_s: float = 2.0
-    reload_interval_s: float = 1.0
+    key_cache_s: float = Field(default=2.0, ge=0)
+    # revocations, rotations and team limits are polled this often, so they hold on every replica
+    # within about this time whatever key_cache_s is
+    key_watch_s: float = Field(default=0.5, gt=0, le=1.0)
+    reload_interval_s: float = Field(default=1.0, gt=0)
+    # anonymous /metrics shows only aggregate counters; backend URLs and model names need the admin key
+    public_metrics: bool = False
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _limiter(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"must be 'memory' or a redis:// URL, not {value!r}")
+        return value
 
 
-@dataclass(frozen=True)
-class GatewayConfig:
-    backends: tuple[BackendSpec, ...]
-    settings: Settings = field(default_factory=Settings)
+class GatewayConfig(BaseModel):
+    model_config = STRICT
+
+    model_list: tuple[BackendSpec, ...] = Field(min_length=1)
+    settings: Settings = Field(default_factory=Settings)
+
+    @field_validator("model_list", mode="before")
+    @classmethod
+    def _list(cls, value):
+        if not isinstance(value, list | tuple):
+            raise ValueError("must be a non-empty list of backends")
+        return tuple(value)
+
+    @model_validator(mode="after")
+    def _unique(self):
+        ids = [b.id for b in self.model_list]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"backends listed twice: {duplicates}")
+        for name, specs in self.groups.items():
+            if len({s.kind for s in specs}) > 1:
+                raise ValueError(f"model {name!r} mixes backend kinds")
+        return self
+
+    @property
+    def backends(self) -> tuple[BackendSpec, ...]:
+        return self.model_list
 
     @property
     def groups(self) -> dict[str, list[BackendSpec]]:
         groups: dict[str, list[BackendSpec]] = {}
-        for backend in self.backends:
+        for backend in self.model_list:
             groups.setdefault(backend.model_name, []).append(backend)
         return groups
 
@@ -93,42 +149,22 @@ def load_config(path: str | Path) -> GatewayConfig:
     return parse_config(raw or {}, source=str(path))
 
 
-def parse_config(raw: dict, source: str = "config") -> GatewayConfig:
+def parse_config(raw, source: str = "config") -> GatewayConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with model_list and settings")
-    unknown = set(raw) - {"model_list", "settings"}
-    if unknown:
-        raise ConfigError(f"{source}: unknown top-level keys {sorted(unknown)}")
-    entries = raw.get("model_list") or []
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{source}: model_list must be a non-empty list")
-    backends = tuple(_backend(entry, f"{source}: model_list[{i}]") for i, entry in enumerate(entries))
-    ids = [b.id for b in backends]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise ConfigError(f"{source}: backends listed twice: {duplicates}")
-    settings_raw = raw.get("settings") or {}
-    known = set(Settings.__dataclass_fields__)
-    unknown = set(settings_raw) - known
-    if unknown:
-        raise ConfigError(f"{source}: unknown settings {sorted(unknown)}; known: {sorted(known)}")
-    return GatewayConfig(backends=backends, settings=Settings(**settings_raw))
+    try:
+        return GatewayConfig.model_validate({**raw, "settings": raw.get("settings") or {}})
+    except ValidationError as error:
+        raise ConfigError(f"{source}: {describe(error)}") from error
 
 
-def _backend(entry: dict, where: str) -> BackendSpec:
-    if not isinstance(entry, dict):
-        raise ConfigError(f"{where}: must be a mapping")
-    known = set(BackendSpec.__dataclass_fields__)
-    unknown = set(entry) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
-    for required in ("model_name", "url"):
-        if not entry.get(required):
-            raise ConfigError(f"{where}: {required} is required")
-    values = {**entry, "model": entry.get("model") or entry["model_name"], "url": str(entry["url"]).rstrip("/")}
-    spec = BackendSpec(**values)
-    if spec.kind not in BACKEND_KINDS:
-        raise ConfigError(f"{where}: kind must be one of {BACKEND_KINDS}, not {spec.kind!r}")
-    if spec.weight <= 0 or spec.capacity <= 0:
-        raise ConfigError(f"{where}: weight and capacity must be positive")
-    return spec
+def describe(error: ValidationError) -> str:
+    """'model_list[0].urll: Extra inputs are not permitted; settings.max_attempts: ...'"""
+    return "; ".join(f"{location(e['loc'])}: {e['msg']}" for e in error.errors())
+
+
+def location(loc: tuple) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "body"

@@ -24,8 +24,6 @@ keys_table = sa.Table(
     sa.Column("models", sa.Text, nullable=False),  # JSON list; empty means every model
     sa.Column("rpm", sa.Integer), sa.Column("tpm", sa.Integer),
     sa.Column("rpd", sa.Integer), sa.Column("tpd", sa.Integer),
-    sa.Column("team_tpm", sa.Integer), sa.Column("team_rpm", sa.Integer),
-    sa.Column("team_tpd", sa.Integer), sa.Column("team_rpd", sa.Integer),
     sa.Column("expires_at", sa.Float),
     sa.Column("revoked_at", sa.Float),
     sa.Column("created_at", sa.Float, nullable=False),
@@ -42,7 +40,15 @@ usage_table = sa.Table(
     sa.Column("prompt_tokens", sa.Integer, nullable=False), sa.Column("completion_tokens", sa.Integer, nullable=False),
     sa.Column("latency_ms", sa.Float, nullable=False), sa.Column("status", sa.Integer, nullable=False),
 )
-LIMIT_FIELDS = ("rpm", "tpm", "rpd", "tpd", "team_rpm", "team_tpm", "team_rpd", "team_tpd")
+# a team's limits bind every key of the team together (a key holds only its own)
+teams_table = sa.Table(
+    "gateway_teams", metadata,
+    sa.Column("team", sa.String(200), primary_key=True),
+    sa.Column("rpm", sa.Integer), sa.Column("tpm", sa.Integer),
+    sa.Column("rpd", sa.Integer), sa.Column("tpd", sa.Integer),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+LIMIT_FIELDS = ("rpm", "tpm", "rpd", "tpd")
 
 
 @dataclass
@@ -55,10 +61,6 @@ class ApiKey:
     tpm: int | None = None
     rpd: int | None = None
     tpd: int | None = None
-    team_rpm: int | None = None
-    team_tpm: int | None = None
-    team_rpd: int | None = None
-    team_tpd: int | None = None
     expires_at: float | None = None
     revoked_at: float | None = None
     created_at: float = 0.0
@@ -74,6 +76,19 @@ class ApiKey:
         if self.expires_at is not None and now >= self.expires_at:
             return "this API key has expired"
         return None
+
+    def public(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Team:
+    team: str
+    rpm: int | None = None
+    tpm: int | None = None
+    rpd: int | None = None
+    tpd: int | None = None
+    updated_at: float = 0.0
 
     def public(self) -> dict:
         return asdict(self)
@@ -117,6 +132,8 @@ class GatewayStore:
             raise ValueError(f"unknown limits {sorted(unknown)}; known: {LIMIT_FIELDS}")
         if not owner or not team:
             raise ValueError("a key needs an owner and a team")
+        if isinstance(models, str):
+            raise ValueError("models must be a list of model names, not one string")
         key_id = secrets.token_hex(6)
         secret = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(24)}"
         record = ApiKey(key_id=key_id, owner=owner, team=team, models=sorted(models or []),
@@ -138,10 +155,44 @@ class GatewayStore:
             raise KeyError(f"no API key with id {key_id!r}")
         return _key(row)
 
-    def lookup(self, secret: str) -> ApiKey | None:
+    def lookup(self, secret: str) -> tuple[ApiKey, Team | None] | None:
+        """The key of a secret with its team's limits (None when the team has no row), or None."""
+        query = sa.select(keys_table, *[teams_table.c[n].label(f"t_{n}") for n in (*LIMIT_FIELDS, "team")]) \
+            .select_from(keys_table.outerjoin(teams_table, keys_table.c.team == teams_table.c.team)) \
+            .where(keys_table.c.key_hash == hash_key(secret))
         with self.engine.connect() as conn:
-            row = conn.execute(keys_table.select().where(keys_table.c.key_hash == hash_key(secret))).mappings().first()
-        return _key(row) if row else None
+            row = conn.execute(query).mappings().first()
+        if row is None:
+            return None
+        team = Team(row["team"], *(row[f"t_{n}"] for n in LIMIT_FIELDS)) if row["t_team"] is not None else None
+        return _key(row), team
+
+    # teams
+    def set_team(self, team: str, **limits: int | None) -> Team:
+        """Creates or replaces a team's limits (a limit left out is none)."""
+        if not team:
+            raise ValueError("a team needs a name")
+        record = Team(team, **{n: limits.get(n) for n in LIMIT_FIELDS}, updated_at=time.time())
+        with self.engine.begin() as conn:
+            updated = conn.execute(teams_table.update().where(teams_table.c.team == team)
+                                   .values(**asdict(record)))
+            if updated.rowcount == 0:
+                conn.execute(teams_table.insert().values(**asdict(record)))
+        return record
+
+    def list_teams(self) -> list[Team]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(teams_table.select().order_by(teams_table.c.team)).mappings().all()
+        return [Team(**row) for row in rows]
+
+    def version(self) -> tuple:
+        """Changes whenever a key is created, revoked or rotated or a team's limits change: replicas poll
+        it to drop cached keys at once."""
+        with self.engine.connect() as conn:
+            keys = conn.execute(sa.select(sa.func.count(), sa.func.max(keys_table.c.revoked_at),
+                                          sa.func.max(keys_table.c.rotated_at))).one()
+            teams = conn.execute(sa.select(sa.func.count(), sa.func.max(teams_table.c.updated_at))).one()
+        return (*keys, *teams)
 
     def revoke_key(self, key_id: str) -> ApiKey:
         self._update(key_id, revoked_at=time.time())

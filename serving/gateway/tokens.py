@@ -52,5 +52,6 @@ def _text(content) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts
-        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return " ".join(part["text"] for part in content
+                        if isinstance(part, dict) and isinstance(part.get("text"), str))
     return json.dumps(content)

@@ -185,6 +185,30 @@ class GatewayProcess:
         return httpx.request(method, self.url + path, headers={"Authorization": f"Bearer {ADMIN_KEY}"},
                              timeout=30, **kwargs)
 
+    def metrics(self) -> str:
+        """/metrics with the admin key (anonymous callers are refused: it names backends and models)."""
+        response = self.admin("GET", "/metrics")
+        assert response.status_code == 200, response.text
+        return response.text
+
+    def backends(self, model: str = MODEL_NAME) -> dict[str, dict[str, float]]:
+        """Per backend URL of `model`: in_flight, circuit_open and failures (attempts booked as failed)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        states: dict[str, dict[str, float]] = {}
+        names = {"mlplane_gateway_backend_in_flight": "in_flight",
+                 "mlplane_gateway_backend_circuit_open": "circuit_open"}
+        failures: dict[str, float] = {}
+        for family in text_string_to_metric_families(self.metrics()):
+            for sample in family.samples:
+                if sample.name in names and sample.labels["model"] == model:
+                    states.setdefault(sample.labels["backend"], {})[names[sample.name]] = sample.value
+                if sample.name == "mlplane_gateway_backend_requests_total" and sample.labels["outcome"] == "failure":
+                    failures[sample.labels["backend"]] = sample.value
+        for url, state in states.items():
+            state["failures"] = failures.get(url, 0.0)
+        return states
+
     def key(self, **fields) -> str:
         response = self.admin("POST", "/admin/keys", json={"owner": "tester", "team": "qa", **fields})
         assert response.status_code == 201, response.text
@@ -209,6 +233,8 @@ async def v2_model_server(scope, receive, send):
         answer = {"ready": True}
     elif path == "/v2/models/adder":
         answer = {"name": "adder", "platform": "python", "inputs": [{"name": "x", "datatype": "FP32"}]}
+    elif path == "/v2/models/broken/infer":  # a backend failing with internals in its error text
+        status, answer = 500, {"error": "Traceback: secret-internal-detail at /srv/model.py"}
     elif path == "/v2/models/adder/infer":
         inputs = json.loads(body)["inputs"]
         answer = {"model_name": "adder", "outputs": [
@@ -240,8 +266,8 @@ def v2_backend() -> str:
 def gateway(vllm_backends, gateway_llm_path, v2_backend, tmp_path_factory) -> GatewayProcess:
     """The embedded default: SQLite keys and usage, in-process rate limits."""
     workdir = tmp_path_factory.mktemp("gateway")
-    v2 = {"model_name": "adder", "kind": "v2", "url": v2_backend, "region": "eu"}
-    config = gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{workdir}/gateway.db", extra_models=[v2])
+    v2 = [{"model_name": name, "kind": "v2", "url": v2_backend, "region": "eu"} for name in ("adder", "broken")]
+    config = gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{workdir}/gateway.db", extra_models=v2)
     process = GatewayProcess(config, workdir)
     yield process
     process.stop()
@@ -249,10 +275,11 @@ def gateway(vllm_backends, gateway_llm_path, v2_backend, tmp_path_factory) -> Ga
 
 class CuttingProxy:
     """A TCP proxy in front of a real backend that drops the connection once `cut_after` bytes of the
-    backend's answer have passed: the network failing under a request, at a chosen point."""
+    backend's answer have passed: the network failing under a request, at a chosen point. With `hang`,
+    it keeps the connection open and silent instead (a backend that hangs mid-stream)."""
 
-    def __init__(self, upstream_port: int, cut_after: int):
-        self.upstream_port, self.cut_after = upstream_port, cut_after
+    def __init__(self, upstream_port: int, cut_after: int, hang: bool = False):
+        self.upstream_port, self.cut_after, self.hang = upstream_port, cut_after, hang
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -295,6 +322,8 @@ class CuttingProxy:
 
         forward = asyncio.ensure_future(requests())
         await answers()
+        if self.hang and cut_after != float("inf"):
+            await asyncio.sleep(3600)  # silent until the gateway gives up (or the proxy closes)
         forward.cancel()
         for writer in (client_writer, upstream_writer):
             writer.transport.abort()

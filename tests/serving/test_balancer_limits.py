@@ -8,7 +8,7 @@ import pytest
 from serving.gateway.balancer import BackendState, choose
 from serving.gateway.config import BackendSpec, ConfigError, parse_config
 from serving.gateway.limits import Limit, MemoryLimiter, Rejection, Reservation, limits_for
-from serving.gateway.store import ApiKey
+from serving.gateway.store import ApiKey, Team
 
 
 class Clock:
@@ -21,7 +21,8 @@ class Clock:
 
 def backend(url: str, region: str, latency: float | None = None, capacity: int = 4, weight: float = 1.0,
             clock=None) -> BackendState:
-    state = BackendState(BackendSpec("m", url, "m", region=region, capacity=capacity, weight=weight))
+    state = BackendState(BackendSpec(model_name="m", url=url, model="m", region=region, capacity=capacity,
+                                     weight=weight))
     state.latency_s = latency
     if clock:
         state.clock = clock
@@ -55,7 +56,7 @@ def test_weights_split_ties():
     # a costs 0.1/3, b 0.3/1: the cheaper a always wins
     assert picks.count("http://a") == 400
     b.latency_s = 0.1
-    b.spec = BackendSpec("m", "http://b", "m", region="eu", weight=3.0)
+    b.spec = BackendSpec(model_name="m", url="http://b", model="m", region="eu", weight=3.0)
     picks = [choose([a, b], None, set(), 2.0, rng).spec.url for _ in range(400)]
     assert 120 < picks.count("http://a") < 280
 
@@ -85,7 +86,7 @@ def key(**limits) -> ApiKey:
 
 
 def test_limits_of_a_key_and_its_team():
-    limits = limits_for(key(tpm=100, rpd=5, team_tpm=1000))
+    limits = limits_for(key(tpm=100, rpd=5), Team("t", tpm=1000))
     assert Limit("key:k1", "tokens", "minute", 100) in limits
     assert Limit("key:k1", "requests", "day", 5) in limits
     assert Limit("team:t", "tokens", "minute", 1000) in limits
@@ -102,12 +103,12 @@ def test_reservations_hold_the_token_limit_and_settle_to_actual_use():
         assert isinstance(first, Reservation)
         second = await limiter.acquire(limits, 60)
         assert isinstance(second, Rejection) and second.limit.unit == "tokens"
-        assert second.retry_after_s == 51  # until the minute ends, plus one
+        assert second.retry_after_s == 61  # until its one-second bucket leaves the sliding minute
         await limiter.settle(first, -40)  # the request used 20 of its 60
         assert isinstance(await limiter.acquire(limits, 60), Reservation)
         too_big = await limiter.acquire(limits, 500)
         assert isinstance(too_big, Rejection) and "more than the limit" in too_big.message()
-        clock.now += 60  # next window
+        clock.now += 61  # its bucket has left the window
         assert isinstance(await limiter.acquire(limits, 100), Reservation)
 
     asyncio.run(scenario())
@@ -115,7 +116,7 @@ def test_reservations_hold_the_token_limit_and_settle_to_actual_use():
 
 def test_a_rejection_increments_nothing():
     limiter = MemoryLimiter("test", clock=Clock())
-    limits = limits_for(key(rpm=1, team_tpm=10))
+    limits = limits_for(key(rpm=1), Team("t", tpm=10))
 
     async def scenario():
         assert isinstance(await limiter.acquire(limits, 20), Rejection)  # over the team's tokens
@@ -128,7 +129,11 @@ def test_a_rejection_increments_nothing():
 def test_gateway_config_errors_name_the_problem():
     good = {"model_list": [{"model_name": "m", "url": "http://x"}], "settings": {}}
     assert parse_config(good).backends[0].model_name == "m"
-    with pytest.raises(ConfigError, match=r"model_list\[0\]: unknown fields \['urll'\]"):
-        parse_config({**good, "model_list": [{"model_name": "m", "urll": "http://x"}]})
-    with pytest.raises(ConfigError, match="unknown settings"):
+    with pytest.raises(ConfigError, match=r"model_list\[0\]\.urll: Extra inputs are not permitted"):
+        parse_config({**good, "model_list": [{"model_name": "m", "url": "http://x", "urll": "http://x"}]})
+    with pytest.raises(ConfigError, match=r"settings\.stroe: Extra inputs"):
         parse_config({**good, "settings": {"stroe": "x"}})
+    with pytest.raises(ConfigError, match=r"settings\.max_attempts: Input should be a valid integer"):
+        parse_config({**good, "settings": {"max_attempts": "3"}})
+    with pytest.raises(ConfigError, match=r"model_list\[0\]\.capacity"):
+        parse_config({**good, "model_list": [{"model_name": "m", "url": "http://x", "capacity": 0}]})

@@ -173,7 +173,7 @@ def test_bad_requests_get_clear_4xx_never_5xx(gateway):
 def backend_metrics(gateway) -> tuple[float, float]:
     """(upstream attempts booked as failures, circuits open) of the chat model's backends, from /metrics."""
     failures = circuits = 0.0
-    for family in text_string_to_metric_families(httpx.get(f"{gateway.url}/metrics", timeout=30).text):
+    for family in text_string_to_metric_families(gateway.metrics()):
         for sample in family.samples:
             if sample.name == "mlplane_gateway_backend_requests_total" and sample.labels["outcome"] == "failure":
                 failures += sample.value
@@ -278,7 +278,7 @@ def test_backend_killed_under_load_no_client_sees_a_failure(vllm_backends, gatew
     rows = usage_rows(gateway, requests, group_by="key_id,region,status")
     mine = {(r["region"], r["status"]): r["requests"] for r in rows if r["key_id"] == key.split("-")[2]}
     assert sum(mine.values()) == requests and set(mine) == {("eu", 200), ("us", 200)}
-    metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    metrics = gateway.metrics()
     assert f'mlplane_gateway_backend_healthy{{backend="{eu.url}",model="{MODEL_NAME}",region="eu"}} 0.0' in metrics
     retries = [line for line in metrics.splitlines() if line.startswith("mlplane_gateway_retries_total")]
     assert retries and float(retries[0].split()[-1]) > 0
@@ -327,7 +327,7 @@ def test_open_inference_protocol_v2_pass_through(gateway):
 def test_metrics_and_openapi(gateway):
     key = gateway.key()
     client(gateway, key).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2)
-    metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    metrics = gateway.metrics()
     for name in ("mlplane_gateway_requests_total", "mlplane_gateway_tokens_total",
                  "mlplane_gateway_request_latency_seconds_bucket", "mlplane_gateway_backend_healthy",
                  "mlplane_gateway_backend_latency_ewma_seconds"):
@@ -335,7 +335,17 @@ def test_metrics_and_openapi(gateway):
     assert f'mlplane_gateway_requests_total{{endpoint="chat",model="{MODEL_NAME}",status="200"}}' in metrics
     spec = httpx.get(f"{gateway.url}/openapi.json", timeout=30).json()
     assert {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-            "/v2/models/{name}/infer", "/admin/keys", "/metrics"} <= set(spec["paths"])
+            "/v2/models/{name}/infer", "/admin/keys", "/admin/teams", "/metrics"} <= set(spec["paths"])
+    # every request body and answer is described, so client generators and fuzzers get the real shapes
+    chat = spec["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
+    assert chat["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletion")
+    assert chat["responses"]["429"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    schemas = spec["components"]["schemas"]
+    assert {"messages", "max_tokens", "n", "stream_options"} <= set(schemas["ChatCompletionRequest"]["properties"])
+    assert schemas["KeyCreate"]["properties"]["models"]["type"] == "array"
+    assert {"inputs"} <= set(schemas["InferRequest"]["required"])
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer" and chat["security"]
 
 
 def test_gateway_resource_calls_models_with_a_service_key(gateway):
@@ -384,7 +394,7 @@ def test_retries_before_the_first_byte_never_after_a_stream_started(vllm_backend
                             extra_body={"ignore_eos": True}):
                         received.append(chunk)
                 assert received and all(c.choices[0].finish_reason is None for c in received)
-            metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+            metrics = gateway.metrics()
             retried = [float(line.split()[-1]) for line in metrics.splitlines()
                        if line.startswith("mlplane_gateway_retries_total")]
             assert retried == ([1.0] if streamed_fully else [])

@@ -1,0 +1,148 @@
+"""Calls to backends for one Exchange, over one aiohttp session (its connection pool costs a fraction
+of httpx's per request, and does not grow with the number of pooled connections): the best backend
+first, then others on a failure before the first byte reached the client. A backend's 4xx is the
+client's and never counts against it; 502s name the model, never a backend URL or its error text
+(those go to the log)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+
+from serving.gateway.balancer import choose
+from serving.gateway.errors import GatewayError
+from serving.gateway.exchange import Exchange
+
+log = logging.getLogger("mlplane.gateway")
+JSON_HEADERS = {"Content-Type": "application/json"}
+# what a backend connection can raise while a request or a stream is under way
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError)
+
+
+class BackendFailure(Exception):
+    """The backend failed before the first byte reached the client: another backend may be tried."""
+
+
+@dataclass
+class Answer:
+    status: int
+    content: bytes
+    content_type: str
+    payload: object = None
+
+
+def session_for(settings) -> aiohttp.ClientSession:
+    """The pooled client to every backend (created on the running loop, at start)."""
+    connector = aiohttp.TCPConnector(limit=1000, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s,
+                                    sock_read=settings.request_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                 skip_auto_headers=("User-Agent",), raise_for_status=False)
+
+
+def attempts(gateway, exchange: Exchange, group, region: str | None):
+    """Backends to try in turn, each holding a slot in the exchange: the best one (503 when none is
+    available), then others not tried yet, up to `max_attempts`."""
+    settings = gateway.settings
+    tried: set[str] = set()
+    for _ in range(settings.max_attempts):
+        state = choose(group.backends, region, tried, settings.spill_factor)
+        if state is None:
+            if not tried:
+                raise GatewayError(503, f"No backend of model '{group.name}' is available; retry later",
+                                   "service_unavailable", "no_backend_available",
+                                   headers={"Retry-After": str(max(1, int(settings.circuit_open_s)))})
+            return
+        tried.add(state.spec.id)
+        exchange.take(state)
+        yield state
+
+
+def failed(gateway, exchange: Exchange, group, error: Exception) -> None:
+    """Books a failed attempt before the first byte; a refused or dropped connection marks the backend
+    down at once, a timeout does not (a busy backend answers probes late)."""
+    state = exchange.state
+    exchange.release(False)
+    if isinstance(error, aiohttp.ClientError) or isinstance(error, asyncio.TimeoutError):
+        state.healthy = isinstance(error, asyncio.TimeoutError)
+    log.warning("backend %s failed before the first byte (%s: %s); trying another",
+                state.spec.url, type(error).__name__, error)
+    gateway.metrics.retries.labels(group.name).inc()
+
+
+def all_failed(group) -> GatewayError:
+    return GatewayError(502, f"Every backend of model '{group.name}' failed; retry later", "upstream_error",
+                        "backend_failed")
+
+
+def encode(body: dict | None, state) -> bytes | None:
+    """The body for one backend (OpenAI backends get their own model name). The body was parsed
+    strictly, so this cannot fail on the client's values."""
+    if body is None:
+        return None
+    if state.spec.kind == "openai":
+        body = {**body, "model": state.spec.model}
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+async def forward(gateway, exchange: Exchange, group, method: str, path_of, body: dict | None,
+                  region: str | None, parse_json: bool = True) -> Answer:
+    """A non-streaming call, moved to another backend on a connection error, a 5xx or (with
+    `parse_json`) an unreadable answer."""
+    for state in attempts(gateway, exchange, group, region):
+        started = time.perf_counter()
+        try:
+            async with gateway.session.request(method, state.spec.url + path_of(state),
+                                               data=encode(body, state), headers=JSON_HEADERS) as response:
+                content = await response.read()
+            if response.status >= 500:
+                raise BackendFailure(f"HTTP {response.status}: {content[:200]!r}")
+            answer = Answer(response.status, content, response.headers.get("Content-Type", "application/json"))
+            if parse_json:
+                answer.payload = json.loads(content)
+        except (*UPSTREAM_ERRORS, BackendFailure) as error:
+            failed(gateway, exchange, group, error)
+            continue
+        exchange.release(True, time.perf_counter() - started)
+        return answer
+    raise all_failed(group)
+
+
+async def lines_of(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    async for raw in response.content:
+        yield raw.decode().rstrip("\r\n")
+
+
+async def open_stream(gateway, exchange: Exchange, group, body: dict, region: str | None, path: str):
+    """Opens a streamed call and reads its first line; failures up to then move to another backend.
+    Returns (status, first line or the refusal's body, lines or None when the backend refused with a
+    4xx); while streaming, the exchange holds the backend's slot and its response."""
+    for state in attempts(gateway, exchange, group, region):
+        started = time.perf_counter()
+        response = None
+        try:
+            response = await gateway.session.post(state.spec.url + path, data=encode(body, state),
+                                                  headers=JSON_HEADERS)
+            if response.status >= 400:
+                content = await response.read()
+                response.release()
+                if response.status >= 500:
+                    raise BackendFailure(f"HTTP {response.status}: {content[:200]!r}")
+                exchange.release(True, time.perf_counter() - started)
+                return response.status, content, None
+            exchange.upstream = response
+            lines = lines_of(response)
+            first = await anext(lines)
+            return response.status, first, lines
+        except (*UPSTREAM_ERRORS, BackendFailure, StopAsyncIteration) as error:
+            if response is not None:
+                exchange.upstream = None
+                response.close()
+            failed(gateway, exchange, group, error)
+    raise all_failed(group)
