@@ -1,5 +1,5 @@
 """Trained models. The personalization model is a plain training function made into a scheduled,
-registered, gated pipeline by `orchestration.pipelines.training_pipeline`."""
+registered, gated pipeline by `assets.pipelines.training_pipeline`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
 from assets.metadata import table
 from assets.partitions import daily_partitions
+from assets.pipelines import TrainedModel, TrainingRun, training_pipeline
 from engines.embeddings import latest_item_embeddings
 from engines.lake import Lake
 from feature_defs import personalization_ranking
 from ml import personalization as model_code
 from ml.plots import loss_curve_png
-from orchestration.pipelines import TrainedModel, TrainingRun, training_pipeline
 
 RANK_K = 10
 

@@ -34,9 +34,9 @@ from dagster import (
 from pydantic import Field
 
 from engines.lake import Lake
-from orchestration.profiles import PROJECT_ROOT
 
 GATE_CHECK = "beats_champion"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout whose commit a model records
 
 
 @dataclass
