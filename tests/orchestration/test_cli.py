@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from orchestration.profiles import PROJECT_ROOT
+
+pytestmark = pytest.mark.services  # `mlplane` subprocesses running the pipeline
 
 MLPLANE = str(Path(sys.executable).with_name("mlplane"))
 
