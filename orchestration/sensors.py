@@ -43,6 +43,13 @@ def landing_fingerprints(lake: Lake) -> dict[str, str]:
     return fingerprints
 
 
+def landing_cursor(lake: Lake, days: list[date]) -> str:
+    """The landing sensor's cursor once `days` have been run from their current landing files (the demo
+    stores it, so the UI's sensor does not run them again)."""
+    wanted = {d.isoformat() for d in days}
+    return json.dumps({d: fp for d, fp in landing_fingerprints(lake).items() if d in wanted}, sort_keys=True)
+
+
 @sensor(
     job=daily_pipeline,
     minimum_interval_seconds=30,
