@@ -18,6 +18,7 @@ SERVICE_FIXTURES = frozenset({
     "streaming_run", "first_run", "lake_dir",  # Flink
     "gateway_llm_path", "vllm_backends", "v2_backend", "gateway", "prod_gateways", "prod_state",  # vLLM, gateway
     "registry_db", "postgres_registry", "prod_home", "redis_store",  # PostgreSQL, Redis
+    "chromium",  # a browser
 })
 
 
