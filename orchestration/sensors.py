@@ -21,6 +21,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 
 from assets import all_asset_checks
 from assets.partitions import daily_partitions
+from assets.pipelines import NOTIFY_TAG
 from engines.lake import Lake
 from feature_defs.sources import all_sources
 from jobs import daily_pipeline
@@ -87,8 +88,15 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
         "partition": run.tags.get("dagster/partition"),
         "error": context.failure_event.message,
     }
+    targets = [t for t in run.tags.get(NOTIFY_TAG, "").split(",") if t]
+    posted, unknown = notifier.post_to_targets(targets, payload)
     if notifier.post(payload):
-        context.log.info(f"notified {notifier.url} of failed run {run.run_id}")
+        posted.append(notifier.url)
+    if unknown:
+        context.log.warning(f"run {run.run_id}: no webhook for notification targets {unknown} "
+                            "(set MLPLANE_NOTIFY_<TARGET>)")
+    if posted:
+        context.log.info(f"notified {', '.join(posted)} of failed run {run.run_id}")
     else:
         context.log.warning(f"run {run.run_id} failed; no webhook configured (set MLPLANE_WEBHOOK_URL)")
 
