@@ -1,19 +1,48 @@
-"""Software-defined assets, by domain. Each module owns its assets and their checks."""
+"""Software-defined assets, by domain. Each module owns its assets and their checks.
 
-from assets.datasets import dataset_assets
-from assets.embeddings import embedding_assets
-from assets.experiments import experiment_assets
-from assets.features import feature_store_assets, feature_table_assets
-from assets.freshness import freshness_checks
-from assets.ground_truth import ground_truth_assets
-from assets.inference import inference_assets
-from assets.ingestion import ingestion_assets
-from assets.llm import llm_assets
-from assets.models import model_assets
-from assets.quality import quality_assets
-from assets.streaming import streaming_assets, streaming_history_assets
+Every module of this package is loaded: its assets and asset checks (module-level, or in module-level
+lists) and its pipelines (`training_pipeline`, `notebook_pipeline`: assets, checks, a job, a schedule)
+join the Definitions without a list to edit, so a new module cannot be forgotten."""
 
-all_asset_checks = [*freshness_checks]
-all_assets = [*ingestion_assets, *feature_table_assets, *feature_store_assets, *dataset_assets, *quality_assets,
-              *embedding_assets, *streaming_assets, *streaming_history_assets, *model_assets, *inference_assets,
-              *experiment_assets, *llm_assets, *ground_truth_assets]
+import importlib
+import pkgutil
+import sys
+
+from dagster import AssetChecksDefinition, load_asset_checks_from_package_module, load_assets_from_package_module
+
+from assets.notebooks import NotebookPipeline
+from assets.pipelines import TrainingPipeline
+
+_package = sys.modules[__name__]
+_modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")]
+
+all_pipelines: list[TrainingPipeline | NotebookPipeline] = list({
+    id(value): value for module in _modules for value in vars(module).values()
+    if isinstance(value, TrainingPipeline | NotebookPipeline)}.values())
+
+
+def _unique(items) -> list:
+    """One definition per set of keys (a module's list and a pipeline can hold the same one, and the
+    loaders return copies)."""
+    found = {}
+    for item in items:
+        keys = item.check_keys if isinstance(item, AssetChecksDefinition) else item.keys
+        found.setdefault(frozenset(keys), item)
+    return list(found.values())
+
+
+def _load() -> tuple[list, list]:
+    """(assets, asset checks) of every module and pipeline; in a function, so that the loaders, which
+    also read this package's own attributes, never see its partial results."""
+    loaded = load_assets_from_package_module(_package)
+    checks = load_asset_checks_from_package_module(_package)
+    assets = [*(a for a in loaded if not isinstance(a, AssetChecksDefinition)), *(a for p in all_pipelines
+                                                                                   for a in p.assets)]
+    checks = [*checks, *(a for a in loaded if isinstance(a, AssetChecksDefinition)),
+              *(c for p in all_pipelines for c in getattr(p, "asset_checks", []))]
+    return _unique(assets), _unique(checks)
+
+
+all_assets, all_asset_checks = _load()
+pipeline_jobs = [p.job for p in all_pipelines]
+pipeline_schedules = [p.schedule for p in all_pipelines]

@@ -9,7 +9,7 @@ from dagster import AssetKey, Failure, MaterializeResult, MetadataValue, asset
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
 from assets.metadata import table
-from assets.models import item_embeddings
+from assets.models import READS_ITEM_EMBEDDINGS, clip_image_vectors
 from assets.partitions import daily_partitions, partition_days
 from engines.experiments import Experiment, load
 from ml import personalization as model_code
@@ -31,7 +31,7 @@ def experiment_report(experiment: Experiment):
                     f"{variants}. Each variant's model scores the held-out day's impressions of the users "
                     f"the experiment assigns to it. {experiment.description}",
         partitions_def=daily_partitions,
-        deps=[TRAINING_SET_KEY, AssetKey(["models", f"{experiment.model}_champion"])],
+        deps=[TRAINING_SET_KEY, AssetKey(["models", f"{experiment.model}_champion"]), READS_ITEM_EMBEDDINGS],
         kinds={"mlflow", "pytorch"},
         owners=["team:ml-platform"],
     )
@@ -46,7 +46,7 @@ def experiment_report(experiment: Experiment):
         assigned = held_out.get_column("user_id").map_elements(lambda u: experiment.assign(u).name,
                                                                return_dtype=str)
         registry = model_registry.registry()
-        embeddings = item_embeddings(the_lake)
+        embeddings = clip_image_vectors(the_lake)
         rows = []
         with tempfile.TemporaryDirectory(prefix="experiment-") as work:
             for variant in experiment.variants:

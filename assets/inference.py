@@ -19,7 +19,7 @@ from pydantic import Field
 
 from assets.ingestion import warehouse_key
 from assets.metadata import table
-from assets.models import item_embeddings
+from assets.models import READS_ITEM_EMBEDDINGS, clip_image_vectors
 from assets.partitions import daily_partitions, partition_days
 from engines import batch_inference as engine
 from feature_defs.outputs import user_recommendations
@@ -52,7 +52,7 @@ class BatchInferenceConfig(Config):
     partitions_def=daily_partitions,
     deps=[AssetKey(["models", f"{MODEL}_champion"]), warehouse_key(interactions), warehouse_key(items),
           AssetKey(["offline", "user_engagement"]), AssetKey(["offline", "user_profile"]),
-          AssetKey(["offline", "item_content"])],
+          AssetKey(["offline", "item_content"]), READS_ITEM_EMBEDDINGS],
     kinds={"ray", "qdrant", "parquet", "feast"},
     owners=["team:ml-platform"],
     op_tags={"mlplane/pool": "cpu"},
@@ -82,7 +82,7 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
     users = engine.entity_features(the_lake, day, model.spec.user.columns, "user_id", active)
     item_rows = engine.entity_features(the_lake, day, model.spec.item.columns, "item_id", sorted(existing))
     if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them again
-        item_rows = with_item_embeddings(item_rows, item_embeddings(the_lake))
+        item_rows = with_item_embeddings(item_rows, clip_image_vectors(the_lake))
     with vector_store.open() as store:
         radius = engine.index_items(store, model, item_rows, champion.version)
         recommendations = engine.recommend(users, store, model, champion.version, radius, config.k,

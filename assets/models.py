@@ -1,28 +1,33 @@
 """Trained models. The personalization model is a plain training function made into a scheduled,
-registered, gated pipeline by `orchestration.pipelines.training_pipeline`."""
+registered, gated pipeline by `assets.pipelines.training_pipeline`."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import polars as pl
-from dagster import AssetDep, MetadataValue, TimeWindowPartitionMapping
+from dagster import AllPartitionMapping, AssetDep, MetadataValue, TimeWindowPartitionMapping
 
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
+from assets.embeddings import ITEM_EMBEDDINGS
 from assets.metadata import table
 from assets.partitions import daily_partitions
+from assets.pipelines import TrainedModel, TrainingRun, training_pipeline
 from engines.embeddings import latest_item_embeddings
 from engines.lake import Lake
 from feature_defs import personalization_ranking
 from ml import personalization as model_code
 from ml.plots import loss_curve_png
-from orchestration.pipelines import TrainedModel, TrainingRun, training_pipeline
 
 RANK_K = 10
 
 
-def item_embeddings(lake: Lake) -> pl.DataFrame | None:
+# The newest embedding of every item (all partitions of embeddings/items), where they exist.
+READS_ITEM_EMBEDDINGS = AssetDep(ITEM_EMBEDDINGS, partition_mapping=AllPartitionMapping())
+
+
+def clip_image_vectors(lake: Lake) -> pl.DataFrame | None:
     """The items' CLIP image embeddings where the embeddings pipeline has produced them; else None."""
     frame = latest_item_embeddings(lake.root)
     if frame.is_empty():
@@ -36,7 +41,7 @@ def item_embeddings(lake: Lake) -> pl.DataFrame | None:
                 "daily on the newest partitions, evaluated on the newest day held out (AUC, recall@10, "
                 "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`.",
     deps=[AssetDep(TRAINING_SET_KEY, partition_mapping=TimeWindowPartitionMapping(
-        start_offset=-6, end_offset=0, allow_nonexistent_upstream_partitions=True))],
+        start_offset=-6, end_offset=0, allow_nonexistent_upstream_partitions=True)), READS_ITEM_EMBEDDINGS],
     partitions_def=daily_partitions,
 )
 def train_personalization(run: TrainingRun) -> TrainedModel:
@@ -46,7 +51,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
         raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
     frame = run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect()
     train_rows, held_out = model_code.split_held_out(frame)
-    embeddings = item_embeddings(run.lake)
+    embeddings = clip_image_vectors(run.lake)
     config = model_code.TrainConfig(num_workers=run.num_workers, use_gpu=run.use_gpu)
     run.log(f"training on {train_rows.height} rows ({days[0]}..{days[-2]}), "
             f"holding out {held_out.height} of {days[-1]}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from functools import cached_property
@@ -37,7 +38,9 @@ from pathlib import Path
 from feature_defs import catalogue
 from feature_defs.compile.feast import feast_objects
 
-for _object in feast_objects(catalogue, Path({offline_root!r})):
+OFFLINE_ROOT = Path(__file__).resolve().parent / {offline_root!r}  # relative to this file: the lake can move
+
+for _object in feast_objects(catalogue, OFFLINE_ROOT):
     globals()[f"{{type(_object).__name__}}_{{_object.name}}"] = _object
 '''
 
@@ -56,14 +59,22 @@ class FeatureStoreSettings:
     redis_url: str = "localhost:6379"  # Feast's connection string: host:port[,db=N,password=...]
     registry_url: str | None = None  # a SQLAlchemy URL for a SQL registry; default a file in repo_dir
 
+    def __post_init__(self) -> None:
+        # Absolute, so nothing depends on the caller's working directory: Feast resolves relative
+        # paths against the repository, a pusher process runs from the project folder.
+        object.__setattr__(self, "repo_dir", Path(self.repo_dir).resolve())
+        object.__setattr__(self, "offline_root", Path(self.offline_root).resolve())
+
     def config_dict(self) -> dict[str, Any]:
+        """feature_store.yaml's content. Its files are named relative to repo_dir, the file's own folder,
+        which Feast resolves them against (in process too: RepoConfig gets repo_path)."""
         if self.online_store == "sqlite":
-            online = {"type": "sqlite", "path": str(self.repo_dir / "online_store.db")}
+            online = {"type": "sqlite", "path": "online_store.db"}
         elif self.online_store == "redis":
             online = {"type": "redis", "connection_string": self.redis_url}
         else:
             raise ValueError(f"online_store must be 'sqlite' or 'redis', not {self.online_store!r}")
-        registry: Any = str(self.repo_dir / "registry.db")
+        registry: Any = "registry.db"
         if self.registry_url:
             registry = {"registry_type": "sql", "path": self.registry_url, "cache_ttl_seconds": 60}
         return {
@@ -89,14 +100,16 @@ class FeatureStoreEngine:
         repo = self.settings.repo_dir
         repo.mkdir(parents=True, exist_ok=True)
         (repo / "feature_store.yaml").write_text(yaml.safe_dump(self.settings.config_dict(), sort_keys=False))
-        (repo / "definitions.py").write_text(REPO_MODULE.format(offline_root=str(self.settings.offline_root)))
+        offline_root = os.path.relpath(self.settings.offline_root, repo)
+        (repo / "definitions.py").write_text(REPO_MODULE.format(offline_root=offline_root))
         return repo / "feature_store.yaml"
 
     @cached_property
     def store(self) -> FeatureStore:
         config = RepoConfig(repo_path=self.settings.repo_dir, **self.settings.config_dict())
         self.settings.repo_dir.mkdir(parents=True, exist_ok=True)
-        return FeatureStore(config=config)
+        # repo_path too: without it Feast resolves the registry against the working directory
+        return FeatureStore(repo_path=str(self.settings.repo_dir), config=config)
 
     def apply(self) -> list:
         """Register every entity, source, view and service of the catalogue; remove ones no longer defined."""

@@ -21,6 +21,8 @@ import pandas as pd
 from great_expectations.data_context.types.base import ProgressBarsConfig
 from great_expectations.expectations import Expectation
 
+from engines.data_docs import make_offline
+
 # One pandas data source holds one dataframe asset per suite; the frame is passed per run.
 _DATASOURCE = "mlplane"
 _BATCH_DEFINITION = "whole_dataframe"
@@ -104,9 +106,11 @@ class QualityEngine:
         )
 
     def build_docs(self) -> Path:
-        """Render Data Docs (suite pages and one page per stored validation) and return index.html."""
+        """Render Data Docs (suite pages and one page per stored validation), loading their CSS and
+        JavaScript from the site itself (they open offline), and return index.html."""
         with self._locked() as context:
             context.build_data_docs()
+            make_offline(self.docs_index_path.parent)  # CDN links -> the copies the platform ships
         return self.docs_index_path
 
     def latest_results(self) -> list[dict[str, Any]]:

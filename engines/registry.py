@@ -62,6 +62,7 @@ class ModelRegistry:
     @classmethod
     def local(cls, root: Path) -> ModelRegistry:
         """SQLite tracking store and artifact folder under `root`."""
+        root = root.resolve()  # MLflow stores the artifact location: never relative to the caller's folder
         root.mkdir(parents=True, exist_ok=True)
         return cls(f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts"))
 

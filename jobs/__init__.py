@@ -1,9 +1,9 @@
 """Asset jobs. The daily pipeline is partitioned: the schedule and the landing sensor run one day,
-`dagster job backfill` or `dagster asset materialize --partition-range` run many."""
+`dagster job backfill` or `dagster asset materialize --partition-range` run many. Every job defined
+here is loaded by orchestration/definitions.py; pipelines' jobs come with their assets."""
 
 from dagster import AssetSelection, define_asset_job
 
-from assets.models import train_personalization
 from assets.partitions import daily_partitions
 
 # Run tags that the production instance's queued run coordinator limits per pool.
@@ -72,6 +72,3 @@ ground_truth_queues = define_asset_job(
                 "champion-vs-challenger disagreements and a random audit sample (idempotent).",
     tags=CPU_POOL,
 )
-
-all_jobs = [daily_pipeline, feature_store_refresh, item_embeddings_daily, train_personalization.job, batch_inference,
-            streaming_backfill, gateway_llm_training, ground_truth_queues]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from orchestration.home import ensure_dagster_home
+from orchestration.home import ensure_dagster_home, environment_executable
 from orchestration.labeling_cli import labeling
 from orchestration.models_cli import models
 from orchestration.profiles import PROJECT_ROOT, local_data_dir
@@ -100,6 +100,7 @@ def demo(days: int, seed: int, scale: float) -> None:
     run_simulation(data_dir, days, first, seed, scale, "parquet")
     click.echo("2/3 materializing the asset graph (Dagster runs, visible in the UI)")
     materialize_everything(first, last)
+    remember_landed_days(data_dir, first, last)
     click.echo(f"3/3 done in {time.monotonic() - started:.0f} s\n")
     print_summary(data_dir, first, last)
 
@@ -134,6 +135,19 @@ def materialize_everything(first: date, last: date) -> None:
             raise click.ClickException(f"run {result.run_id} of {job_name} failed; see `mlplane ui`")
 
 
+def remember_landed_days(data_dir: Path, first: date, last: date) -> None:
+    """Leave the landing sensor's cursor at the days just run, so `mlplane ui` does not run them again."""
+    from dagster import DagsterInstance
+
+    from engines.lake import Lake
+    from orchestration.home import set_sensor_cursor
+    from orchestration.sensors import landing_cursor, landing_sensor
+
+    days = [first + timedelta(days=n) for n in range((last - first).days + 1)]
+    with DagsterInstance.get() as instance:
+        set_sensor_cursor(instance, landing_sensor.name, landing_cursor(Lake(data_dir), days))
+
+
 def print_summary(data_dir: Path, first: date, last: date) -> None:
     import polars as pl
 
@@ -161,7 +175,8 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
 def ui(port: int) -> None:
     """Serve the Dagster UI and daemon (schedules, sensors) for this project."""
     ensure_dagster_home()
-    os.execvp("dagster", ["dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"), "-p", str(port)])
+    dagster = environment_executable("dagster")
+    os.execv(dagster, [dagster, "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"), "-p", str(port)])
 
 
 @main.group()

@@ -1,20 +1,44 @@
-"""The one Definitions object of mlplane. It assembles; the domains compute."""
+"""The one Definitions object of mlplane. It assembles; the domains compute.
 
-from dagster import Definitions, in_process_executor
+Nothing is listed by hand: the assets, checks and pipelines of every module in assets/, every job in
+jobs/, every schedule and sensor in the orchestration modules below are loaded."""
 
-from assets import all_asset_checks, all_assets
-from jobs import all_jobs
+from types import ModuleType
+
+from dagster import (
+    Definitions,
+    JobDefinition,
+    ScheduleDefinition,
+    SensorDefinition,
+    in_process_executor,
+)
+from dagster._core.definitions.partitions.partitioned_schedule import UnresolvedPartitionedAssetScheduleDefinition
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+import jobs
+from assets import all_asset_checks, all_assets, pipeline_jobs, pipeline_schedules
+from orchestration import schedules, sensors, streaming
 from orchestration.profiles import current_profile, resources_for
-from orchestration.schedules import daily_pipeline_schedule, ground_truth_schedule, training_schedules
-from orchestration.sensors import freshness_sensor, landing_sensor, notify_run_failure
-from orchestration.streaming import streaming_job_sensor
+
+
+def defined_in(modules: list[ModuleType], types: tuple[type, ...]) -> list:
+    """Module-level objects of `types` (single or in lists), one per name."""
+    found = {}
+    for module in modules:
+        for value in vars(module).values():
+            for item in value if type(value) in (list, tuple) else [value]:
+                if isinstance(item, types):
+                    found.setdefault(item.name, item)
+    return list(found.values())
+
 
 defs = Definitions(
     assets=all_assets,
     asset_checks=all_asset_checks,
-    jobs=all_jobs,
-    schedules=[daily_pipeline_schedule, *training_schedules, ground_truth_schedule],
-    sensors=[landing_sensor, notify_run_failure, freshness_sensor, streaming_job_sensor],
+    jobs=[*defined_in([jobs], (JobDefinition, UnresolvedAssetJobDefinition)), *pipeline_jobs],
+    schedules=[*defined_in([schedules], (ScheduleDefinition, UnresolvedPartitionedAssetScheduleDefinition)),
+               *pipeline_schedules],
+    sensors=defined_in([sensors, streaming], (SensorDefinition,)),
     resources=resources_for(current_profile()),
     # One process per run: on small machines the per-step process start (Feast, GX imports) costs
     # more than it saves, and GX's project file must not be written by two steps at once.

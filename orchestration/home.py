@@ -1,9 +1,15 @@
 """The project-local Dagster instance (DAGSTER_HOME) used by the `mlplane` CLI and scripts."""
 
 import os
+import sys
 from pathlib import Path
 
+from dagster import DagsterInstance
+
 from orchestration.profiles import PROJECT_ROOT
+
+CODE_LOCATION = "mlplane"  # workspace.yaml's location_name: sensor state is keyed by it
+DEFINITIONS_MODULE = "orchestration.definitions"
 
 
 def ensure_dagster_home() -> Path:
@@ -15,3 +21,41 @@ def ensure_dagster_home() -> Path:
         config.symlink_to(PROJECT_ROOT / "dagster.yaml")
     os.environ["DAGSTER_HOME"] = str(home)
     return home
+
+
+def environment_executable(name: str) -> str:
+    """An executable of the environment this process runs in (`.venv/bin/dagster`), so commands work
+    without an activated environment."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {name} installed in the environment of {sys.executable}?")
+    return str(path)
+
+
+def set_sensor_cursor(instance: DagsterInstance, sensor_name: str, cursor: str) -> None:
+    """Store a sensor's cursor as the daemon of `mlplane ui` reads it (state keyed by location, repository
+    and sensor name). Unlike `dagster sensor cursor --set`, a sensor that runs by default stays running."""
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin
+    from dagster._core.remote_representation.code_location import InProcessCodeLocation
+    from dagster._core.scheduler.instigation import (
+        InstigatorState,
+        InstigatorStatus,
+        InstigatorType,
+        SensorInstigatorData,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(executable_path=sys.executable, module_name=DEFINITIONS_MODULE,
+                             working_directory=str(PROJECT_ROOT)), location_name=CODE_LOCATION)
+    with InProcessCodeLocation(origin, instance) as location:
+        [repository] = location.get_repositories().values()
+        sensor = repository.get_sensor(sensor_name)
+    stored = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)
+    data = SensorInstigatorData(min_interval=sensor.min_interval_seconds, cursor=cursor,
+                                sensor_type=sensor.sensor_type)
+    if stored is None:
+        instance.add_instigator_state(InstigatorState(sensor.get_remote_origin(), InstigatorType.SENSOR,
+                                                      InstigatorStatus.DECLARED_IN_CODE, data))
+    else:
+        instance.update_instigator_state(stored.with_data(stored.instigator_data._replace(cursor=cursor)))

@@ -36,12 +36,19 @@ def local_data_dir() -> str:
     return os.environ.get("MLPLANE_DATA_DIR", str(PROJECT_ROOT / "data"))
 
 
+def notify_targets() -> dict[str, str]:
+    """Named webhooks for pipelines' `notify=`: MLPLANE_NOTIFY_ML_ONCALL=https://... is target `ml-oncall`."""
+    prefix = "MLPLANE_NOTIFY_"
+    return {name[len(prefix):].lower().replace("_", "-"): url for name, url in os.environ.items()
+            if name.startswith(prefix) and url}
+
+
 def resources_for(profile: str, data_dir: str | None = None) -> dict:
     """The resources of a profile; `data_dir` overrides the lake root (tests, one-off runs)."""
     if profile == "local":
         lake = LakeResource(root=data_dir or local_data_dir())
         feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
-        notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"))
+        notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"), targets=notify_targets())
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
         ray_compute = RayResource()
         flink = FlinkResource(feature_store=feature_store)
@@ -57,7 +64,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             redis_url=EnvVar("MLPLANE_REDIS_URL"),
             registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
         )
-        notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"))
+        notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"), targets=notify_targets())
         vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"))
         ray_compute = RayResource(address=EnvVar("MLPLANE_RAY_ADDRESS"))
         # read when the streaming jobs are used (a clear error then if unset), so a deployment

@@ -21,6 +21,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 
 from assets import all_asset_checks
 from assets.partitions import daily_partitions
+from assets.pipelines import NOTIFY_TAG
 from engines.lake import Lake
 from feature_defs.sources import all_sources
 from jobs import daily_pipeline
@@ -41,6 +42,13 @@ def landing_fingerprints(lake: Lake) -> dict[str, str]:
             files = [(s, p.name, p.stat().st_size, p.stat().st_mtime_ns) for s, ps in per_stream.items() for p in ps]
             fingerprints[day.isoformat()] = hashlib.sha256(repr(files).encode()).hexdigest()[:16]
     return fingerprints
+
+
+def landing_cursor(lake: Lake, days: list[date]) -> str:
+    """The landing sensor's cursor once `days` have been run from their current landing files (the demo
+    stores it, so the UI's sensor does not run them again)."""
+    wanted = {d.isoformat() for d in days}
+    return json.dumps({d: fp for d, fp in landing_fingerprints(lake).items() if d in wanted}, sort_keys=True)
 
 
 @sensor(
@@ -80,8 +88,15 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
         "partition": run.tags.get("dagster/partition"),
         "error": context.failure_event.message,
     }
+    targets = [t for t in run.tags.get(NOTIFY_TAG, "").split(",") if t]
+    posted, unknown = notifier.post_to_targets(targets, payload)
     if notifier.post(payload):
-        context.log.info(f"notified {notifier.url} of failed run {run.run_id}")
+        posted.append(notifier.url)
+    if unknown:
+        context.log.warning(f"run {run.run_id}: no webhook for notification targets {unknown} "
+                            "(set MLPLANE_NOTIFY_<TARGET>)")
+    if posted:
+        context.log.info(f"notified {', '.join(posted)} of failed run {run.run_id}")
     else:
         context.log.warning(f"run {run.run_id} failed; no webhook configured (set MLPLANE_WEBHOOK_URL)")
 

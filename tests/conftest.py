@@ -15,6 +15,8 @@ from engines.simulator import Simulator, SimulatorConfig
 from jobs import daily_assets
 from orchestration.profiles import resources_for
 
+pytest_plugins = ["tests.tiers"]  # marks the `services` tier
+
 FIRST_DAY = date(2026, 1, 1)
 DAYS = 3
 LAST_DAY = FIRST_DAY + timedelta(days=DAYS - 1)

@@ -121,6 +121,7 @@ def _validate_new_suites(root: str, prefix: str) -> None:
         engine.validate(Suite(f"{prefix}_{n}", [gxe.ExpectColumnValuesToNotBeNull(column="x")]), frame, f"{prefix} {n}")
 
 
+@pytest.mark.services  # two processes
 def test_two_processes_registering_suites_at_once_lose_nothing(tmp_path):
     import multiprocessing
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from dagster import AssetKey, DagsterInstance
 
 from orchestration.definitions import defs
@@ -15,6 +16,7 @@ from tests.conftest import simulate
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.services  # a dagster subprocess
 def test_definitions_validate():
     out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
@@ -41,6 +43,7 @@ def test_daily_assets_have_quality_and_freshness_checks():
         assert {"great_expectations", "freshness_check"} <= names, (key, names)
 
 
+@pytest.mark.services  # a dagster subprocess
 def test_three_day_backfill_with_the_dagster_cli(tmp_path):
     data_dir, home = tmp_path / "lake", tmp_path / "home"
     home.mkdir()
@@ -66,6 +69,7 @@ def test_three_day_backfill_with_the_dagster_cli(tmp_path):
         assert (data_dir / "datasets" / "personalization_training" / f"date={day}" / "part-0.parquet").exists()
 
 
+@pytest.mark.services  # a dagster subprocess
 def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypatch, tmp_path):
     from dagster import build_resources
 

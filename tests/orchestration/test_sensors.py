@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import date
+from datetime import date, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import pytest
 from dagster import (
     AssetSelection,
     DagsterEventType,
@@ -99,3 +100,35 @@ def test_failed_run_notification_reaches_the_webhook(tmp_path):
     assert payload["job"] == instance.get_run_by_id(result.run_id).job_name
     assert "warehouse__interactions" in payload["error"]  # names the failed step
     assert result.run_id[:8] in payload["text"]
+
+
+@pytest.mark.services  # loads workspace.yaml's code location in a gRPC server, as `mlplane ui` does
+def test_the_demo_leaves_the_landing_sensor_at_the_days_it_ran(tmp_path, monkeypatch):
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    from orchestration.cli import remember_landed_days
+    from orchestration.profiles import PROJECT_ROOT
+
+    lake_dir, home = tmp_path / "lake", tmp_path / "home"
+    sim = simulate(lake_dir, days=2)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    home.mkdir()
+    (home / "dagster.yaml").write_text((PROJECT_ROOT / "dagster.yaml").read_text())
+    remember_landed_days(lake_dir, FIRST_DAY, FIRST_DAY + timedelta(days=1))
+
+    # the sensor as the daemon of `dagster dev -w workspace.yaml` sees it: still running, cursor set
+    with DagsterInstance.get() as instance, WorkspaceProcessContext(
+            instance, WorkspaceFileTarget([str(PROJECT_ROOT / "workspace.yaml")])) as workspace:
+        location = workspace.create_request_context().get_code_location("mlplane")
+        [repository] = location.get_repositories().values()
+        remote = repository.get_sensor(landing_sensor.name)
+        state = remote.get_current_instigator_state(
+            instance.get_instigator_state(remote.get_remote_origin_id(), remote.selector_id))
+    assert state.is_running
+    cursor = state.instigator_data.cursor
+    assert set(json.loads(cursor)) == {"2026-01-01", "2026-01-02"}
+
+    assert evaluate(landing_sensor, lake_dir, cursor).run_requests == []  # nothing runs again
+    sim.write_late_file(date(2026, 1, 2), "interactions")
+    assert requested_days(evaluate(landing_sensor, lake_dir, cursor)) == ("2026-01-02", "2026-01-02")

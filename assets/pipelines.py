@@ -34,9 +34,12 @@ from dagster import (
 from pydantic import Field
 
 from engines.lake import Lake
-from orchestration.profiles import PROJECT_ROOT
 
 GATE_CHECK = "beats_champion"
+# Named priority classes -> `dagster/priority` (the queued run coordinator starts higher values first).
+PRIORITY_CLASSES = {"critical": 100, "high": 50, "normal": 0, "low": -50, "backfill": -100}
+NOTIFY_TAG = "mlplane/notify"  # comma-separated notifier targets that notify_run_failure also posts to
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout whose commit a model records
 
 
 @dataclass
@@ -93,15 +96,31 @@ def code_version() -> str:
         return "unknown"
 
 
+def pipeline_tags(pool: str, gpus: int, priority: str, notify: tuple[str, ...]) -> dict[str, str]:
+    """Run tags: the pool and GPU count the run queue limits (deploy/prod/dagster.yaml), its priority,
+    and where failures are posted."""
+    if priority not in PRIORITY_CLASSES:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITY_CLASSES)}, not {priority!r}")
+    if gpus < 0 or (gpus and pool != "gpu"):
+        raise ValueError(f"gpus={gpus} needs pool='gpu' (and is never negative), pool is {pool!r}")
+    tags = {"mlplane/pool": pool, "mlplane/gpus": str(gpus), "dagster/priority": str(PRIORITY_CLASSES[priority]),
+            "mlplane/priority_class": priority}
+    if notify:
+        tags[NOTIFY_TAG] = ",".join(notify)
+    return tags
+
+
 def training_pipeline(model_name: str, *, description: str, deps: list, partitions_def: PartitionsDefinition,
                       group: str = "models", pool: str = "cpu", gpus: int = 0, hour_of_day: int = 4,
-                      owners: tuple[str, ...] = ("team:ml-platform",)) -> Callable[[Callable], TrainingPipeline]:
+                      owners: tuple[str, ...] = ("team:ml-platform",), priority: str = "normal",
+                      notify: tuple[str, ...] = ()) -> Callable[[Callable], TrainingPipeline]:
     """Turn `fn(TrainingRun) -> TrainedModel` into `models/<name>` (train + register as challenger,
     with the blocking `beats_champion` check), `models/<name>_champion` (promotion, runs only when the
-    check passed), a partitioned job on `pool` and a daily schedule."""
+    check passed), a partitioned job on `pool` and a daily schedule. `priority` names a class of
+    PRIORITY_CLASSES; `notify` names notifier targets that hear of this pipeline's failed runs."""
     model_key = AssetKey(["models", model_name])
     champion_key = AssetKey(["models", f"{model_name}_champion"])
-    tags = {"mlplane/pool": pool, "mlplane/gpus": str(gpus)}
+    tags = pipeline_tags(pool, gpus, priority, notify)
 
     def decorate(fn: Callable[[TrainingRun], TrainedModel]) -> TrainingPipeline:
         @asset(

@@ -1,0 +1,137 @@
+"""Every command block of the README works as written, without an activated environment, on the
+demo's lake: the quick commands run in full, the long ones at a small scale (the substitutions
+below), servers are started, answered and stopped. A README change that breaks a command fails CI.
+
+Commands run with bash in a copy of the checkout (links to it, with its own data/ and
+.dagster_home/), PATH without the environment's bin folder."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from orchestration.profiles import PROJECT_ROOT
+
+README = PROJECT_ROOT / "README.md"
+FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
+
+
+@dataclass(frozen=True)
+class Way:
+    """How the test runs a command: as written, with `small` substitutions, or (`covered_by`) not
+    here because it needs a trained model, vLLM or another service that the named test starts."""
+
+    small: dict[str, str] = field(default_factory=dict)
+    covered_by: str | None = None
+    timeout: int = 900
+
+
+# Keyed by the start of a command; commands not listed run as written.
+SMALL_EPOCHS = """ --config-json '{"ops": {"clip_model": {"config": {"epochs": 2}}}}'"""
+WAYS = {
+    "scripts/demo": Way(small={"scripts/demo": "scripts/demo --scale 0.2"}),
+    "scripts/test": Way(small={"scripts/test": "scripts/test -q -p no:cacheprovider -m 'not services' "
+                                               "tests/orchestration/test_graph_snapshot.py"}),
+    ".venv/bin/mlplane simulate": Way(small={"--days 7": "--days 2 --scale 0.1 --data-dir sim-only"}),
+    ".venv/bin/mlplane ui": Way(covered_by="tests/orchestration/test_cli.py::test_ui_starts_without_an_activated_"
+                                           "environment"),
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    "--select clip_model": Way(small={"--select clip_model": "--select clip_model" + SMALL_EPOCHS}),
+    ".venv/bin/mlplane models rollback": Way(covered_by="tests/models/test_personalization.py::test_gate_blocks_a_"
+                                                        "worse_challenger_then_rollback_and_corruption"),
+    ".venv-vllm/bin/vllm serve": Way(covered_by="tests/serving/test_gateway.py (vllm_backends)"),
+    "MLPLANE_GATEWAY_ADMIN_KEY=... .venv/bin/mlplane gateway serve": Way(covered_by="tests/serving/test_gateway.py"),
+    ".venv/bin/python benchmarks/online_features.py": Way(small={"online_features.py": "online_features.py "
+                                                                 "--data-dir data --repeat 20"}),
+    ".venv/bin/python benchmarks/embeddings.py": Way(small={"embeddings.py": "embeddings.py --images 64 "
+                                                            "--vit-images 0"}),
+    ".venv/bin/python benchmarks/pusher_poll.py": Way(small={"pusher_poll.py": "pusher_poll.py --files 50 "
+                                                             "--repeats 2"}),
+    ".venv/bin/python benchmarks/streaming_freshness.py": Way(small={"streaming_freshness.py": "streaming_"
+                                                                     "freshness.py --help"}),
+    ".venv/bin/python benchmarks/gateway.py": Way(small={"gateway.py": "gateway.py --help"}),
+    ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 5000 --repeat 5": "--help"}),
+}
+
+
+def readme_commands(text: str | None = None) -> list[str]:
+    """The commands of the README's bash blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for language, body in FENCE.findall(text if text is not None else README.read_text()):
+        if language != "bash":
+            continue
+        for command in re.sub(r"\\\n\s*", "", body).splitlines():
+            command = re.sub(r"\s+#.*$", "", command).strip()
+            if command and not command.startswith("#"):
+                commands.append(command)
+    return commands
+
+
+def way_of(command: str) -> Way:
+    matches = [prefix for prefix in WAYS if command.startswith(prefix)]
+    return WAYS[max(matches, key=len)] if matches else Way()
+
+
+def as_run(command: str) -> str:
+    way = way_of(command)
+    for old, new in way.small.items():
+        assert old in command, f"README command changed, update WAYS in {__file__}: {command}"
+        command = command.replace(old, new, 1)
+    return command
+
+
+def test_every_readme_command_names_what_exists():
+    commands = readme_commands()
+    assert len(commands) > 20
+    for command in commands:
+        for program in re.findall(r"(?:^|\s)(\.venv[\w-]*/bin/[\w-]+|scripts/[\w-]+|benchmarks/[\w.]+)", command):
+            assert (PROJECT_ROOT / program).exists() or program.startswith(".venv"), (program, command)
+        way = way_of(command)
+        assert way.covered_by is None or (PROJECT_ROOT / way.covered_by.split("::")[0].split(" ")[0]).exists()
+        as_run(command)  # its substitutions still apply
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """The project, linked entry by entry, with its own lake and Dagster instance."""
+    root = tmp_path_factory.mktemp("checkout")
+    for entry in PROJECT_ROOT.iterdir():
+        if entry.name not in {"data", ".dagster_home", ".git", "sim-only"}:
+            (root / entry.name).symlink_to(entry)
+    return root
+
+
+def run(command: str, checkout: Path) -> subprocess.CompletedProcess:
+    bin_dir = str(Path(sys.executable).parent)
+    path = ":".join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":") if p != bin_dir)
+    env = {**os.environ, "PATH": path, "MLPLANE_DATA_DIR": str(checkout / "data"),
+           "DAGSTER_HOME": str(checkout / ".dagster_home"), "VIRTUAL_ENV": ""}
+    return subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=way_of(command).timeout)
+
+
+@pytest.mark.services  # the demo, then every README command on its lake
+def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
+    # the gateway's commands read the README's own gateway.yaml
+    (checkout / "gateway.yaml").write_text(next(body for lang, body in FENCE.findall(README.read_text())
+                                                if lang == "yaml" and "model_list" in body))
+    failures, ran, covered = [], 0, []
+    for command in readme_commands():
+        way = way_of(command)
+        if way.covered_by:
+            covered.append(way.covered_by)
+            continue
+        out = run(as_run(command), checkout)
+        ran += 1
+        if out.returncode != 0:
+            failures.append(f"$ {as_run(command)}\n{out.stdout[-1500:]}\n{out.stderr[-2500:]}")
+        if command.startswith("scripts/demo") and out.returncode != 0:
+            break  # every later command reads the demo's lake
+    assert not failures, "\n\n".join(failures)
+    assert ran >= 20 and len(covered) == 4
