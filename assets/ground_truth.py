@@ -14,7 +14,7 @@ from pydantic import Field
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.embeddings import VIOLATION_FLAGS, WAREHOUSE_ITEMS
 from assets.metadata import quality_gate, table
-from assets.models import item_embeddings
+from assets.models import clip_image_vectors
 from assets.partitions import daily_partitions, partition_days
 from engines.quality import Suite
 from ground_truth import queue, review
@@ -111,7 +111,7 @@ def recommendation_queue(context, config: ModelQueueConfig, lake: LakeResource, 
             models[alias] = PersonalizationModel.load(registry.load(MODEL, version.version, Path(work) / alias))
     engine = labels.engine()
     task = queue.create_task(engine, RECOMMENDATION_RELEVANCE)
-    embeddings = item_embeddings(store)
+    embeddings = clip_image_vectors(store)
     days = []
     for day in partition_days(context):
         if not store.partition_path(DATASETS_ZONE, TRAINING_SET, day).exists():
