@@ -203,8 +203,9 @@ def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.Dat
 
 
 def with_item_embeddings(frame: pl.DataFrame, item_embeddings: pl.DataFrame | None) -> pl.DataFrame:
-    """Join the items' CLIP embeddings (`item_id`, `item_embedding`) where the model uses them."""
-    if item_embeddings is None:
+    """Join the items' CLIP embeddings (`item_id`, `item_embedding`) where the model uses them; rows
+    that already carry one (joined as of their time) keep it."""
+    if item_embeddings is None or "item_embedding" in frame.columns:
         return frame
     return frame.join(item_embeddings.select("item_id", "item_embedding"), on="item_id", how="left")
 

@@ -5,7 +5,7 @@ from dagster import Definitions, in_process_executor
 from assets import all_asset_checks, all_assets
 from jobs import all_jobs
 from orchestration.profiles import current_profile, resources_for
-from orchestration.schedules import daily_pipeline_schedule, training_schedules
+from orchestration.schedules import daily_pipeline_schedule, training_data_schedule, training_schedules
 from orchestration.sensors import freshness_sensor, landing_sensor, notify_run_failure
 from orchestration.streaming import streaming_job_sensor
 
@@ -13,7 +13,7 @@ defs = Definitions(
     assets=all_assets,
     asset_checks=all_asset_checks,
     jobs=all_jobs,
-    schedules=[daily_pipeline_schedule, *training_schedules],
+    schedules=[daily_pipeline_schedule, training_data_schedule, *training_schedules],
     sensors=[landing_sensor, notify_run_failure, freshness_sensor, streaming_job_sensor],
     resources=resources_for(current_profile()),
     # One process per run: on small machines the per-step process start (Feast, GX imports) costs
