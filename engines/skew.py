@@ -18,7 +18,7 @@ import polars as pl
 from engines.lake import Lake
 from engines.point_in_time import LIVE_TIMING, FeatureRef, Timing, ViewKind, features_as_of, view_kind
 from feature_defs import catalogue as default_catalogue
-from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, build_rows_at, build_table_rows, day_end, lookback
+from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, build_rows_at, build_table_rows, day_end, lookback, output_schema
 from feature_defs.dsl import Aggregation, Catalogue, FeatureView
 
 _ROW = "_sample_row"
@@ -155,7 +155,7 @@ def _rows_at(lake: Lake, view: FeatureView, end: datetime) -> pl.DataFrame:
     if view.is_table_view:
         delivered = [d for d in days if day_end(d) <= end]
         if not delivered:
-            return pl.DataFrame(schema={k: pl.Int64 for k in view.join_keys})
+            return pl.DataFrame(schema=output_schema(view))
         changes = pl.concat([lake.read_partition("warehouse", view.source.name, d)
                              .with_columns(pl.lit(d).alias("_delivered")) for d in delivered])
         ts = view.source.timestamp_field
@@ -164,7 +164,7 @@ def _rows_at(lake: Lake, view: FeatureView, end: datetime) -> pl.DataFrame:
     start = (end - lookback(view)).date()
     needed = [d for d in days if start <= d < _date_of_end(end)]
     if not needed:
-        return pl.DataFrame(schema={k: pl.Int64 for k in view.join_keys})
+        return pl.DataFrame(schema=output_schema(view))
     events = pl.concat([lake.read_partition("warehouse", view.source.name, d) for d in needed]).lazy()
     return build_rows_at(view, events, end).collect()
 
