@@ -227,7 +227,7 @@ def _join_versions(rows: pl.DataFrame, versions: pl.DataFrame, view: FeatureView
     keys = view.join_keys
     left = rows.with_columns(pl.col(TIMESTAMP).alias(_AS_OF)).sort(_AS_OF)
     right = versions.drop(TIMESTAMP).rename({KNOWN_AT: _AS_OF}).sort(_AS_OF)
-    return left.join_asof(right, on=_AS_OF, by=keys, strategy="backward")
+    return left.join_asof(right, on=_AS_OF, by=keys, strategy="backward", check_sortedness=False)
 
 
 # --- streaming views ----------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def item_embeddings_as_of(lake_root: Path | str, entities: pl.DataFrame) -> pl.D
         .select("item_id", pl.col("image_embedding").alias("item_embedding"),
                 pl.lit(day_end(d)).cast(POLARS_TYPES["timestamp"]).alias(_AS_OF)) for d in days]).sort(_AS_OF)
     joined = frame.with_columns(pl.col(TIMESTAMP).alias(_AS_OF)).sort(_AS_OF).join_asof(
-        versions, on=_AS_OF, by="item_id", strategy="backward")
+        versions, on=_AS_OF, by="item_id", strategy="backward", check_sortedness=False)
     return joined.sort(_ROW).drop(_ROW, _AS_OF)
 
 
