@@ -16,9 +16,25 @@ from pathlib import Path
 import polars as pl
 
 from engines.lake import Lake
-from engines.point_in_time import LIVE_TIMING, FeatureRef, Timing, ViewKind, features_as_of, view_kind
+from engines.point_in_time import (
+    LIVE_TIMING,
+    FeatureRef,
+    Timing,
+    ViewKind,
+    dimension_versions,
+    features_as_of,
+    view_kind,
+)
 from feature_defs import catalogue as default_catalogue
-from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, build_rows_at, build_table_rows, day_end, lookback, output_schema
+from feature_defs.compile.polars import (
+    POLARS_TYPES,
+    TIMESTAMP,
+    build_rows_at,
+    build_table_rows,
+    day_end,
+    lookback,
+    output_schema,
+)
 from feature_defs.dsl import Aggregation, Catalogue, FeatureView
 
 _ROW = "_sample_row"
@@ -192,3 +208,50 @@ def _zero_if_absent(view: FeatureView, wanted: list[str], after_first: pl.Expr) 
 
 def _feature(view: FeatureView, name: str):
     return next(f for f in view.features if f.name == name)
+
+
+# --- the online store: the definition "now" ---------------------------------------------------------
+def online_skew(store, lake_root: Path | str, day: date, sample: int = 50, seed: int = 0,
+                catalogue: Catalogue = default_catalogue) -> list[ViewSkew]:
+    """The batch-owned views online (`store`: a FeatureStoreEngine) against the definition and the
+    warehouse as of the end of `day`, for a sample of the entities that have a row then."""
+    lake, at = Lake(Path(lake_root)), day_end(day)
+    out = []
+    for view in catalogue.views:
+        if view.streaming:
+            continue  # the streaming path's: see streaming_regressions
+        if view.is_table_view:
+            entities = dimension_versions(lake, view, day).select(view.join_keys).unique()
+        else:
+            entities = lake.read_partition("offline", view.name, day).select(view.join_keys)
+        entities = sample_rows(entities.sort(view.join_keys), sample, seed)
+        found = store.online_view(view.name, entities.to_dicts(), view.feature_names)
+        schema = {f"{view.name}__{f.name}": POLARS_TYPES[view.dtype_of(f)] for f in view.features}
+        values = pl.DataFrame([{f"{view.name}__{k}": v for k, v in row.items()} for _, row in found],
+                              schema=schema)
+        path = pl.concat([entities, values], how="horizontal").with_columns(
+            pl.lit(at).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP))
+        out += skew(lake_root, path, list(schema), catalogue=catalogue)
+    return out
+
+
+def streaming_snapshot(store, lake_root: Path | str, day: date, sample: int = 50, seed: int = 0,
+                       catalogue: Catalogue = default_catalogue) -> dict[str, tuple[list[dict], list]]:
+    """For a sample of each streaming view's entities with a row on `day`: their online timestamps."""
+    lake, out = Lake(Path(lake_root)), {}
+    for view in catalogue.views:
+        if view.streaming and day in lake.partition_days("offline", view.name):
+            entities = sample_rows(lake.read_partition("offline", view.name, day).select(view.join_keys)
+                                   .sort(view.join_keys), sample, seed).to_dicts()
+            out[view.name] = (entities, store.online_timestamps(view.name, entities))
+    return out
+
+
+def streaming_regressions(store, before: dict[str, tuple[list[dict], list]]) -> dict[str, int]:
+    """Per streaming view: sampled entities whose online value is now older than before (a batch
+    write replaced a newer streaming value) or gone."""
+    out = {}
+    for view, (entities, stamps) in before.items():
+        now = store.online_timestamps(view, entities)
+        out[view] = sum(1 for b, a in zip(stamps, now) if b is not None and (a is None or a < b))
+    return out
