@@ -73,7 +73,8 @@ def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypa
 
     with build_resources(resources_for("prod")) as resources:
         config = resources.feature_store.engine().settings.config_dict()
-        assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379"}
+        assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379",
+                                          "skip_dedup": True}
         assert config["registry"]["path"] == "postgresql+psycopg2://feast@db/feast"
         assert resources.lake.root == str(tmp_path)
         assert resources.notifier.url == "https://hooks.example/mlplane"
