@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
 
 from engines.point_in_time import LIVE_TIMING, AsOfResult, Timing, features_as_of
 from feature_defs import catalogue as default_catalogue
-from feature_defs.compile.polars import POLARS_TYPES
 from feature_defs.dsl import Catalogue
 
 LABEL_EVENTS = ("click", "play")
@@ -81,14 +80,3 @@ def training_rows(lake_root: Path, labelled: pl.DataFrame, service: str, timing:
     result = features_as_of(lake_root, service_features(catalogue, service), labelled, timing, catalogue)
     result.frame = result.frame.sort("event_timestamp", "event_id")
     return result
-
-
-def feature_types(catalogue: Catalogue, service: str) -> dict[str, pl.DataType]:
-    """`<view>__<feature>` -> its declared polars type, for every feature of a service."""
-    return {f"{view.name}__{feature.name}": POLARS_TYPES[view.dtype_of(feature)]
-            for view in catalogue.service(service).views for feature in view.features}
-
-
-def horizon_day(day: date, horizon: timedelta = LABEL_HORIZON) -> date:
-    """The day whose data the labels of `day` wait for."""
-    return day + timedelta(days=1) if horizon > timedelta(0) else day

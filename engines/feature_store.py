@@ -1,5 +1,6 @@
-"""mlplane's feature store over Feast: a generated Feast repository, apply, materialization,
-point-in-time training data and online reads.
+"""mlplane's feature store over Feast: a generated Feast repository, apply, materialization and
+online reads. Offline reads (training sets, batch inference) go through engines.point_in_time,
+the one definition of a feature's value as of a time; the online store holds it for "now".
 
 The offline store is Feast's DuckDB store over the Parquet tables in the lake (Feast's dask-based
 `file` store drops entity rows that have no feature values and fails on some); the online store
@@ -124,15 +125,6 @@ class FeatureStoreEngine:
 
     def _registered_views(self) -> dict[str, list[str]]:
         return {v.name: [f.name for f in v.features] for v in self.store.list_feature_views()}
-
-    # --- offline -------------------------------------------------------------------------
-    # Columns are named <view>__<feature>: views of one service share feature names like clicks_7d.
-    def historical_features(self, entity_df: pd.DataFrame, service: str) -> pd.DataFrame:
-        """Point-in-time join: each row gets the latest feature values stamped at or before its
-        `event_timestamp` (and not older than the view's ttl)."""
-        job = self.store.get_historical_features(entity_df=entity_df, features=self.feature_service(service),
-                                                 full_feature_names=True)
-        return job.to_df()
 
     # --- online --------------------------------------------------------------------------
     def materialize_days(self, first: date, last: date, views: list[FeatureView] | None = None) -> list[str]:
