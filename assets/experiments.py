@@ -9,9 +9,10 @@ from dagster import AssetKey, Failure, MaterializeResult, MetadataValue, asset
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
 from assets.metadata import table
-from assets.models import READS_ITEM_EMBEDDINGS, clip_image_vectors
+from assets.models import READS_ITEM_EMBEDDINGS, clip_image_vectors, with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
 from engines.experiments import Experiment, load
+from feature_defs.compile.polars import day_end
 from ml import personalization as model_code
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
@@ -41,12 +42,14 @@ def experiment_report(experiment: Experiment):
         days = [d for d in the_lake.partition_days(DATASETS_ZONE, TRAINING_SET) if d <= day]
         if len(days) < 2 or days[-1] != day:
             raise Failure(f"{experiment.name}: needs {TRAINING_SET} for {day} and an earlier day, found {days}")
-        history = the_lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days[:-1]).collect()
-        held_out = the_lake.read_partition(DATASETS_ZONE, TRAINING_SET, day)
+        # rows and their item embeddings as of each row's time (engines.point_in_time), as in training
+        history = with_embeddings_as_of(the_lake, the_lake.scan_partitions(DATASETS_ZONE, TRAINING_SET,
+                                                                           days[:-1]).collect())
+        held_out = with_embeddings_as_of(the_lake, the_lake.read_partition(DATASETS_ZONE, TRAINING_SET, day))
         assigned = held_out.get_column("user_id").map_elements(lambda u: experiment.assign(u).name,
                                                                return_dtype=str)
         registry = model_registry.registry()
-        embeddings = clip_image_vectors(the_lake)
+        embeddings = clip_image_vectors(the_lake, day_end(days[-2]))
         rows = []
         with tempfile.TemporaryDirectory(prefix="experiment-") as work:
             for variant in experiment.variants:

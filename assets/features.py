@@ -6,6 +6,7 @@ from __future__ import annotations
 import great_expectations.expectations as gxe
 import polars as pl
 from dagster import (
+    AssetCheckResult,
     AssetCheckSpec,
     AssetDep,
     AssetKey,
@@ -21,8 +22,9 @@ from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
 from engines.feature_tables import OFFLINE_ZONE, build_view_day
 from engines.quality import Suite
+from engines.skew import online_skew, streaming_regressions, streaming_snapshot
 from feature_defs import catalogue
-from feature_defs.compile.polars import TIMESTAMP, lookback
+from feature_defs.compile.polars import TIMESTAMP, day_end, lookback
 from feature_defs.dsl import Aggregation, FeatureView
 from resources.feature_store import FeatureStoreResource
 from resources.lake import LakeResource
@@ -106,29 +108,46 @@ def feature_registry(feature_store: FeatureStoreResource) -> MaterializeResult:
     })
 
 
+ONLINE_CHECK = "online_matches_definition"
+
+
 @asset(
     group_name="feature_store",
-    description="The newest feature row of every entity up to the partition loaded into the online store "
-                "(SQLite locally, Redis in production); a range run loads once for the whole range.",
+    description="The feature values of every entity as of the end of the newest built day (engines.point_in_time) "
+                "in the online store (SQLite locally, Redis in production): a re-run after a correction "
+                "overwrites; streaming views are the streaming job's, the batch only fills entities it has "
+                "nothing newer for. A range run loads once for the whole range.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[AssetKey("feature_registry"), *[offline_key(v) for v in catalogue.views]],
     kinds={"feast", "redis"},
     owners=["team:ml-platform"],
+    check_specs=[AssetCheckSpec(ONLINE_CHECK, asset=AssetKey("online_features"),
+                                description="Sampled entities: online values of the batch views equal the point-in-"
+                                            "time definition and the warehouse as of the newest day; no streaming "
+                                            "value was replaced by an older batch row")],
 )
-def online_features(context, lake: LakeResource, feature_store: FeatureStoreResource) -> MaterializeResult:
+def online_features(context, lake: LakeResource, feature_store: FeatureStoreResource):
     engine = feature_store.engine()
     engine.ensure_registry()
-    days = partition_days(context)
+    days, root = partition_days(context), lake.lake().root
     # Re-running an old day must not put old values online: load through the newest built day.
     newest = max(d for v in catalogue.views for d in lake.lake().partition_days(OFFLINE_ZONE, v.name))
     until = max(days[-1], newest)
+    before = streaming_snapshot(engine, root, until)
     engine.materialize_days(days[0], until)
     context.log.info(f"materialized {days[0]}..{until} into the {feature_store.online_store} online store")
+    regressions = streaming_regressions(engine, before)
+    views = online_skew(engine, root, until)
+    failed = [v.view for v in views if not v.passed] + [v for v, n in regressions.items() if n]
+    yield AssetCheckResult(check_name=ONLINE_CHECK, passed=not failed, metadata={
+        "as_of": day_end(until).isoformat(), "views_failing": ", ".join(failed) or "(none)",
+        "per_view": table([v.to_row() for v in views]),
+        "streaming_values_replaced_by_older": table([{"view": v, "entities": n} for v, n in regressions.items()])})
     rows = [{"day": day.isoformat(), "view": view.name,
              "rows": lake.lake().read_partition(OFFLINE_ZONE, view.name, day).height}
             for day in days for view in catalogue.views]
-    return MaterializeResult(metadata={"offline_rows": table(rows), "online_store": feature_store.online_store})
+    yield MaterializeResult(metadata={"offline_rows": table(rows), "online_store": feature_store.online_store})
 
 
 feature_store_assets = [feature_registry, online_features]

@@ -14,14 +14,14 @@ from pydantic import Field
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.embeddings import VIOLATION_FLAGS, WAREHOUSE_ITEMS
 from assets.metadata import quality_gate, table
-from assets.models import clip_image_vectors
+from assets.models import with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
 from engines.quality import Suite
 from ground_truth import queue, review
 from ground_truth import release as rel
 from ground_truth import sources as src
 from ground_truth.schema import CONTENT_VIOLATION, RECOMMENDATION_RELEVANCE, ItemIn, TaskSpec
-from ml.personalization import PersonalizationModel, with_item_embeddings
+from ml.personalization import PersonalizationModel
 from resources.labels import LabelStoreResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
@@ -111,15 +111,14 @@ def recommendation_queue(context, config: ModelQueueConfig, lake: LakeResource, 
             models[alias] = PersonalizationModel.load(registry.load(MODEL, version.version, Path(work) / alias))
     engine = labels.engine()
     task = queue.create_task(engine, RECOMMENDATION_RELEVANCE)
-    embeddings = clip_image_vectors(store)
     days = []
     for day in partition_days(context):
         if not store.partition_path(DATASETS_ZONE, TRAINING_SET, day).exists():
             days.append({"day": day.isoformat(), "pairs": 0, "new_items": 0, "largest_gap": 0.0})
             continue
         rows = store.read_partition(DATASETS_ZONE, TRAINING_SET, day)
-        scored = {a: m.score(with_item_embeddings(rows, embeddings if m.spec.item.embedding_column else None))
-                  for a, m in models.items()}
+        with_embeddings = with_embeddings_as_of(store, rows)  # as of each row's time, as in training
+        scored = {a: m.score(with_embeddings if m.spec.item.embedding_column else rows) for a, m in models.items()}
         pairs = src.most_disputed_pairs(rows, scored["champion"], scored["challenger"], config.top)
         added = queue.add_items(engine, task, _pair_items(store, day, pairs))
         days.append({"day": day.isoformat(), "pairs": pairs.height, "new_items": added,

@@ -17,15 +17,19 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.datasets import timing
 from assets.ingestion import warehouse_key
 from assets.metadata import table
-from assets.models import READS_ITEM_EMBEDDINGS, clip_image_vectors
+from assets.models import READS_ITEM_EMBEDDINGS
 from assets.partitions import daily_partitions, partition_days
+from assets.skew import SKEW_CHECK, SKEW_DESCRIPTION, skew_check_result
 from engines import batch_inference as engine
+from engines.point_in_time import item_embeddings_as_of
 from feature_defs.outputs import user_recommendations
 from feature_defs.sources import interactions, items
-from ml.personalization import PersonalizationModel, with_item_embeddings
+from ml.personalization import PersonalizationModel
 from resources.feature_store import FeatureStoreResource
+from resources.flink import FlinkResource
 from resources.lake import LakeResource
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource
@@ -61,13 +65,14 @@ class BatchInferenceConfig(Config):
                        description="Every active user has exactly one list"),
         AssetCheckSpec("items_exist", asset=KEY, blocking=True,
                        description="No recommended item is missing from the items dimension"),
+        AssetCheckSpec(SKEW_CHECK, asset=KEY, blocking=True, description=SKEW_DESCRIPTION),
         AssetCheckSpec("score_drift", asset=KEY,
                        description=f"Population stability index of scores vs the previous day <= {DRIFT_LIMIT}"),
     ],
 )
 def personalization_recommendations(context, config: BatchInferenceConfig, lake: LakeResource, ray: RayResource,
                                     model_registry: ModelRegistryResource, vector_store: VectorStoreResource,
-                                    feature_store: FeatureStoreResource):
+                                    feature_store: FeatureStoreResource, flink: FlinkResource):
     (day,) = partition_days(context)
     the_lake = lake.lake()
     registry = model_registry.registry()
@@ -79,10 +84,15 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
         model = PersonalizationModel.load(registry.load(MODEL, champion.version, Path(work)))
     active = engine.active_users(the_lake, day)
     existing = engine.existing_items(the_lake, day)
-    users = engine.entity_features(the_lake, day, model.spec.user.columns, "user_id", active)
-    item_rows = engine.entity_features(the_lake, day, model.spec.item.columns, "item_id", sorted(existing))
-    if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them again
-        item_rows = with_item_embeddings(item_rows, clip_image_vectors(the_lake))
+    users = engine.entity_features(the_lake, day, model.spec.user.columns, "user_id", active, timing(flink))
+    items = engine.entity_features(the_lake, day, model.spec.item.columns, "item_id", sorted(existing), timing(flink))
+    skew_result = skew_check_result(the_lake.root, [users.frame, items.frame], timing(flink), "batch inference")
+    yield skew_result
+    if not skew_result.passed:
+        raise Failure(f"batch inference for {day}: {skew_result.description}; nothing written")
+    users, item_rows = users.frame, items.frame
+    if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them as of the day
+        item_rows = item_embeddings_as_of(the_lake.root, item_rows)
     with vector_store.open() as store:
         radius = engine.index_items(store, model, item_rows, champion.version)
         recommendations = engine.recommend(users, store, model, champion.version, radius, config.k,

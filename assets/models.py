@@ -3,7 +3,7 @@ registered, gated pipeline by `assets.pipelines.training_pipeline`."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import polars as pl
 from dagster import AllPartitionMapping, AssetDep, MetadataValue, TimeWindowPartitionMapping
@@ -14,32 +14,46 @@ from assets.embeddings import ITEM_EMBEDDINGS
 from assets.metadata import table
 from assets.partitions import daily_partitions
 from assets.pipelines import TrainedModel, TrainingRun, training_pipeline
-from engines.embeddings import latest_item_embeddings
+from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, latest_item_embeddings
 from engines.lake import Lake
+from engines.point_in_time import item_embeddings_as_of
 from feature_defs import personalization_ranking
+from feature_defs.compile.polars import TIMESTAMP, day_end
 from ml import personalization as model_code
 from ml.plots import loss_curve_png
 
 RANK_K = 10
 
 
-# The newest embedding of every item (all partitions of embeddings/items), where they exist.
+# Every item's embeddings (all partitions of embeddings/items), read as of a time.
 READS_ITEM_EMBEDDINGS = AssetDep(ITEM_EMBEDDINGS, partition_mapping=AllPartitionMapping())
 
+GATED_METRICS = ("auc", "recall@10", "ndcg@10")  # the model must beat the popularity baseline on each
 
-def clip_image_vectors(lake: Lake) -> pl.DataFrame | None:
-    """The items' CLIP image embeddings where the embeddings pipeline has produced them; else None."""
-    frame = latest_item_embeddings(lake.root)
-    if frame.is_empty():
+
+def clip_image_vectors(lake: Lake, as_of: datetime) -> pl.DataFrame | None:
+    """Every item's CLIP image embedding as known at `as_of` (engines.point_in_time); None when the
+    embeddings pipeline has produced none."""
+    if not lake.partition_days(EMBEDDINGS_ZONE, ITEMS_TABLE):
         return None
-    return frame.select("item_id", pl.col("image_embedding").alias("item_embedding"))
+    items = latest_item_embeddings(lake.root).select("item_id")
+    frame = item_embeddings_as_of(lake.root, items.with_columns(pl.lit(as_of).alias(TIMESTAMP)))
+    return frame.drop_nulls("item_embedding").select("item_id", "item_embedding")
+
+
+def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
+    """Training rows with the item's embedding as of the row's time (null before its first one)."""
+    if not lake.partition_days(EMBEDDINGS_ZONE, ITEMS_TABLE):
+        return rows
+    return item_embeddings_as_of(lake.root, rows)
 
 
 @training_pipeline(
     "personalization",
     description="Two-tower retrieval model (torch, Ray Train) over the point-in-time training set: trained "
                 "daily on the newest partitions, evaluated on the newest day held out (AUC, recall@10, "
-                "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`.",
+                "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`; promoted only when it "
+                "beats popularity on all three and the champion on AUC.",
     deps=[AssetDep(TRAINING_SET_KEY, partition_mapping=TimeWindowPartitionMapping(
         start_offset=-6, end_offset=0, allow_nonexistent_upstream_partitions=True)), READS_ITEM_EMBEDDINGS],
     partitions_def=daily_partitions,
@@ -49,9 +63,10 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
             if run.day - timedelta(days=run.training_days - 1) <= d <= run.day]
     if len(days) < 2:
         raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
-    frame = run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect()
+    frame = with_embeddings_as_of(run.lake, run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect())
     train_rows, held_out = model_code.split_held_out(frame)
-    embeddings = clip_image_vectors(run.lake)
+    # candidates of the held-out day are ranked with the embeddings known when it began
+    embeddings = clip_image_vectors(run.lake, day_end(days[-2]))
     config = model_code.TrainConfig(num_workers=run.num_workers, use_gpu=run.use_gpu)
     run.log(f"training on {train_rows.height} rows ({days[0]}..{days[-2]}), "
             f"holding out {held_out.height} of {days[-1]}")
@@ -64,13 +79,14 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
 
     model_dir = result.model.save(run.workdir / "model")
     loss_curve_png(result.loss_curve, model_dir / "loss_curve.png")
-    metrics = {f"{name}_{key}".replace("@", "_at_"): value
-               for name, values in scores.items() for key, value in values.items()}
+    metrics = {_metric_name(name, key): value for name, values in scores.items() for key, value in values.items()}
     metrics["final_train_loss"] = result.loss_curve[-1]
+    baseline = {_metric_name("model", m): scores["popularity"][m] for m in GATED_METRICS}
     return TrainedModel(
         model_dir=model_dir,
         metrics=metrics,
         gate_metric="model_auc",
+        baseline=baseline,
         evaluate=held_out_auc,
         data_partitions=[d.isoformat() for d in days],
         feature_service=personalization_ranking.name,
@@ -87,6 +103,10 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
             "uses_item_embeddings": embeddings is not None,
         },
     )
+
+
+def _metric_name(scorer: str, metric: str) -> str:
+    return f"{scorer}_{metric}".replace("@", "_at_")
 
 
 model_assets = [*train_personalization.assets]

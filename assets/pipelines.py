@@ -36,6 +36,7 @@ from pydantic import Field
 from engines.lake import Lake
 
 GATE_CHECK = "beats_champion"
+BASELINE_CHECK = "beats_baseline"
 # Named priority classes -> `dagster/priority` (the queued run coordinator starts higher values first).
 PRIORITY_CLASSES = {"critical": 100, "high": 50, "normal": 0, "low": -50, "backfill": -100}
 NOTIFY_TAG = "mlplane/notify"  # comma-separated notifier targets that notify_run_failure also posts to
@@ -68,6 +69,13 @@ class TrainedModel:
     feature_service: str
     params: dict[str, str] = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
+    # metric -> the baseline's value on the same held-out data; every version, the first included,
+    # must beat each one to be promoted (a first version has no champion but always has a baseline)
+    baseline: dict[str, float] = field(default_factory=dict)
+
+    def short_of_baseline(self) -> dict[str, tuple[float, float]]:
+        """The metrics where the model does not beat the baseline: metric -> (model, baseline)."""
+        return {m: (self.metrics[m], b) for m, b in self.baseline.items() if not self.metrics[m] > b}
 
 
 class TrainingConfig(Config):
@@ -136,7 +144,11 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             required_resource_keys={"lake", "ray", "model_registry"},
             check_specs=[AssetCheckSpec(GATE_CHECK, asset=model_key, blocking=True,
                                         description="The challenger beats the champion on held-out data by the "
-                                                    "registry's promotion margin; blocks promotion otherwise")],
+                                                    "registry's promotion margin; blocks promotion otherwise"),
+                         AssetCheckSpec(BASELINE_CHECK, asset=model_key, blocking=True,
+                                        description="The challenger beats the training function's baseline (e.g. "
+                                                    "popularity) on every gated held-out metric; blocks promotion "
+                                                    "of any version otherwise, the first included")],
         )
         def train_and_register(context, config: TrainingConfig):
             resources = context.resources
@@ -185,12 +197,21 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
                     "margin": margin,
                 },
             )
+            short = trained.short_of_baseline()
+            yield AssetCheckResult(
+                check_name=BASELINE_CHECK, passed=not short, severity=AssetCheckSeverity.ERROR,
+                description=("beats the baseline on " + ", ".join(trained.baseline)) if not short else
+                            "does not beat the baseline on " + ", ".join(short),
+                metadata={"comparison": MetadataValue.md(
+                    "| metric | challenger | baseline |\n|---|---|---|\n" + "\n".join(
+                        f"| {m} | {trained.metrics[m]:.4f} | {b:.4f} |" for m, b in trained.baseline.items()))},
+            )
 
         @asset(
             key=champion_key,
             group_name=group,
             description=f"Moves the `champion` alias of {model_name!r} to the challenger that passed "
-                        f"`{GATE_CHECK}`; `mlplane models rollback` moves it back.",
+                        f"`{GATE_CHECK}` and `{BASELINE_CHECK}`; `mlplane models rollback` moves it back.",
             partitions_def=partitions_def,
             backfill_policy=BackfillPolicy.single_run(),
             deps=[model_key],
@@ -206,7 +227,7 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             current = registry.by_alias(model_name, "champion")
             if current is None or current.version != challenger.version:
                 registry.set_alias(model_name, "champion", challenger.version, who=f"dagster run {context.run.run_id}",
-                                   reason=f"passed {GATE_CHECK}")
+                                   reason=f"passed {GATE_CHECK} and {BASELINE_CHECK}")
             return MaterializeResult(metadata={"champion_version": challenger.version,
                                                "previous_champion": current.version if current else "(none)"})
 

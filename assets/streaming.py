@@ -34,6 +34,7 @@ from assets.ingestion import warehouse_key
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
 from engines.feature_tables import OFFLINE_ZONE
+from engines.point_in_time import record_history_slide
 from engines.streaming import (
     HISTORY_ZONE,
     JobHealth,
@@ -112,8 +113,9 @@ MATCHES_OFFLINE = "matches_offline_features"
 
 
 class HistoryConfig(Config):
-    slide_seconds: int = Field(default=3600, description="How often each window is recorded (the live job emits "
-                                                         "every FlinkResource.slide_seconds, a minute by default)")
+    slide_seconds: int | None = Field(default=None, description="How often each window is recorded; default the "
+                                                                "live job's FlinkResource.slide_seconds, which the "
+                                                                "training join (engines.point_in_time) requires")
 
 
 def streaming_history_asset(source: str) -> AssetsDefinition:
@@ -139,8 +141,9 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
     @multi_asset(name=f"streaming_history_{source}", specs=specs, check_specs=checks,
                  partitions_def=daily_partitions, backfill_policy=BackfillPolicy.single_run())
     def _history(context, config: HistoryConfig, lake: LakeResource, flink: FlinkResource):
-        if 86400 % config.slide_seconds:
-            raise Failure(f"slide_seconds={config.slide_seconds} does not divide a day: no window would end at "
+        slide = config.slide_seconds or flink.slide_seconds
+        if 86400 % slide:
+            raise Failure(f"slide_seconds={slide} does not divide a day: no window would end at "
                           "midnight, where the history is checked against the offline features")
         days, the_lake = partition_days(context), lake.lake()
         for view in views:
@@ -148,7 +151,7 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
             if missing:
                 raise Failure(f"offline/{view.name} has no partition for {', '.join(map(str, missing))}: "
                               "materialize it first, the history is checked against it")
-        settings = replace(flink.job(source).settings, slide_seconds=config.slide_seconds)
+        settings = replace(flink.job(source).settings, slide_seconds=slide)
         job, counts = backfill(settings, the_lake, days)
         context.log.info(f"Flink batch job over {counts['days_staged']} landing days: {counts}")
         per_view = {v.name: rows_by_day(window_rows(job, v), days) for v in views}
@@ -170,10 +173,12 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
             frames = per_view[view.name]
             for day, frame in frames.items():
                 the_lake.write_partition(HISTORY_ZONE, view.name, day, frame)
+                record_history_slide(the_lake, view.name, day, slide)
             everything = pl.concat(frames.values())
             yield MaterializeResult(asset_key=history_key(view.name), metadata={
                 "dagster/row_count": everything.height,
                 "windows": everything[TIMESTAMP].n_unique(),
+                "slide_seconds": slide,
                 "rows_per_day": table([{"day": d.isoformat(), "rows": f.height, "windows": f[TIMESTAMP].n_unique()}
                                        for d, f in frames.items()]),
                 "lines_read": counts["records"], "malformed_events": counts["malformed"],

@@ -20,29 +20,11 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import date, timedelta
 from pathlib import Path
 
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def build_lake(data_dir: Path) -> None:
-    from dagster import DagsterInstance, materialize
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-
-    from assets import all_assets
-    from engines.simulator import Simulator, SimulatorConfig
-    from jobs import daily_assets
-    from orchestration.profiles import resources_for
-
-    first = date(2026, 1, 1)
-    Simulator(SimulatorConfig(seed=11, start_date=first).scaled(0.25), data_dir).run(3)
-    materialize(all_assets, selection=daily_assets, resources=resources_for("local", data_dir=str(data_dir)),
-                instance=DagsterInstance.ephemeral(),
-                tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
-                      ASSET_PARTITION_RANGE_END_TAG: (first + timedelta(days=2)).isoformat()})
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -61,6 +43,7 @@ def main() -> None:
 
     import ray
 
+    from benchmarks.lake import build_lake
     from engines import batch_inference as engine
     from engines.lake import Lake
     from engines.vector_store import VectorStore
@@ -78,11 +61,11 @@ def main() -> None:
         "datasets", "personalization_training", days).collect()), TrainConfig())))
 
     active = engine.active_users(lake, day)
-    real = engine.entity_features(lake, day, model.spec.user.columns, "user_id", active)
+    real = engine.entity_features(lake, day, model.spec.user.columns, "user_id", active).frame
     copies = -(-args.users // real.height)
     users = pl.concat([real.with_columns(pl.col("user_id") + i * 1_000_000) for i in range(copies)]).head(args.users)
     existing = engine.existing_items(lake, day)
-    items = engine.entity_features(lake, day, model.spec.item.columns, "item_id", sorted(existing))
+    items = engine.entity_features(lake, day, model.spec.item.columns, "item_id", sorted(existing)).frame
 
     ray.init(num_cpus=args.workers, object_store_memory=400 * 1024 * 1024, include_dashboard=False,
              _temp_dir=str(Path(tempfile.gettempdir()) / "bench-ray"), log_to_driver=False)

@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from engines.lake import Lake
+from engines.point_in_time import LIVE_TIMING, AsOfResult, Timing, features_as_of
 from engines.vector_store import VectorStore
 from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, day_end
 from ml.personalization import PersonalizationModel
@@ -48,21 +49,15 @@ def existing_items(lake: Lake, day: date) -> set[int]:
                .get_column("item_id").to_list())
 
 
-def entity_features(lake: Lake, day: date, columns: list[str], key: str, entities: list[int] | None = None
-                    ) -> pl.DataFrame:
-    """The day's offline feature rows of the views behind `columns` (`<view>__<feature>`), one row per
-    entity; entities without a row get nulls (the model reads them as zeros / unknown)."""
-    frame = pl.DataFrame({key: entities}, schema={key: pl.Int64}) if entities is not None else None
-    views: dict[str, list[str]] = {}
-    for column in columns:
-        if "__" in column:
-            view, feature = column.split("__", 1)
-            views.setdefault(view, []).append(feature)
-    for view, features in views.items():
-        table = lake.read_partition("offline", view, day).select(
-            key, *[pl.col(f).alias(f"{view}__{f}") for f in features]).unique(key, keep="last")
-        frame = table if frame is None else frame.join(table, on=key, how="left")
-    return frame.sort(key)
+def entity_features(lake: Lake, day: date, columns: list[str], key: str, entities: list[int],
+                    timing: Timing = LIVE_TIMING) -> AsOfResult:
+    """The features among `columns` (`<view>__<feature>`) of every entity as of the end of `day`: what
+    the online store holds once the day's run has loaded it (engines.point_in_time). The frame has
+    `key`, `event_timestamp` and the features, one row per entity; a dimension view is the catalogue
+    as known then, never the day's change set alone."""
+    frame = pl.DataFrame({key: entities}, schema={key: pl.Int64}).with_columns(
+        pl.lit(day_end(day)).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP))
+    return features_as_of(lake.root, [c for c in columns if "__" in c], frame, timing)
 
 
 # --- the vector database --------------------------------------------------------------------------

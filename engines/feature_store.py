@@ -1,5 +1,6 @@
-"""mlplane's feature store over Feast: a generated Feast repository, apply, materialization,
-point-in-time training data and online reads.
+"""mlplane's feature store over Feast: a generated Feast repository, apply, materialization and
+online reads. Offline reads (training sets, batch inference) go through engines.point_in_time,
+the one definition of a feature's value as of a time; the online store holds it for "now".
 
 The offline store is Feast's DuckDB store over the Parquet tables in the lake (Feast's dask-based
 `file` store drops entity rows that have no feature values and fails on some); the online store
@@ -71,7 +72,11 @@ class FeatureStoreSettings:
         if self.online_store == "sqlite":
             online = {"type": "sqlite", "path": "online_store.db"}
         elif self.online_store == "redis":
-            online = {"type": "redis", "connection_string": self.redis_url}
+            # write what is given, as SQLite does: a re-materialization after a correction must
+            # overwrite (Feast's default skips a row not newer than the stored one). Order is kept by
+            # the writers: materialization loads through the newest day, the pusher keeps its newest
+            # window per entity, and the batch fill of streaming views reads the online time first.
+            online = {"type": "redis", "connection_string": self.redis_url, "skip_dedup": True}
         else:
             raise ValueError(f"online_store must be 'sqlite' or 'redis', not {self.online_store!r}")
         registry: Any = "registry.db"
@@ -134,32 +139,63 @@ class FeatureStoreEngine:
     def _registered_views(self) -> dict[str, list[str]]:
         return {v.name: [f.name for f in v.features] for v in self.store.list_feature_views()}
 
-    # --- offline -------------------------------------------------------------------------
-    # Columns are named <view>__<feature>: views of one service share feature names like clicks_7d.
-    def historical_features(self, entity_df: pd.DataFrame, service: str) -> pd.DataFrame:
-        """Point-in-time join: each row gets the latest feature values stamped at or before its
-        `event_timestamp` (and not older than the view's ttl)."""
-        job = self.store.get_historical_features(entity_df=entity_df, features=self.feature_service(service),
-                                                 full_feature_names=True)
-        return job.to_df()
-
     # --- online --------------------------------------------------------------------------
     def materialize_days(self, first: date, last: date, views: list[FeatureView] | None = None) -> list[str]:
-        """Load the latest row of each entity stamped within first..last into the online store.
+        """Load the latest row of each entity stamped within first..last into the online store; it
+        overwrites what is there (a corrected day replaces the values it had loaded).
 
         Idempotent, and one call over a range ends in the same state as one call per day, for
         less work. Table views load every row up to the end: a dimension's first delivery holds
-        older changes."""
+        older changes. Streaming views belong to the streaming path online: the batch only fills
+        entities the stream has nothing newer for (`fill_streaming`)."""
         start = datetime.combine(first, time(), tzinfo=UTC)
         end = datetime.combine(last + timedelta(days=1), time(), tzinfo=UTC)
         views = views or list(self.catalogue.views)
-        batches = [([v.name for v in views if not v.is_table_view], start),
+        batches = [([v.name for v in views if not v.is_table_view and not v.streaming], start),
                    ([v.name for v in views if v.is_table_view], EPOCH)]
         for names, since in batches:
             if names:
                 with contextlib.redirect_stdout(io.StringIO()):  # Feast prints a banner per view
                     self.store.materialize(start_date=since, end_date=end, feature_views=names)
+        for view in views:
+            if view.streaming:
+                self.fill_streaming(view, last)
         return [v.name for v in views]
+
+    def fill_streaming(self, view: FeatureView, day: date) -> int:
+        """A streaming view's offline row of `day` (its value at the day's end) for the entities whose
+        online value is missing or older; a newer value pushed by the streaming job stays. Returns rows
+        written."""
+        path = self.settings.offline_root / view.name / f"date={day.isoformat()}" / "part-0.parquet"
+        if not path.exists():
+            raise FileNotFoundError(f"offline/{view.name} has no partition for {day}: build it first")
+        rows = pd.read_parquet(path)
+        if rows.empty:
+            return 0
+        stamps = self.online_timestamps(view.name, rows[view.join_keys].to_dict("records"))
+        at = rows["event_timestamp"].tolist()
+        older = [s is None or s < t for s, t in zip(stamps, at)]
+        fresh = rows[older]
+        if len(fresh):
+            self.store.write_to_online_store(view.name, fresh)
+        return len(fresh)
+
+    def online_timestamps(self, view: str, entity_rows: list[dict[str, Any]]) -> list[datetime | None]:
+        """When each entity's online row of `view` was stamped (None where there is none)."""
+        feature_view = self.store.get_feature_view(view)
+        return [ts for ts, _ in self.online_view(view, entity_rows, [feature_view.features[0].name])]
+
+    def online_view(self, view: str, entity_rows: list[dict[str, Any]], features: list[str]
+                    ) -> list[tuple[datetime | None, dict[str, Any]]]:
+        """One view's online row of each entity: its timestamp and feature values (empty if none)."""
+        feature_view = self.store.get_feature_view(view)
+        keys = [(c.name, c.dtype.to_value_type()) for c in feature_view.entity_columns]
+        protos = [EntityKeyProto(join_keys=[k for k, _ in keys],
+                                 entity_values=[_value_proto(row[k], t) for k, t in keys]) for row in entity_rows]
+        online = self.store._get_provider().online_store
+        found = online.online_read(config=self.store.config, table=feature_view, entity_keys=protos,
+                                   requested_features=list(features))
+        return [(_aware(ts), {f: _python_value((values or {}).get(f)) for f in features}) for ts, values in found]
 
     def load_online(self, view: str, rows: pd.DataFrame) -> None:
         """Write a produced view's rows (join key, features, event_timestamp) straight to the online store."""
@@ -224,10 +260,16 @@ class OnlineReader:
 
 def _value_proto(value: Any, value_type: ValueType) -> ValueProto:
     if value_type == ValueType.INT64:
-        return ValueProto(int64_val=value)
+        return ValueProto(int64_val=int(value))
     if value_type == ValueType.STRING:
         return ValueProto(string_val=value)
     raise TypeError(f"unsupported entity key type {value_type}")
+
+
+def _aware(ts: datetime | None) -> datetime | None:
+    if ts is None:
+        return None
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
 def _python_value(proto: ValueProto | None) -> Any:

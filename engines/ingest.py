@@ -4,6 +4,12 @@ Each landing file is validated whole against the source's schema (feature_defs.s
 file is quarantined with a message naming the file and the problem and contributes nothing; the
 other files of the day still load. Rows are de-duplicated by the source key, so re-delivered
 files and re-runs do not create duplicates.
+
+Re-deliveries: when the same key arrives more than once with different content, the newest
+delivery wins, by arrival order (`Lake.landing_files_by_arrival`: the file's landing time, then its
+name; within a file, the later line). The order is recorded in the ingest report. The streaming
+backfill stages landing files by the same rule (engines.streaming.stage_landing), so a correction
+that moves an event's timestamp changes the warehouse and the streaming history alike.
 """
 
 from __future__ import annotations
@@ -83,22 +89,25 @@ def load_day(lake: Lake, source: Source, day: date) -> tuple[pl.DataFrame, Inges
     """Read, validate and de-duplicate one day of `source` from landing, quarantining bad files.
     Nothing is written to the warehouse: the caller writes after its data-quality gate."""
     report = IngestReport(source.name, day)
-    files = lake.landing_files(source.name, day)
+    files = lake.landing_files_by_arrival(source.name, day)
     if not files and not lake.quarantined_files(source.name, day):
         raise FileNotFoundError(
             f"no landing files for {source.name!r} on {day.isoformat()} in {lake.landing_dir(source.name, day)}")
     frames = []
-    for path in files:
+    for path in files:  # arrival order: a later delivery of a key replaces an earlier one
         try:
-            frames.append(read_landing_file(path, source, day))
+            frame = read_landing_file(path, source, day)
+            frames.append(frame.with_columns(pl.lit(len(frames)).alias("_file")).with_row_index("_line"))
             report.files_loaded.append(path.name)
         except LandingFileError as exc:
             lake.quarantine(path, source.name, day, str(exc))
             report.quarantined[path.name] = str(exc)
 
     combined = pl.concat(frames) if frames else empty_frame(source)
-    ordering = [source.timestamp_field, source.key]
-    deduped = combined.sort(ordering).unique(subset=[source.key], keep="last", maintain_order=True)
+    if frames:
+        combined = combined.sort("_file", "_line").drop("_file", "_line")
+    deduped = (combined.unique(subset=[source.key], keep="last", maintain_order=True)
+               .sort(source.timestamp_field, source.key))
     report.duplicate_rows = combined.height - deduped.height
     report.rows = deduped.height
     return deduped, report

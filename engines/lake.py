@@ -38,6 +38,12 @@ class Lake:
         return sorted(p for p in folder.iterdir()
                       if p.is_file() and p.suffix in LANDING_SUFFIXES and not p.name.startswith("."))
 
+    def landing_files_by_arrival(self, stream: str, day: date) -> list[Path]:
+        """The day's landing files in arrival order: by the time the file landed (its modification
+        time), then by name. Re-deliveries resolve by it: the newest delivery of an id wins, in the
+        warehouse (ingest) and in the streaming backfill's staging alike."""
+        return sorted(self.landing_files(stream, day), key=lambda p: (p.stat().st_mtime_ns, p.name))
+
     def landing_days(self, stream: str) -> list[date]:
         folder = self.root / "landing" / stream
         if not folder.is_dir():

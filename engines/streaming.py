@@ -443,8 +443,10 @@ def process_alive(pid: int) -> bool:
 
 def stage_landing(lake, source: str, days: list, out: Path, key: str | None = None) -> int:
     """The landing partitions of `days` as JSON-lines files in `out`, the backfill job's input
-    (Flink's bundled formats read JSON, not Parquet). Exact re-deliveries (same `key`) are staged
-    once, as ingestion keeps them once; unreadable lines pass through for the job to count."""
+    (Flink's bundled formats read JSON, not Parquet). Re-deliveries of a `key` resolve as ingestion
+    resolves them: the newest delivery wins, by arrival order (`Lake.landing_files_by_arrival`, then
+    the line), so the history sees the warehouse's version of a corrected event. Unreadable lines
+    pass through for the job to count."""
     import pyarrow.parquet as pq
 
     from engines.simulator.files import to_jsonl
@@ -452,25 +454,28 @@ def stage_landing(lake, source: str, days: list, out: Path, key: str | None = No
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    seen: set = set()
+    files = [(day, path) for day in days for path in lake.landing_files_by_arrival(source, day)]
+    lines = [(to_jsonl(pq.read_table(path)) if path.suffix == ".parquet" else path.read_text()).splitlines()
+             for _, path in files]
+    newest = {}  # identity -> (file, line) of its newest delivery
+    for f, file_lines in enumerate(lines):
+        for n, line in enumerate(file_lines):
+            identity = _identity(line, key)
+            if identity is not None:
+                newest[identity] = (f, n)
     lines_written = 0
-    for day in days:
-        for path in lake.landing_files(source, day):
-            lines = (to_jsonl(pq.read_table(path)) if path.suffix == ".parquet" else path.read_text()).splitlines()
-            kept = []
-            for line in lines:
-                try:
-                    identity = json.loads(line).get(key) if key else None
-                except (json.JSONDecodeError, AttributeError):
-                    identity = None
-                if identity is not None and identity in seen:
-                    continue
-                if identity is not None:
-                    seen.add(identity)
-                kept.append(line)
-            (out / f"{day.isoformat()}-{path.stem}.jsonl").write_text("".join(line + "\n" for line in kept))
-            lines_written += len(kept)
+    for f, ((day, path), file_lines) in enumerate(zip(files, lines)):
+        kept = [line for n, line in enumerate(file_lines) if newest.get(_identity(line, key), (f, n)) == (f, n)]
+        (out / f"{day.isoformat()}-{path.stem}.jsonl").write_text("".join(line + "\n" for line in kept))
+        lines_written += len(kept)
     return lines_written
+
+
+def _identity(line: str, key: str | None):
+    try:
+        return json.loads(line).get(key) if key else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
 
 
 def backfill(settings: StreamingJobSettings, lake, days: list, catalogue: Catalogue = default_catalogue,

@@ -10,14 +10,25 @@ from assets.partitions import daily_partitions
 CPU_POOL = {"mlplane/pool": "cpu"}
 GPU_POOL = {"mlplane/pool": "gpu"}
 
-daily_assets = AssetSelection.groups("ingestion", "features", "datasets") | AssetSelection.assets("online_features")
+daily_assets = AssetSelection.groups("ingestion", "features") | AssetSelection.assets("online_features")
+# A day's training set labels its late impressions with the next day's first minutes, so it is built
+# once the next day is ingested, together with the streaming history its streaming features come from.
+training_data_assets = AssetSelection.groups("streaming_history", "datasets")
 
 daily_pipeline = define_asset_job(
     "daily_pipeline",
     selection=daily_assets,
     partitions_def=daily_partitions,
-    description="Ingest a day from landing, build its feature tables, load the online store and "
-                "produce its training data.",
+    description="Ingest a day from landing, build its feature tables and load the online store.",
+    tags=CPU_POOL,
+)
+
+training_data = define_asset_job(
+    "training_data",
+    selection=training_data_assets,
+    partitions_def=daily_partitions,
+    description="The streaming views' history (Flink batch) and the labelled training set of a day, once the "
+                "next day's interactions are ingested (the label horizon reaches past midnight).",
     tags=CPU_POOL,
 )
 

@@ -40,6 +40,10 @@ class TrainConfig:
     learning_rate: float = 0.01
     weight_decay: float = 1e-4
     seed: int = 0
+    # uniformly drawn items per training row, as negatives: the more there are, the closer the score
+    # comes to a user's expected clicks on an item (shown often x clicked when shown) rather than to
+    # its click rate when shown alone, which is what ranking all items needs
+    negatives: int = 8
     num_workers: int = 1
     use_gpu: bool = False
 
@@ -203,8 +207,9 @@ def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.Dat
 
 
 def with_item_embeddings(frame: pl.DataFrame, item_embeddings: pl.DataFrame | None) -> pl.DataFrame:
-    """Join the items' CLIP embeddings (`item_id`, `item_embedding`) where the model uses them."""
-    if item_embeddings is None:
+    """Join the items' CLIP embeddings (`item_id`, `item_embedding`) where the model uses them; rows
+    that already carry one (joined as of their time) keep it."""
+    if item_embeddings is None or "item_embedding" in frame.columns:
         return frame
     return frame.join(item_embeddings.select("item_id", "item_embedding"), on="item_id", how="left")
 
@@ -259,12 +264,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
         for start in range(0, len(order), config.batch_size):
             index = order[start:start + config.batch_size]
             users = {k: v[index].to(device) for k, v in user_inputs.items()}
-            sampled = torch.randint(n_items, (len(index),), generator=generator)
+            sampled = torch.randint(n_items, (len(index) * config.negatives,), generator=generator)
+            repeated = {k: torch.cat([v] * config.negatives) for k, v in users.items()}
             logits = torch.cat([
                 network(users, {k: v[index].to(device) for k, v in item_inputs.items()}),
-                network(users, {k: v[sampled].to(device) for k, v in catalogue.items()}),
+                network(repeated, {k: v[sampled].to(device) for k, v in catalogue.items()}),
             ])
-            target = torch.cat([labels[index], torch.zeros(len(index))]).to(device)
+            target = torch.cat([labels[index], torch.zeros(len(sampled))]).to(device)
             loss = loss_fn(logits, target)
             optimizer.zero_grad()
             loss.backward()

@@ -111,7 +111,9 @@ def default_start(days: int) -> date:
 
 def materialize_everything(first: date, last: date) -> None:
     """The registry, then every daily asset over the range in one run, the streaming views' windows over the
-    same days (one Flink batch job), then the data-quality report."""
+    same days (one Flink batch job), the training sets of the days whose next day is there (a day's labels
+    look past its midnight; the last day's waits for the next day's interactions), then the data-quality
+    report."""
     from dagster import AssetKey, DagsterInstance
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
@@ -119,15 +121,18 @@ def materialize_everything(first: date, last: date) -> None:
 
     instance = DagsterInstance.get()
     days = {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()}
+    labelled = {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
+                ASSET_PARTITION_RANGE_END_TAG: (last - timedelta(days=1)).isoformat()}
     steps = [
         ("feature_store_refresh", ["feature_registry"], {}),
         ("daily_pipeline", None, days),
         ("streaming_backfill", None, days),
+        *([("training_data", ["datasets/personalization_training"], labelled)] if last > first else []),
         ("feature_store_refresh", ["data_quality_report"], {}),
     ]
     for job_name, selection, tags in steps:
         job = defs.resolve_job_def(job_name)
-        keys = [AssetKey(k) for k in selection] if selection else None
+        keys = [AssetKey(k.split("/")) for k in selection] if selection else None
         click.echo(f"   running {job_name}{' ' + ', '.join(selection) if selection else ''} ...")
         result = job.execute_in_process(instance=instance, tags=tags, asset_selection=keys, raise_on_error=False,
                                         run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}})

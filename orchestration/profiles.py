@@ -51,7 +51,9 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"), targets=notify_targets())
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
         ray_compute = RayResource()
-        flink = FlinkResource(feature_store=feature_store)
+        # the live job's slide; the streaming history and the training join follow it
+        flink = FlinkResource(feature_store=feature_store,
+                              slide_seconds=int(os.environ.get("MLPLANE_STREAMING_SLIDE_SECONDS", "60")))
         model_registry = ModelRegistryResource(root=str(Path(lake.root) / "registry"))
         gateway = GatewayResource(url=os.environ.get("MLPLANE_GATEWAY_URL", "http://127.0.0.1:4000"),
                                   api_key=os.environ.get("MLPLANE_GATEWAY_KEY"))

@@ -1,8 +1,10 @@
 """Schedules of the jobs in jobs/ (every schedule here is loaded; pipelines bring their own)."""
 
-from dagster import build_schedule_from_partitioned_job
+from datetime import timedelta
 
-from jobs import batch_inference, daily_pipeline, ground_truth_queues
+from dagster import RunRequest, ScheduleEvaluationContext, build_schedule_from_partitioned_job, schedule
+
+from jobs import batch_inference, daily_pipeline, ground_truth_queues, training_data
 
 # Yesterday's partition, early morning UTC, after upstream systems have delivered the day.
 daily_pipeline_schedule = build_schedule_from_partitioned_job(daily_pipeline, hour_of_day=2, minute_of_hour=15)
@@ -12,3 +14,11 @@ batch_inference_schedule = build_schedule_from_partitioned_job(batch_inference, 
 
 # The labeling queues fill once the day's flags, reports and models exist.
 ground_truth_schedule = build_schedule_from_partitioned_job(ground_truth_queues, hour_of_day=6)
+
+
+@schedule(job=training_data, cron_schedule="45 3 * * *", execution_timezone="UTC",
+          description="The training data of the day before yesterday: its labels need yesterday's first "
+                      "minutes, which the daily pipeline ingested this morning.")
+def training_data_schedule(context: ScheduleEvaluationContext) -> RunRequest:
+    day = context.scheduled_execution_time.date() - timedelta(days=2)
+    return RunRequest(run_key=day.isoformat(), partition_key=day.isoformat())

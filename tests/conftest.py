@@ -12,8 +12,9 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 
 from assets import all_assets
 from engines.simulator import Simulator, SimulatorConfig
-from jobs import daily_assets
+from jobs import daily_assets, training_data_assets
 from orchestration.profiles import resources_for
+from resources.flink import FlinkResource
 
 pytest_plugins = ["tests.tiers"]  # marks the `services` tier
 
@@ -21,6 +22,9 @@ FIRST_DAY = date(2026, 1, 1)
 DAYS = 3
 LAST_DAY = FIRST_DAY + timedelta(days=DAYS - 1)
 SMALL = SimulatorConfig(seed=11, start_date=FIRST_DAY).scaled(0.25)
+# The live streaming slide in tests: hourly windows keep the Flink backfill of the history cheap.
+TEST_SLIDE_SECONDS = 3600
+EVERYTHING_DAILY = daily_assets | training_data_assets
 
 
 def run_pipeline(data_dir: Path, first: date, last: date, selection: AssetSelection = daily_assets,
@@ -29,11 +33,18 @@ def run_pipeline(data_dir: Path, first: date, last: date, selection: AssetSelect
     return materialize(
         all_assets,
         selection=selection,
-        resources=resources_for("local", data_dir=str(data_dir)),
+        resources=local_resources(data_dir),
         instance=instance or DagsterInstance.ephemeral(),
         tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()},
         raise_on_error=raise_on_error,
     )
+
+
+def local_resources(data_dir: Path) -> dict:
+    """The local profile over `data_dir`, with the tests' streaming slide."""
+    resources = resources_for("local", data_dir=str(data_dir))
+    return {**resources, "flink": FlinkResource(feature_store=resources["feature_store"],
+                                                slide_seconds=TEST_SLIDE_SECONDS)}
 
 
 def simulate(data_dir: Path, days: int = DAYS, config: SimulatorConfig = SMALL) -> Simulator:
@@ -67,8 +78,12 @@ def prod_env(monkeypatch, tmp_path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def pipeline_dir(tmp_path_factory) -> Path:
-    """Three simulated days, ingested, featurized, materialized online and turned into training data."""
+    """Three simulated days, ingested, featurized, materialized online, their streaming history
+    backfilled and turned into training data; a fourth day is simulated and ingested only, as the
+    third day's labels look past its midnight."""
     data_dir = tmp_path_factory.mktemp("lake")
-    simulate(data_dir)
-    run_pipeline(data_dir, FIRST_DAY, LAST_DAY)
+    simulate(data_dir, days=DAYS + 1)
+    next_day = LAST_DAY + timedelta(days=1)
+    run_pipeline(data_dir, next_day, next_day, selection=AssetSelection.groups("ingestion"))
+    run_pipeline(data_dir, FIRST_DAY, LAST_DAY, selection=EVERYTHING_DAILY)
     return data_dir

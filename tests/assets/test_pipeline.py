@@ -10,9 +10,12 @@ from datetime import UTC, datetime, time, timedelta
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from dagster import AssetSelection
 from polars.testing import assert_frame_equal
 
+from engines.datasets import LABEL_HORIZON, labelled_impressions
 from engines.lake import Lake
+from jobs import daily_assets
 from orchestration.profiles import resources_for
 from tests.conftest import FIRST_DAY, LAST_DAY, run_pipeline
 
@@ -50,7 +53,8 @@ def expected_user_features(events: list[dict], user_id: int, end: datetime) -> d
 
 @pytest.fixture(scope="module")
 def events(pipeline_dir):
-    return landing_events(pipeline_dir)
+    """The interactions of the days the pipeline ran over (the next day is landed for the labels only)."""
+    return [e for e in landing_events(pipeline_dir) if e["event_timestamp"] < END]
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +118,7 @@ def test_inactive_entities_get_zero_rows_not_stale_values(pipeline_dir, events):
 
 def test_training_rows_never_see_the_future(pipeline_dir, events):
     training = pl.read_parquet(pipeline_dir / "datasets" / "personalization_training" / "date=*/*.parquet")
-    assert training.height == sum(1 for e in events if e["event_type"] == "impression")
+    assert training.height == sum(1 for e in events if e["event_type"] == "impression" and e["event_timestamp"] < END)
     assert training.get_column("event_id").n_unique() == training.height
 
     first_day = training.filter(pl.col("event_timestamp").dt.date() == FIRST_DAY)
@@ -138,8 +142,10 @@ def test_training_rows_never_see_the_future(pipeline_dir, events):
     assert leaky_would_differ > 0, "the sample must contain rows where a leak would show"
 
 
-def test_labels_come_from_later_clicks_in_the_session(pipeline_dir, events):
-    """A click labels the latest impression of that item before it in the same session."""
+def test_labels_come_from_later_clicks_in_the_session(pipeline_dir):
+    """A click labels the latest impression of that item before it in the same session, within the
+    label horizon; the last day's late impressions are labelled by clicks after midnight."""
+    events = landing_events(pipeline_dir)
     training = pl.read_parquet(pipeline_dir / "datasets" / "personalization_training" / "date=*/*.parquet")
     by_session = defaultdict(list)
     for e in sorted(events, key=lambda e: (e["event_timestamp"], e["event_id"])):
@@ -149,13 +155,34 @@ def test_labels_come_from_later_clicks_in_the_session(pipeline_dir, events):
         current = None
         for e in history:
             if e["event_type"] == "impression":
-                current = e["event_id"]
-                expected[current] = False
-            elif e["event_type"] == "click" and current is not None:
-                expected[current] = True
+                current = e
+                if e["event_timestamp"] < END:
+                    expected[e["event_id"]] = False
+            elif (e["event_type"] == "click" and current is not None and current["event_id"] in expected
+                  and e["event_timestamp"] < current["event_timestamp"] + LABEL_HORIZON):
+                expected[current["event_id"]] = True
     got = dict(training.select("event_id", "label_click").iter_rows())
     assert got == expected
     assert 0.01 < training.get_column("label_click").mean() < 0.5
+
+
+def test_impressions_without_a_session_are_dropped_and_counted():
+    at = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    rows = pl.DataFrame({"event_id": ["a", "b", "c"], "user_id": [1, 1, 1], "item_id": [5, 5, 5],
+                         "event_type": ["impression", "impression", "click"], "session_id": [None, "s", "s"],
+                         "event_timestamp": [at, at, at + LABEL_HORIZON - timedelta(seconds=1)]})
+    labelled = labelled_impressions(rows)
+    assert labelled.without_session == 1
+    assert labelled.rows.select("event_id", "label_click").rows() == [("b", True)]
+    # an impression at 23:50 is labelled by a click at 00:10 the next day, which the day's dataset waits for
+    night = datetime(2026, 1, 1, 23, 50, tzinfo=UTC)
+    day = rows.slice(1, 1).with_columns(pl.lit(night).cast(pl.Datetime("us", "UTC")).alias("event_timestamp"))
+    next_day = rows.slice(2, 1).with_columns(pl.lit(night + timedelta(minutes=20)).cast(pl.Datetime("us", "UTC"))
+                                             .alias("event_timestamp"))
+    assert labelled_impressions(day, next_day).rows["label_click"].to_list() == [True]
+    assert labelled_impressions(day).rows["label_click"].to_list() == [False]
+    late = rows.with_columns(pl.col("event_timestamp") + pl.Series([timedelta(0), timedelta(0), timedelta(seconds=1)]))
+    assert labelled_impressions(late).rows["label_click"].to_list() == [False]  # a click past the horizon
 
 
 def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
@@ -167,7 +194,7 @@ def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
               for name in ("user_engagement", "item_popularity", "user_item_affinity")}
     before_training = lake.read_partition("datasets", "personalization_training", LAST_DAY)
 
-    run_pipeline(pipeline_dir, LAST_DAY, LAST_DAY)
+    run_pipeline(pipeline_dir, LAST_DAY, LAST_DAY, selection=daily_assets | AssetSelection.groups("datasets"))
 
     # Same rows and values; float sums may differ in the last bit with polars' parallel summation order.
     for name, frame in before.items():
@@ -189,7 +216,8 @@ def test_online_item_content_is_the_latest_catalogue_row(pipeline_dir, store):
     with its latest attributes, read straight from the landing files."""
     rows = []
     for path in sorted((pipeline_dir / "landing" / "items").glob("date=*/*.parquet")):
-        rows += pq.read_table(path).to_pylist()
+        if path.parent.name <= f"date={LAST_DAY.isoformat()}":  # the days the pipeline ran over
+            rows += pq.read_table(path).to_pylist()
     latest = {}
     for row in sorted(rows, key=lambda r: r["updated_at"]):
         latest[row["item_id"]] = row

@@ -103,3 +103,39 @@ def test_jsonl_and_parquet_deliveries_load_to_the_same_rows(tmp_path, stream):
         assert report.quarantined == {} and frame.height > 0
         frames.append(frame)
     assert frames[0].equals(frames[1])
+
+
+@pytest.mark.parametrize("correction_arrives", ["later", "earlier"])
+def test_a_redelivered_event_resolves_to_the_newest_delivery_in_warehouse_and_staging(sim, tmp_path,
+                                                                                     correction_arrives):
+    """One rule for re-deliveries with different content: the newest delivery (arrival order) wins,
+    in the warehouse and in the streaming backfill's staging. The correction moves the event earlier."""
+    import json
+    import os
+
+    from engines.streaming import stage_landing
+
+    lake = Lake(tmp_path)
+    original = lake.landing_files("interactions", DAY)[0]
+    event = pl.read_parquet(original).filter(pl.col("event_timestamp").dt.hour() >= 2).head(1)
+    row = event.row(0, named=True)
+    corrected = event.with_columns(
+        pl.col("event_timestamp") - pl.duration(hours=1), pl.lit("console").alias("device"))
+    assert corrected["event_timestamp"][0].date() == DAY
+    path = lake.landing_dir("interactions", DAY) / "zz-correction.parquet"
+    corrected.write_parquet(path)
+    landed = original.stat().st_mtime_ns
+    os.utime(path, ns=(landed + 10**9, landed + 10**9) if correction_arrives == "later" else (landed - 10**9,) * 2)
+    want = corrected.row(0, named=True) if correction_arrives == "later" else row
+
+    frame, report = load_day(lake, interactions, DAY)
+    got = frame.filter(pl.col("event_id") == row["event_id"])
+    assert got.height == 1 and report.duplicate_rows == 1
+    assert (got["event_timestamp"][0], got["device"][0]) == (want["event_timestamp"], want["device"])
+
+    staged = [json.loads(line) for p in sorted((tmp_path / "staged").glob("*.jsonl")) for line in p.read_text()
+              .splitlines()] if stage_landing(lake, "interactions", [DAY], tmp_path / "staged", key="event_id") else []
+    mine = [r for r in staged if r["event_id"] == row["event_id"]]
+    assert len(staged) == frame.height and len(mine) == 1
+    assert (mine[0]["device"], mine[0]["event_timestamp"][:19]) == (
+        want["device"], want["event_timestamp"].strftime("%Y-%m-%dT%H:%M:%S"))
