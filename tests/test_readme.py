@@ -7,10 +7,14 @@ Commands run with bash in a copy of the checkout (links to it, with its own data
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +34,7 @@ class Way:
     small: dict[str, str] = field(default_factory=dict)
     covered_by: str | None = None
     timeout: int = 900
+    serves: int | None = None  # a server on this port: started, waited for, and stopped at the end
 
 
 # Keyed by the start of a command; commands not listed run as written.
@@ -57,6 +62,10 @@ WAYS = {
                                                                      "freshness.py --help"}),
     ".venv/bin/python benchmarks/gateway.py": Way(small={"gateway.py": "gateway.py --help"}),
     ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 5000 --repeat 5": "--help"}),
+    ".venv/bin/python benchmarks/labeling.py": Way(small={"--annotators 20 --items 500": "--annotators 4 --items 20"}),
+    ".venv/bin/python benchmarks/model_quality.py": Way(small={"model_quality.py": "model_quality.py --help"}),
+    ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),
+    ".venv/bin/mlplane labeling serve": Way(serves=8700),
 }
 
 
@@ -107,13 +116,40 @@ def checkout(tmp_path_factory) -> Path:
     return root
 
 
-def run(command: str, checkout: Path) -> subprocess.CompletedProcess:
+def environment(checkout: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     path = ":".join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":") if p != bin_dir)
-    env = {**os.environ, "PATH": path, "MLPLANE_DATA_DIR": str(checkout / "data"),
-           "DAGSTER_HOME": str(checkout / ".dagster_home"), "VIRTUAL_ENV": ""}
-    return subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True,
-                          timeout=way_of(command).timeout)
+    return {**os.environ, "PATH": path, "MLPLANE_DATA_DIR": str(checkout / "data"),
+            "DAGSTER_HOME": str(checkout / ".dagster_home"), "VIRTUAL_ENV": ""}
+
+
+def run(command: str, checkout: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=checkout, env=environment(checkout), capture_output=True,
+                          text=True, timeout=way_of(command).timeout)
+
+
+def serve(command: str, checkout: Path, port: int, log: Path) -> subprocess.Popen:
+    """Starts a README server command in its own process group and waits until it answers on `port`."""
+    server = subprocess.Popen(["bash", "-c", command], cwd=checkout, env=environment(checkout),
+                              stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and server.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        time.sleep(0.2)
+    stop(server)
+    raise AssertionError(f"$ {command} did not answer on port {port}:\n{log.read_text()[-2500:]}")
+
+
+def stop(server: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 @pytest.mark.services  # the demo, then every README command on its lake
@@ -121,17 +157,24 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
     # the gateway's commands read the README's own gateway.yaml
     (checkout / "gateway.yaml").write_text(next(body for lang, body in FENCE.findall(README.read_text())
                                                 if lang == "yaml" and "model_list" in body))
-    failures, ran, covered = [], 0, []
-    for command in readme_commands():
-        way = way_of(command)
-        if way.covered_by:
-            covered.append(way.covered_by)
-            continue
-        out = run(as_run(command), checkout)
-        ran += 1
-        if out.returncode != 0:
-            failures.append(f"$ {as_run(command)}\n{out.stdout[-1500:]}\n{out.stderr[-2500:]}")
-        if command.startswith("scripts/demo") and out.returncode != 0:
-            break  # every later command reads the demo's lake
+    failures, ran, covered, servers = [], 0, [], []
+    try:
+        for command in readme_commands():
+            way = way_of(command)
+            if way.covered_by:
+                covered.append(way.covered_by)
+                continue
+            ran += 1
+            if way.serves:
+                servers.append(serve(as_run(command), checkout, way.serves, checkout / f"server-{way.serves}.log"))
+                continue
+            out = run(as_run(command), checkout)
+            if out.returncode != 0:
+                failures.append(f"$ {as_run(command)}\n{out.stdout[-1500:]}\n{out.stderr[-2500:]}")
+            if command.startswith("scripts/demo") and out.returncode != 0:
+                break  # every later command reads the demo's lake
+    finally:
+        for server in servers:
+            stop(server)
     assert not failures, "\n\n".join(failures)
     assert ran >= 20 and len(covered) == 4
