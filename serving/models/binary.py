@@ -10,8 +10,15 @@ import struct
 
 import numpy as np
 
-from serving.models.protocol import DATATYPES, InferenceRequest, ProtocolError, RequestInput, datatype_of, \
-    decode_input, element_count
+from serving.models.protocol import (
+    DATATYPES,
+    InferenceRequest,
+    ProtocolError,
+    RequestInput,
+    datatype_of,
+    decode_input,
+    element_count,
+)
 
 HEADER = "inference-header-content-length"
 
