@@ -10,9 +10,10 @@ from assets.ingestion import ingestion_assets
 from assets.llm import llm_assets
 from assets.models import model_assets
 from assets.quality import quality_assets
+from assets.serving import serving_assets
 from assets.streaming import streaming_assets, streaming_history_assets
 
 all_asset_checks = [*freshness_checks]
 all_assets = [*ingestion_assets, *feature_table_assets, *feature_store_assets, *dataset_assets, *quality_assets,
               *embedding_assets, *streaming_assets, *streaming_history_assets, *model_assets, *inference_assets,
-              *experiment_assets, *llm_assets]
+              *experiment_assets, *llm_assets, *serving_assets]

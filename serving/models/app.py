@@ -52,12 +52,23 @@ class RecommendResponse(BaseModel):
     timings_ms: dict[str, float]
 
 
-def create_app(server: ModelServer, start: bool = True) -> FastAPI:
+def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = None,
+               grpc_host: str = "127.0.0.1") -> FastAPI:
+    """The REST app; its lifespan loads the models, follows the aliases and, with `grpc_port`, runs the
+    gRPC front end beside it on the same server core."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        grpc = None
         if start:
             server.start()
+        if grpc_port:
+            from serving.models.grpc_server import GrpcFrontEnd
+
+            grpc = GrpcFrontEnd(server, grpc_host, grpc_port)
+            await grpc.start()
         yield
+        if grpc is not None:
+            await grpc.stop()
         if start:
             server.close()
 
