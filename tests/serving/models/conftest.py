@@ -103,3 +103,49 @@ def tower_server(tower_registry, tmp_path_factory):
     running = start_server(config)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def served_lake(pipeline_dir, tmp_path_factory) -> Path:
+    """A copy of the shared pipeline lake (this suite writes to its online store) with a registry holding
+    the personalization model trained by its Dagster assets (champion) and CLIP registered by the
+    `models/clip` asset from weights the `clip_model` asset chose (the compact config, random weights:
+    the server needs a real CLIP, not a good one)."""
+    import shutil
+
+    from dagster import AssetSelection, DagsterInstance, materialize
+
+    from assets import all_assets
+    from assets.embeddings import CLIP_MODEL
+    from assets.serving import CLIP_REGISTERED
+    from ml.clip import ClipSpec, load_model
+    from orchestration.profiles import resources_for
+    from resources.ray import RayResource
+    from resources.registry import ModelRegistryResource
+    from tests.models.conftest import train
+
+    lake = tmp_path_factory.mktemp("served") / "lake"
+    shutil.copytree(pipeline_dir, lake)
+    registry_root = lake / "registry"
+    with RayResource(num_cpus=2, object_store_mb=300, temp_dir=str(tmp_path_factory.mktemp("ray"))).session() as ray:
+        assert train(lake, ray, registry_root).success
+    weights = lake / "models" / "clip-random.pt"
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    torch.save(load_model(ClipSpec()).state_dict(), weights)
+    resources = {**resources_for("local", data_dir=str(lake)),
+                 "model_registry": ModelRegistryResource(root=str(registry_root))}
+    result = materialize(all_assets, selection=AssetSelection.assets(CLIP_MODEL, CLIP_REGISTERED),
+                         resources=resources, instance=DagsterInstance.ephemeral(),
+                         run_config={"ops": {"clip_model": {"config": {"checkpoint": str(weights)}}}})
+    assert result.success
+    return lake
+
+
+@pytest.fixture(scope="session")
+def platform_server(served_lake):
+    """`mlplane serve models`' default configuration over the lake: every platform model."""
+    config = ServerConfig.local(served_lake, poll_interval_s=0.5, feature_log_sample=1.0)
+    running = start_server(config)
+    yield running
+    running.stop()
