@@ -69,10 +69,11 @@ class RunningServer:
         self.thread.join(30)
 
 
-def start_server(config: ServerConfig) -> RunningServer:
+def start_server(config: ServerConfig, grpc_port: int | None = None) -> RunningServer:
     server = ModelServer(config)
     port = free_port()
-    runner = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(server, grpc_port=grpc_port)
+    runner = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     deadline = time.time() + 120
