@@ -26,7 +26,7 @@ from engines.vector_store import VectorStore
 from serving.models.metrics import ServerMetrics
 from serving.models.protocol import ProtocolError
 from serving.models.repository import ModelRepository
-from serving.models.towers import TwoTowerModel, user_frame
+from serving.models.towers import TwoTowerModel
 
 USER_KEY = "user_id"
 RECENT_PLAYS = "user_activity_realtime__last_played_items_1h"  # the streaming view: not what was just played
@@ -120,7 +120,7 @@ class Recommender:
             raise ProtocolError(400, f"variant {variant!r} is not a two-tower model")
         features = self.features.read(served.feature_service, [user_id])
         read = time.perf_counter()
-        vector = served.user_vectors(user_frame(served.model, features))[0]
+        vector = served.user_vectors(features)[0]
         found = self.candidates.search(loaded.version, vector, max(self.n_candidates, k))
         retrieved = time.perf_counter()
         items, scores = self.rerank(served, vector, found, excluded(features, context), k)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
+import polars as pl
 import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from ml.personalization import PersonalizationModel
-from serving.models.towers import user_frame
 
 USERS = 3
 
@@ -42,7 +42,9 @@ def expected_vectors(registry, version: str, arrays: dict[str, np.ndarray], tmp_
     columns = {c: arrays[c].tolist() for c in [spec.id_column, *spec.numeric]}
     columns |= {c: [v.decode() for v in arrays[c]] for c in spec.categorical}
     columns |= {c: [[i for i in row if i >= 0] for row in arrays[c].tolist()] for c in spec.histories}
-    return model.user_vectors(user_frame(model, columns))
+    types = {spec.id_column: pl.Int64, **{c: pl.Float64 for c in spec.numeric},
+             **{c: pl.String for c in spec.categorical}, **{c: pl.List(pl.Int64) for c in spec.histories}}
+    return model.user_vectors(pl.DataFrame(columns, schema=types))  # the training code's own encoding
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
