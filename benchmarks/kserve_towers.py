@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ class UserTower(kserve.Model):
         vectors = self.model.user_vectors(pl.DataFrame(columns, schema=types)).astype(np.float32)
         output = InferOutput(name="user_vector", shape=list(vectors.shape), datatype="FP32")
         output.set_data_from_numpy(vectors, binary_data=False)
-        return InferResponse(model_name=self.name, infer_outputs=[output], response_id=payload.id)
+        return InferResponse(model_name=self.name, infer_outputs=[output], response_id=payload.id or uuid.uuid4().hex)
 
 
 if __name__ == "__main__":
