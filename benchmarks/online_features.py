@@ -189,7 +189,10 @@ def requests_per_second(url: str, body: dict, connections: int, requests: int) -
             async def worker():
                 while left:
                     left.pop()
-                    if (await client.post(url, json=body)).status_code >= 400:
+                    try:
+                        if (await client.post(url, json=body)).status_code >= 400:
+                            errors.append(1)
+                    except httpx.TransportError:  # a dropped connection counts as an error answer
                         errors.append(1)
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(connections)))
