@@ -170,8 +170,9 @@ def main() -> None:
         body = {"feature_service": SERVICE, "entities": {"user_id": [3], "item_id": [5]}}
         rates = {name: requests_per_second(f"{url}/get-online-features", body, 32, args.repeat)
                  for name, url in [("feast serve", f"http://127.0.0.1:{port}"), ("mlplane serve models", str(ours))]}
-        print("\none entity at 32 connections: " + ", ".join(f"{k} {v:.0f} req/s" for k, v in rates.items())
-              + f"; ratio {rates['mlplane serve models'] / rates['feast serve']:.2f}x")
+        print("\none entity at 32 connections: " + ", ".join(f"{k} {v[0]:.0f} req/s ({v[1]} errors)"
+                                                          for k, v in rates.items())
+              + f"; ratio {rates['mlplane serve models'][0] / rates['feast serve'][0]:.2f}x")
         print("measured on a shared machine under load from other work")
     finally:
         for process in (server, model_server):
