@@ -191,12 +191,15 @@ def requests_per_second(url: str, body: dict, connections: int, requests: int) -
                 while left:
                     left.pop()
                     try:
-                        if (await client.post(url, json=body)).status_code >= 400:
-                            errors.append(1)
-                    except httpx.TransportError:  # a dropped connection counts as an error answer
-                        errors.append(1)
+                        response = await client.post(url, json=body)
+                        if response.status_code >= 400:
+                            errors.append(f"{response.status_code} {response.text[:200]}")
+                    except httpx.TransportError as error:  # a dropped connection counts as an error answer
+                        errors.append(repr(error))
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(connections)))
+            if errors:
+                print(f"{url}: {len(errors)} errors, first: {errors[0]}")
             return requests / (time.perf_counter() - started), len(errors)
 
     return asyncio.run(run())
