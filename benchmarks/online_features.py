@@ -167,7 +167,7 @@ def main() -> None:
                 p50, p99 = percentiles(timed(fn, batches))
                 base = base or (p50, p99)
                 print(f"{n:>8}  {name:<34} {p50:>8.2f} {p99:>8.2f} {p50 / base[0]:>9.2f}x {p99 / base[1]:>9.2f}x")
-        body = {"feature_service": SERVICE, "entities": {"user_id": [3], "item_id": [5]}}
+        body = {"feature_service": SERVICE, "full_feature_names": True, "entities": {"user_id": [3], "item_id": [5]}}
         rates = {name: requests_per_second(f"{url}/get-online-features", body, 32, args.repeat)
                  for name, url in [("feast serve", f"http://127.0.0.1:{port}"), ("mlplane serve models", str(ours))]}
         print("\none entity at 32 connections: " + ", ".join(f"{k} {v[0]:.0f} req/s ({v[1]} errors)"
