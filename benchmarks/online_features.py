@@ -2,7 +2,9 @@
 
 Reads one feature service (personalization_ranking: 7 views, 49 features) for 1 and for 100
 (user, item) entity rows, REPEAT times each, and prints P50 and P99 latencies side by side:
-mlplane's OnlineReader (in-process), Feast's Python SDK (in-process) and `feast serve` (HTTP).
+mlplane's OnlineReader (in-process), Feast's Python SDK (in-process), `feast serve` (HTTP) and the
+model server's `POST /get-online-features` (HTTP, `mlplane serve models`); then requests/s of both
+HTTP servers at 32 connections.
 
   .venv/bin/python benchmarks/online_features.py [--data-dir DIR] [--repeat 500]
 
@@ -98,8 +100,21 @@ def main() -> None:
     server = subprocess.Popen([str(feast), "-c", str(engine.settings.repo_dir), "serve", "-p", str(port),
                                "--no-access-log", "-w", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "FEAST_USAGE": "False"})
+    model_server_port = free_port()
+    config = data_dir / "features_server.yaml"
+    config.write_text(f"lake_root: {data_dir}\nvector_store: {data_dir / 'bench_features_vectors'}\nmodels: []\n")
+    model_server = subprocess.Popen([sys.executable, "-m", "serving.models", "--config", str(config), "--port",
+                                     str(model_server_port), "--grpc-port", "0", "--log-level", "warning"],
+                                    stdout=subprocess.DEVNULL, stderr=(data_dir / "features_server.log").open("w"),
+                                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        for _ in range(240):
+            try:
+                if httpx.get(f"http://127.0.0.1:{model_server_port}/v2/health/live").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
         for _ in range(120):
             try:
                 if client.get("/health").status_code == 200:
@@ -132,17 +147,62 @@ def main() -> None:
 
         print(f"\nonline reads of feature service {SERVICE!r}, SQLite online store, {args.repeat} reads each")
         print(f"{'entities':>8}  {'path':<34} {'P50 ms':>8} {'P99 ms':>8} {'P50 ratio':>10} {'P99 ratio':>10}")
+        ours = client.base_url.copy_with(port=model_server_port)
+
+        def via_model_server(rows):
+            body = {"feature_service": SERVICE, "full_feature_names": True,
+                    "entities": {k: [r[k] for r in rows] for k in ("user_id", "item_id")}}
+            response = client.post(ours.join("/get-online-features"), json=body)
+            response.raise_for_status()
+            return response.json()
+
+        mine = via_model_server(check)  # a view's features may come in another order: match by name
+        assert mine["results"][mine["metadata"]["feature_names"].index(clicks)] == \
+            served["results"][names.index(clicks)]
         paths = [("mlplane OnlineReader (in-process)", via_mlplane), ("Feast SDK (in-process)", via_feast_sdk),
-                 ("feast serve (HTTP, 1 worker)", via_feast_serve)]
+                 ("feast serve (HTTP, 1 worker)", via_feast_serve), ("mlplane serve models (HTTP)", via_model_server)]
         for n, batches in workloads.items():
             base = None
             for name, fn in paths:
                 p50, p99 = percentiles(timed(fn, batches))
                 base = base or (p50, p99)
                 print(f"{n:>8}  {name:<34} {p50:>8.2f} {p99:>8.2f} {p50 / base[0]:>9.2f}x {p99 / base[1]:>9.2f}x")
+        body = {"feature_service": SERVICE, "full_feature_names": True, "entities": {"user_id": [3], "item_id": [5]}}
+        rates = {name: requests_per_second(f"{url}/get-online-features", body, 32, args.repeat)
+                 for name, url in [("feast serve", f"http://127.0.0.1:{port}"), ("mlplane serve models", str(ours))]}
+        print("\none entity at 32 connections: " + ", ".join(f"{k} {v[0]:.0f} req/s ({v[1]} errors)"
+                                                          for k, v in rates.items())
+              + f"; ratio {rates['mlplane serve models'][0] / rates['feast serve'][0]:.2f}x")
+        print("measured on a shared machine under load from other work")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for process in (server, model_server):
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def requests_per_second(url: str, body: dict, connections: int, requests: int) -> tuple[float, int]:
+    """Answered requests per second and how many answers were errors (feast serve answers some 500s)."""
+    import asyncio
+
+    async def run() -> tuple[float, int]:
+        left, errors = list(range(requests)), []
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=connections)) as client:
+            async def worker():
+                while left:
+                    left.pop()
+                    try:
+                        response = await client.post(url, json=body)
+                        if response.status_code >= 400:
+                            errors.append(f"{response.status_code} {response.text[:200]}")
+                    except httpx.TransportError as error:  # a dropped connection counts as an error answer
+                        errors.append(repr(error))
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(connections)))
+            if errors:
+                print(f"{url}: {len(errors)} errors, first: {errors[0]}")
+            return requests / (time.perf_counter() - started), len(errors)
+
+    return asyncio.run(run())
 
 
 if __name__ == "__main__":

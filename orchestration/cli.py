@@ -19,6 +19,7 @@ from orchestration.profiles import PROJECT_ROOT, local_data_dir
 from orchestration.search_cli import search as search_command
 from orchestration.streaming_cli import streaming
 from serving.gateway import cli as gateway_cli
+from serving.models.cli import serve_models
 
 
 @click.group()
@@ -214,6 +215,12 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
     click.echo(json.dumps({k: v[0] for k, v in values.items()}, indent=2, default=str))
 
 
+@main.group()
+def serve() -> None:
+    """Long-running services."""
+
+
+serve.add_command(serve_models)
 main.add_command(search_command)
 main.add_command(streaming)
 main.add_command(models)

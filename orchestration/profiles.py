@@ -15,6 +15,7 @@ from resources.flink import FlinkResource
 from resources.gateway import GatewayResource
 from resources.labels import LabelStoreResource
 from resources.lake import LakeResource
+from resources.model_server import ModelServerResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
 from resources.ray import RayResource
@@ -58,6 +59,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         gateway = GatewayResource(url=os.environ.get("MLPLANE_GATEWAY_URL", "http://127.0.0.1:4000"),
                                   api_key=os.environ.get("MLPLANE_GATEWAY_KEY"))
         labels = LabelStoreResource(lake=lake)
+        model_server = ModelServerResource()  # `mlplane serve models` on localhost
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -83,6 +85,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
                                                artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
         gateway = GatewayResource(url=EnvVar("MLPLANE_GATEWAY_URL"), api_key=EnvVar("MLPLANE_GATEWAY_KEY"))
         labels = LabelStoreResource(lake=lake, url=EnvVar("MLPLANE_LABELS_DB_URL"))
+        model_server = ModelServerResource(url=EnvVar("MLPLANE_MODEL_SERVER_URL"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -96,6 +99,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "model_registry": model_registry,
         "gateway": gateway,
         "labels": labels,
+        "model_server": model_server,
     }
 
 

@@ -64,6 +64,7 @@ PROD_ENV = {
     "MLPLANE_GATEWAY_URL": "http://gateway.internal:4000",
     "MLPLANE_GATEWAY_KEY": "sk-mlp-service",
     "MLPLANE_LABELS_DB_URL": "postgresql+psycopg2://labels@db/labels",
+    "MLPLANE_MODEL_SERVER_URL": "http://models.internal:8500",
 }
 
 

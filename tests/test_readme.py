@@ -66,6 +66,8 @@ WAYS = {
     ".venv/bin/python benchmarks/model_quality.py": Way(small={"model_quality.py": "model_quality.py --help"}),
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),
     ".venv/bin/mlplane labeling serve": Way(serves=8700),
+    ".venv/bin/mlplane serve models": Way(serves=8500),
+    ".venv/bin/python benchmarks/online_serving.py": Way(small={"online_serving.py": "online_serving.py --help"}),
 }
 
 

@@ -1,0 +1,219 @@
+"""The REST front end: the Open Inference Protocol v2 (health, metadata, infer with JSON or binary
+tensors, the model repository extension), `POST /recommend`, Feast's `POST /get-online-features` and
+`GET /metrics`. Every client error is a 4xx `{"error": "..."}` naming the problem."""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, ValidationError
+
+from serving.models import binary
+from serving.models.protocol import (
+    ErrorResponse,
+    InferenceRequest,
+    InferenceResponse,
+    LiveResponse,
+    ModelMetadataResponse,
+    ProtocolError,
+    ReadyResponse,
+    RepositoryIndexRequest,
+    RepositoryLoadRequest,
+    RepositoryModel,
+    ServerMetadataResponse,
+    encode_output,
+)
+from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
+
+V2 = "open inference protocol v2"
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
+
+
+class RecommendRequest(BaseModel):
+    user_id: int
+    k: int = Field(default=10, ge=1, le=1000)
+    context: dict = Field(default_factory=dict, description="Free-form; `exclude_item_ids` drops items")
+    request_id: str | None = None
+
+
+class RecommendResponse(BaseModel):
+    request_id: str
+    user_id: int
+    items: list[int]
+    scores: list[float]
+    model_name: str
+    model_version: str
+    variant: str
+    timings_ms: dict[str, float]
+
+
+def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = None,
+               grpc_host: str = "127.0.0.1") -> FastAPI:
+    """The REST app; its lifespan loads the models, follows the aliases and, with `grpc_port`, runs the
+    gRPC front end beside it on the same server core."""
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        grpc = None
+        if start:
+            server.start()
+        if grpc_port:
+            from serving.models.grpc_server import GrpcFrontEnd
+
+            grpc = GrpcFrontEnd(server, grpc_host, grpc_port)
+            await grpc.start()
+        yield
+        if grpc is not None:
+            await grpc.stop()
+        if start:
+            server.close()
+
+    app = FastAPI(title="mlplane model server", version=SERVER_VERSION, lifespan=lifespan,
+                  description="Open Inference Protocol v2 over the platform's registry models, real-time "
+                              "recommendations and online features.")
+    app.state.server = server
+
+    @app.exception_handler(ProtocolError)
+    async def protocol_error(request: Request, error: ProtocolError):
+        return JSONResponse({"error": error.message}, status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError):
+        return JSONResponse({"error": _validation_message(error.errors())}, status_code=400)
+
+    _health_routes(app, server)
+    _model_routes(app, server)
+    _repository_routes(app, server)
+
+    @app.post("/recommend", response_model=RecommendResponse, responses=ERRORS, tags=["recommendations"],
+              summary="Top k items for a user, with the model version")
+    async def recommend(body: RecommendRequest):
+        answer = await server.recommend(body.user_id, body.k, body.context, body.request_id)
+        return {"request_id": answer.request_id, "user_id": answer.user_id, "items": answer.item_ids,
+                "scores": answer.scores, "model_name": answer.model_name, "model_version": answer.model_version,
+                "variant": answer.variant, "timings_ms": answer.timings_ms}
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
+    async def metrics():
+        return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    from serving.models.feast_api import add_feast_routes
+
+    add_feast_routes(app, server)
+    _document_request_bodies(app)
+    return app
+
+
+def _health_routes(app: FastAPI, server: ModelServer) -> None:
+    @app.get("/v2/health/live", response_model=LiveResponse, tags=[V2])
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready", response_model=ReadyResponse, tags=[V2],
+             summary="Ready when every configured model serves a version")
+    async def ready():
+        is_ready = all(s.current is not None for s in server.repository.states.values() if not s.unloaded)
+        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
+    @app.get("/v2", response_model=ServerMetadataResponse, tags=[V2])
+    async def server_metadata():
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+
+def _model_routes(app: FastAPI, server: ModelServer) -> None:
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        app.add_api_route(prefix, _metadata(server), methods=["GET"], response_model=ModelMetadataResponse,
+                          responses=ERRORS, tags=[V2], summary="Model metadata")
+        app.add_api_route(f"{prefix}/ready", _ready(server), methods=["GET"], response_model=ReadyResponse,
+                          responses=ERRORS, tags=[V2], summary="Model readiness")
+        app.add_api_route(f"{prefix}/infer", _infer(server), methods=["POST"], response_model=InferenceResponse,
+                          responses=ERRORS, tags=[V2], summary="Inference (JSON or binary tensor data)",
+                          openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                              "schema": {"$ref": "#/components/schemas/InferenceRequest"}}}}})
+
+
+def _metadata(server: ModelServer):
+    async def metadata(name: str, version: str | None = None):
+        return server.metadata(name, version)
+    return metadata
+
+
+def _ready(server: ModelServer):
+    async def ready(name: str, version: str | None = None):
+        is_ready = server.ready(name, version)
+        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+    return ready
+
+
+def _infer(server: ModelServer):
+    async def infer(name: str, request: Request, version: str | None = None):
+        header, raw = binary.split_body(await request.body(), request.headers.get(binary.HEADER))
+        try:
+            body = InferenceRequest.model_validate_json(header)
+        except ValidationError as error:
+            raise ProtocolError(400, "invalid inference request: " + _validation_message(error.errors())) from error
+        inputs = binary.decode_inputs(body, raw)
+        parameters = body.parameters or {}
+        model, served, outputs = await server.infer(name, version, inputs, parameters, "rest")
+        requested = {o.name: o for o in body.outputs} if body.outputs else None
+        if requested is not None:
+            unknown = sorted(set(requested) - set(outputs))
+            if unknown:
+                raise ProtocolError(400, f"model {name!r} has no output(s) {unknown}; outputs: {sorted(outputs)}")
+            outputs = {k: v for k, v in outputs.items() if k in requested}
+        answer = {"model_name": model, "model_version": served, "id": body.id,
+                  "outputs": [encode_output(k, v) for k, v in outputs.items()]}
+        as_binary = {k for k in outputs if (requested and (requested[k].parameters or {}).get("binary_data"))
+                     or parameters.get("binary_data_output")}
+        if as_binary:
+            payload, length = binary.encode_binary_response(answer, {k: outputs[k] for k in as_binary})
+            return Response(payload, media_type="application/octet-stream",
+                            headers={"Inference-Header-Content-Length": str(length)})
+        return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
+    return infer
+
+
+def _repository_routes(app: FastAPI, server: ModelServer) -> None:
+    @app.post("/v2/repository/index", response_model=list[RepositoryModel], tags=[V2], responses=ERRORS,
+              summary="Every configured model, its version and state")
+    async def index(body: RepositoryIndexRequest | None = None):
+        return server.repository.index(ready_only=bool(body and body.ready))
+
+    @app.post("/v2/repository/models/{name}/load", tags=[V2], responses=ERRORS, response_model=RepositoryModel,
+              summary="Load now (parameters: `version` or `alias` to follow)")
+    async def load(name: str, body: RepositoryLoadRequest | None = None):
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(server.repository.load, name, body.parameters if body else None)
+
+    @app.post("/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving")
+    async def unload(name: str):
+        server.repository.unload(name)
+        return {}
+
+
+def _validation_message(errors: list) -> str:
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        parts.append(f"{where or 'body'}: {e.get('msg')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def _document_request_bodies(app: FastAPI) -> None:
+    """The infer routes read their body themselves (JSON or binary); their schema is added here."""
+    def openapi():
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            request_schema = InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(request_schema.pop("$defs", {}))
+            components["InferenceRequest"] = request_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -1,0 +1,93 @@
+"""The model server's settings: where the registry, lake, feature store and vector database are, which
+registry models it serves under which names, and how it batches and samples.
+
+`ServerConfig.local(data_dir)` is the embedded default over one lake folder; a YAML file (the same
+fields) configures production: `mlplane serve models --config server.yaml`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field, model_validator
+
+KINDS = ("two_tower", "clip_text", "clip_image", "content_violation")
+
+
+class ModelEntry(BaseModel):
+    """One served model: the OIP name clients use, the registry model and the alias or version it follows."""
+    name: str
+    registry_model: str
+    kind: str
+    alias: str | None = "champion"
+    version: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelEntry:
+        if self.kind not in KINDS:
+            raise ValueError(f"model {self.name!r}: kind must be one of {KINDS}, not {self.kind!r}")
+        if self.version is not None:
+            self.alias = None
+        if self.alias is None and self.version is None:
+            raise ValueError(f"model {self.name!r}: give an alias or a version")
+        return self
+
+    @property
+    def follows(self) -> str:
+        return f"alias {self.alias!r}" if self.alias else f"version {self.version}"
+
+
+class BatchingConfig(BaseModel):
+    max_batch: int = Field(default=32, ge=1, description="Largest batch an encoder call takes")
+    max_delay_ms: float = Field(default=2.0, ge=0, description="How long the first request waits for others")
+
+
+class ServerConfig(BaseModel):
+    registry_root: str | None = Field(default=None, description="Local MLflow folder (mlflow.db, artifacts)")
+    tracking_uri: str | None = Field(default=None, description="MLflow tracking URI; overrides registry_root")
+    lake_root: str = Field(description="The lake (item catalogue, embeddings, served-feature logs)")
+    feature_repo: str | None = Field(default=None, description="Feast repo folder (default: <lake>/feature_repo)")
+    online_store: str = "sqlite"
+    redis_url: str = "localhost:6379"
+    feast_registry_url: str | None = None
+    vector_store: str | None = Field(default=None, description="Folder (Qdrant Edge) or http(s) URL; default "
+                                                               "<lake>/serving/vectors")
+    workdir: str | None = Field(default=None, description="Where model artifacts are downloaded")
+    models: list[ModelEntry] = []
+    recommend_model: str = Field(default="personalization", description="Served two-tower model `recommend` uses")
+    feature_service: str = Field(default="personalization_ranking",
+                                 description="Fallback when a model version names no feature service")
+    candidates: int = Field(default=100, ge=1, description="Items retrieved from the vector DB before reranking")
+    poll_interval_s: float = Field(default=2.0, gt=0, description="How often aliases are re-read")
+    feature_log_sample: float = Field(default=0.05, ge=0, le=1, description="Share of answers whose features "
+                                                                           "are logged for the skew check")
+    batching: BatchingConfig = BatchingConfig()
+    device: str = Field(default="cpu", description="'cpu' or 'cuda'")
+
+    @classmethod
+    def local(cls, data_dir: str | Path, **overrides) -> ServerConfig:
+        """Every platform model from the lake's local registry, champion and challenger."""
+        root = Path(data_dir)
+        models = [
+            ModelEntry(name="personalization", registry_model="personalization", kind="two_tower"),
+            ModelEntry(name="personalization-challenger", registry_model="personalization", kind="two_tower",
+                       alias="challenger"),
+            ModelEntry(name="clip_text", registry_model="clip", kind="clip_text"),
+            ModelEntry(name="clip_image", registry_model="clip", kind="clip_image"),
+            ModelEntry(name="content_violation", registry_model="clip", kind="content_violation"),
+        ]
+        return cls(registry_root=str(root / "registry"), lake_root=str(root), models=models, **overrides)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ServerConfig:
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+
+    def lake_path(self) -> Path:
+        return Path(self.lake_root)
+
+    def vector_location(self) -> str:
+        return self.vector_store or str(self.lake_path() / "serving" / "vectors")
+
+    def work_path(self) -> Path:
+        return Path(self.workdir) if self.workdir else self.lake_path() / "serving" / "models"

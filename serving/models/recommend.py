@@ -1,0 +1,166 @@
+"""Real-time recommendations: the user's online features (the feature service the model version was
+trained with, streaming views included) -> the user tower's vector -> candidates from the vector
+database -> reranked by the exact model score, without what the user played in the last hour or the
+caller excludes -> top k with the model version.
+
+The request path stays open for experiments and logging: `choose_variant(user_id, context)` names the
+served model that answers (default: the champion entry), and every answer goes to each `on_answer`
+hook (the served-feature sampler, later prediction logs and shadows).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from engines.batch_inference import VECTOR_NAME, collection_name, index_items
+from engines.feature_store import FeatureStoreEngine, OnlineReader
+from engines.vector_store import VectorStore
+from serving.models.metrics import ServerMetrics
+from serving.models.protocol import ProtocolError
+from serving.models.repository import ModelRepository
+from serving.models.towers import TwoTowerModel
+
+USER_KEY = "user_id"
+RECENT_PLAYS = "user_activity_realtime__last_played_items_1h"  # the streaming view: not what was just played
+MAX_K = 1000
+
+
+@dataclass
+class Answer:
+    """One recommendation as served; what every hook sees."""
+    request_id: str
+    user_id: int
+    k: int
+    context: dict[str, Any]
+    variant: str
+    model_name: str
+    model_version: str
+    feature_service: str
+    item_ids: list[int]
+    scores: list[float]
+    features: dict[str, Any]
+    served_at: datetime
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+VariantChooser = Callable[[int, dict], str]
+AnswerHook = Callable[[Answer], None]
+
+
+class UserFeatures:
+    """Online reads of a feature service's user-keyed views (the (user, item) views need an item)."""
+
+    def __init__(self, engine: FeatureStoreEngine):
+        self.engine = engine
+        self._readers: dict[str, OnlineReader] = {}
+        self._lock = threading.Lock()
+
+    def reader(self, service: str) -> OnlineReader:
+        if service not in self._readers:
+            with self._lock:
+                reader = OnlineReader(self.engine.store, service)
+                reader.plan = [p for p in reader.plan if [k for k, _ in p[2]] == [USER_KEY]]
+                reader.join_keys = [USER_KEY]
+                self._readers[service] = reader
+        return self._readers[service]
+
+    def read(self, service: str, user_ids: list[int]) -> dict[str, list]:
+        try:
+            return self.reader(service).read([{USER_KEY: u} for u in user_ids])
+        except Exception as error:
+            raise ProtocolError(503, f"online feature store unavailable ({type(error).__name__}: {error})") from error
+
+
+class Candidates:
+    """The vector database behind retrieval; collections indexed per model version when it loads."""
+
+    def __init__(self, store: VectorStore):
+        self.store = store
+        self._lock = threading.Lock()  # the embedded engine is one process's, not every thread's at once
+
+    def index(self, served: TwoTowerModel, rows, version: str) -> None:
+        with self._lock:
+            index_items(self.store, served.model, rows, version)
+
+    def search(self, version: str, user_vector: np.ndarray, n: int) -> list[int]:
+        query = np.append(user_vector.astype(np.float32), 0.0)
+        with self._lock:
+            hits = self.store.search(collection_name(version), query, VECTOR_NAME, n)
+        return [int(h.payload["item_id"]) for h in hits]
+
+
+class Recommender:
+    def __init__(self, repository: ModelRepository, features: UserFeatures, candidates: Candidates,
+                 metrics: ServerMetrics, default_variant: str, n_candidates: int,
+                 choose_variant: VariantChooser | None = None, on_answer: list[AnswerHook] | None = None):
+        self.repository = repository
+        self.features = features
+        self.candidates = candidates
+        self.metrics = metrics
+        self.n_candidates = n_candidates
+        self.choose_variant = choose_variant or (lambda user_id, context: default_variant)
+        self.on_answer = list(on_answer or [])
+
+    def recommend(self, user_id: int, k: int, context: dict | None = None, request_id: str | None = None) -> Answer:
+        check_request(user_id, k, context)
+        context = context or {}
+        started = time.perf_counter()
+        variant = self.choose_variant(user_id, context)
+        loaded = self.repository.get(variant)
+        served = loaded.model
+        if not isinstance(served, TwoTowerModel):
+            raise ProtocolError(400, f"variant {variant!r} is not a two-tower model")
+        features = self.features.read(served.feature_service, [user_id])
+        read = time.perf_counter()
+        vector = served.user_vectors(features)[0]
+        found = self.candidates.search(loaded.version, vector, max(self.n_candidates, k))
+        retrieved = time.perf_counter()
+        items, scores = self.rerank(served, vector, found, excluded(features, context), k)
+        answer = Answer(request_id or uuid.uuid4().hex, user_id, k, context, variant, loaded.entry.registry_model,
+                        loaded.version, served.feature_service, items, scores,
+                        {name: values[0] for name, values in features.items()}, datetime.now(UTC))
+        answer.timings_ms = {"features": (read - started) * 1000, "retrieval": (retrieved - read) * 1000,
+                             "total": (time.perf_counter() - started) * 1000}
+        self.metrics.feature_read.labels(served.feature_service).observe(read - started)
+        self.metrics.retrieval.labels(variant, loaded.version).observe(retrieved - read)
+        for hook in self.on_answer:
+            hook(answer)
+        return answer
+
+    @staticmethod
+    def rerank(served: TwoTowerModel, vector: np.ndarray, found: list[int], exclude: set[int],
+               k: int) -> tuple[list[int], list[float]]:
+        """The candidates by the model's own score (inner product), best first, exclusions dropped."""
+        if served.items is None:
+            raise ProtocolError(503, "this version has no item catalogue to recommend from")
+        keep = np.array([i for i in found if i not in exclude and i in served.items.row_of], dtype=np.int64)
+        if not len(keep):
+            return [], []
+        scores = served.items.vectors[served.items.rows(keep)] @ vector
+        order = np.argsort(-scores, kind="stable")[:k]
+        return keep[order].tolist(), scores[order].astype(float).tolist()
+
+
+def excluded(features: dict[str, list], context: dict) -> set[int]:
+    played = features.get(RECENT_PLAYS, [None])[0] or []
+    return {int(i) for i in played} | {int(i) for i in context.get("exclude_item_ids", [])}
+
+
+def check_request(user_id: Any, k: Any, context: Any) -> None:
+    if not isinstance(user_id, int) or isinstance(user_id, bool):
+        raise ProtocolError(400, f"user_id must be an integer, got {user_id!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise ProtocolError(400, f"k must be an integer from 1 to {MAX_K}, got {k!r}")
+    if context is not None and not isinstance(context, dict):
+        raise ProtocolError(400, f"context must be an object, got {type(context).__name__}")
+    ids = (context or {}).get("exclude_item_ids", [])
+    if not isinstance(ids, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
+        raise ProtocolError(400, "context.exclude_item_ids must be a list of integers")

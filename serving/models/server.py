@@ -1,0 +1,158 @@
+"""The model server's core, shared by the REST and gRPC front ends: the repository of registry models,
+inference with checks and metrics, `recommend` and the online feature store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+from engines.lake import Lake
+from engines.registry import ModelRegistry, RegisteredVersion
+from engines.vector_store import VectorStore
+from serving.models.base import ServedModel
+from serving.models.config import ModelEntry, ServerConfig
+from serving.models.feature_log import FeatureLog
+from serving.models.metrics import ServerMetrics
+from serving.models.protocol import ProtocolError, TensorSpec, check_inputs
+from serving.models.recommend import Answer, Candidates, Recommender, UserFeatures
+from serving.models.repository import ModelRepository
+from serving.models.towers import load_two_tower
+
+FEATURE_SERVICE_TAG = "mlplane.feature_service"
+RECOMMEND_MODEL = "recommend"  # the OIP name of recommend(user_id, k, context)
+SERVER_NAME, SERVER_VERSION = "mlplane-models", "0.1.0"
+EXTENSIONS = ["model_repository", "binary_tensor_data", "statistics"]
+
+
+class ModelServer:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.lake = Lake(config.lake_path())
+        self.registry = ModelRegistry(config.tracking_uri) if config.tracking_uri else \
+            ModelRegistry.local(Path(config.registry_root or config.lake_path() / "registry"))
+        self.feature_store = FeatureStoreEngine(FeatureStoreSettings(
+            repo_dir=Path(config.feature_repo or config.lake_path() / "feature_repo"),
+            offline_root=config.lake_path() / "offline", online_store=config.online_store,
+            redis_url=config.redis_url, registry_url=config.feast_registry_url))
+        self.vectors = Candidates(VectorStore.open(config.vector_location()))
+        self.repository = ModelRepository(self.registry, config.models, self._load, config.work_path())
+        self.feature_log = FeatureLog(config.lake_path(), config.feature_log_sample)
+        self.recommender = Recommender(self.repository, UserFeatures(self.feature_store), self.vectors, self.metrics,
+                                       config.recommend_model, config.candidates, on_answer=[self.feature_log])
+
+    def start(self) -> None:
+        """Load every entry's version now (failures are reported per model), then follow the aliases."""
+        self.repository.refresh()
+        self.repository.start(self.config.poll_interval_s)
+
+    def close(self) -> None:
+        self.repository.stop()
+        self.feature_log.close()
+        for state in self.repository.states.values():
+            if state.current is not None:
+                state.current.model.close()
+        self.vectors.store.close()
+
+    # --- loading --------------------------------------------------------------------------------
+    def _load(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        from serving.models.encoders import ClipEncoder, ContentViolationScorer
+
+        batching, device = self.config.batching, self.config.device
+        observer = self.metrics.batch_observer(entry.name)
+        if entry.kind == "two_tower":
+            service = version.tags.get(FEATURE_SERVICE_TAG) or self.config.feature_service
+            served, rows = load_two_tower(folder, self.lake, service)
+            if rows is not None:  # candidates for recommend, indexed before the version serves
+                self.vectors.index(served, rows, version.version)
+            return served
+        if entry.kind in ("clip_text", "clip_image"):
+            return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer)
+        if entry.kind == "content_violation":
+            return ContentViolationScorer(folder, self.lake, batching, device, observer)
+        raise ValueError(f"unknown model kind {entry.kind!r}")
+
+    # --- inference --------------------------------------------------------------------------------
+    async def infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray], parameters: dict,
+                    protocol: str) -> tuple[str, str, dict[str, np.ndarray]]:
+        """(model name, version, outputs); ProtocolError for what the client got wrong."""
+        started = time.perf_counter()
+        try:
+            if name == RECOMMEND_MODEL:
+                version_served, outputs = await self._recommend_tensors(inputs, parameters)
+            else:
+                loaded = self.repository.get(name, version)
+                check_inputs(name, loaded.model.inputs, inputs)
+                outputs = await loaded.model.infer_async(inputs, parameters)
+                version_served = loaded.version
+        except ProtocolError as error:
+            self.metrics.error(name if name in self.model_names() else "unknown", error.status)
+            raise
+        self.metrics.observe(name, version_served, protocol, time.perf_counter() - started)
+        return name, version_served, outputs
+
+    def model_names(self) -> list[str]:
+        return [*self.repository.states, RECOMMEND_MODEL]
+
+    async def _recommend_tensors(self, inputs: dict[str, np.ndarray], parameters: dict):
+        from starlette.concurrency import run_in_threadpool
+
+        check_inputs(RECOMMEND_MODEL, RECOMMEND_INPUTS, inputs)
+        users = inputs["user_id"].tolist()
+        k = int(inputs["k"][0]) if "k" in inputs else int(parameters.get("k", 10))
+        answers = [await run_in_threadpool(self.recommender.recommend, u, k, parameters.get("context")) for u in users]
+        width = max((len(a.item_ids) for a in answers), default=0)
+        items = np.full((len(answers), width), -1, np.int64)
+        scores = np.full((len(answers), width), np.nan, np.float32)
+        for row, answer in enumerate(answers):
+            items[row, :len(answer.item_ids)] = answer.item_ids
+            scores[row, :len(answer.scores)] = answer.scores
+        versions = np.array([a.model_version.encode() for a in answers], dtype=object)
+        version = answers[0].model_version if answers else ""
+        return version, {"item_ids": items, "scores": scores, "model_version": versions}
+
+    async def recommend(self, user_id: int, k: int, context: dict | None, request_id: str | None) -> Answer:
+        from starlette.concurrency import run_in_threadpool
+
+        started = time.perf_counter()
+        try:
+            answer = await run_in_threadpool(self.recommender.recommend, user_id, k, context, request_id)
+        except ProtocolError as error:
+            self.metrics.error(RECOMMEND_MODEL, error.status)
+            raise
+        self.metrics.observe(RECOMMEND_MODEL, answer.model_version, "rest", time.perf_counter() - started)
+        return answer
+
+    def metadata(self, name: str, version: str | None) -> dict:
+        if name == RECOMMEND_MODEL:
+            loaded = self.repository.get(self.config.recommend_model)
+            return {"name": name, "versions": [loaded.version], "platform": "mlplane_recommend",
+                    "inputs": [s.metadata().model_dump() for s in RECOMMEND_INPUTS],
+                    "outputs": [s.metadata().model_dump() for s in RECOMMEND_OUTPUTS],
+                    "parameters": {"serves": self.config.recommend_model}}
+        loaded = self.repository.get(name, version)
+        model = loaded.model
+        return {"name": name, "versions": [loaded.version], "platform": model.platform,
+                "inputs": [s.metadata().model_dump() for s in model.inputs],
+                "outputs": [s.metadata().model_dump() for s in model.outputs],
+                "parameters": {"registry_model": loaded.entry.registry_model, "follows": loaded.entry.follows,
+                               **model.parameters()}}
+
+    def ready(self, name: str, version: str | None) -> bool:
+        if name == RECOMMEND_MODEL:
+            name = self.config.recommend_model
+        try:
+            self.repository.get(name, version)
+            return True
+        except ProtocolError as error:
+            if error.status == 404:
+                raise
+            return False
+
+
+RECOMMEND_INPUTS = [TensorSpec("user_id", "INT64", (-1,)), TensorSpec("k", "INT32", (1,), optional=True)]
+RECOMMEND_OUTPUTS = [TensorSpec("item_ids", "INT64", (-1, -1)), TensorSpec("scores", "FP32", (-1, -1)),
+                     TensorSpec("model_version", "BYTES", (-1,))]

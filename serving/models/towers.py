@@ -1,0 +1,166 @@
+"""The personalization two-tower model as a served model: the user tower's feature columns in as named
+tensors, the user vector out; with `item_ids`, each user's scores of those items (the same dot product
+the model was trained with, against item vectors computed once when the version loads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from engines.batch_inference import entity_features
+from engines.lake import Lake
+from ml.personalization import PersonalizationModel, TowerSpec
+from serving.models.base import ServedModel
+from serving.models.protocol import ProtocolError, TensorSpec
+
+HISTORY_PAD = -1  # histories travel as (N, L) INT64 padded with -1
+HISTORY_LENGTH = 10  # the newest ids of a history the tower reads (ml.personalization._padded_ids)
+
+
+@dataclass
+class ItemIndex:
+    """Every catalogue item's tower vector, rows in item-id order."""
+    item_ids: np.ndarray
+    vectors: np.ndarray
+    row_of: dict[int, int]
+
+    @classmethod
+    def build(cls, model: PersonalizationModel, items: pl.DataFrame) -> ItemIndex:
+        ids = items.get_column("item_id").to_numpy()
+        vectors = model.item_vectors(items).astype(np.float32) if items.height else np.zeros((0, 1), np.float32)
+        return cls(ids, vectors, {int(i): r for r, i in enumerate(ids)})
+
+    def rows(self, item_ids: np.ndarray) -> np.ndarray:
+        unknown = sorted({int(i) for i in item_ids.reshape(-1)} - self.row_of.keys())
+        if unknown:
+            raise ProtocolError(400, f"unknown item id(s) {unknown[:10]}: not in the catalogue this version indexed")
+        return np.vectorize(self.row_of.__getitem__, otypes=[np.int64])(item_ids) if item_ids.size else \
+            item_ids.astype(np.int64)
+
+
+class UserEncoder:
+    """The user tower's inputs straight from column values (what TowerSpec.encode computes from a polars
+    frame, without a frame: the per-column polars calls cost ~1 ms each on the request path). The
+    protocol tests compare the two paths' vectors."""
+
+    def __init__(self, spec: TowerSpec):
+        self.spec = spec
+        self.means = np.asarray(spec.means, np.float64)
+        self.stds = np.asarray(spec.stds, np.float64)
+        self.indexes = {c: {v: k + 1 for k, v in enumerate(values)} for c, values in spec.categorical.items()}
+
+    def encode(self, columns: dict[str, list]) -> dict[str, torch.Tensor]:
+        spec = self.spec
+        ids = np.asarray(columns[spec.id_column], dtype=np.int64) % spec.id_buckets
+        rows = len(ids)
+        numeric = np.zeros((rows, len(spec.numeric)), np.float64)
+        for i, column in enumerate(spec.numeric):
+            numeric[:, i] = [0.0 if v is None else float(v) for v in columns[column]]
+        numeric = np.nan_to_num(numeric, nan=0.0, posinf=np.inf, neginf=-np.inf)
+        numeric = ((numeric - self.means) / self.stds).astype(np.float32) if spec.numeric else \
+            numeric.astype(np.float32)
+        categorical = np.zeros((rows, len(spec.categorical)), np.int64)
+        for i, column in enumerate(spec.categorical):
+            index = self.indexes[column]
+            categorical[:, i] = [0 if v is None else index.get(str(v), 0) for v in columns[column]]
+        inputs = {"ids": torch.from_numpy(ids), "numeric": torch.from_numpy(numeric),
+                  "categorical": torch.from_numpy(categorical)}
+        for i, column in enumerate(spec.histories):
+            matrix = np.zeros((rows, HISTORY_LENGTH), np.int64)
+            for row, items in enumerate(columns[column]):
+                if items:
+                    items = list(items)[-HISTORY_LENGTH:]
+                    matrix[row, :len(items)] = np.asarray(items, np.int64) + 1
+            inputs[f"history{i}"] = torch.from_numpy(matrix)
+        return inputs
+
+
+class TwoTowerModel(ServedModel):
+    platform = "pytorch_two_tower"
+
+    def __init__(self, model: PersonalizationModel, items: ItemIndex | None, feature_service: str):
+        self.model = model
+        self.items = items
+        self.feature_service = feature_service
+        self.encoder = UserEncoder(model.spec.user)
+        spec = model.spec.user
+        self.inputs = [TensorSpec(spec.id_column, "INT64", (-1,)),
+                       *[TensorSpec(c, "FP64", (-1,)) for c in spec.numeric],
+                       *[TensorSpec(c, "BYTES", (-1,)) for c in spec.categorical],
+                       *[TensorSpec(c, "INT64", (-1, -1)) for c in spec.histories],
+                       TensorSpec("item_ids", "INT64", (-1, -1), optional=True)]
+        dim = model.spec.config.dim + 1
+        self.outputs = [TensorSpec("user_vector", "FP32", (-1, dim)), TensorSpec("item_scores", "FP32", (-1, -1))]
+
+    def parameters(self) -> dict:
+        return {"feature_service": self.feature_service,
+                "catalogue_items": 0 if self.items is None else len(self.items.item_ids)}
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict) -> dict[str, np.ndarray]:
+        spec = self.model.spec.user
+        rows = {len(a) for a in inputs.values()}
+        if len(rows) > 1:
+            raise ProtocolError(400, f"inputs disagree on the batch size (first dimension): {sorted(rows)}")
+        columns: dict[str, list] = {spec.id_column: inputs[spec.id_column].tolist()}
+        for c in spec.numeric:
+            columns[c] = inputs[c].tolist()
+        for c in spec.categorical:
+            columns[c] = [v.decode(errors="replace") for v in inputs[c].tolist()]
+        for c in spec.histories:
+            columns[c] = [[i for i in row if i != HISTORY_PAD] for row in inputs[c].tolist()]
+        vectors = self.user_vectors(columns)
+        out = {"user_vector": vectors}
+        if "item_ids" in inputs:
+            out["item_scores"] = self.item_scores(vectors, inputs["item_ids"])
+        return out
+
+    def user_vectors(self, columns: dict[str, list]) -> np.ndarray:
+        """User vectors from column -> values (a column absent is all missing)."""
+        rows = len(columns[self.model.spec.user.id_column])
+        full = {c: columns.get(c, [None] * rows) for c in self.model.spec.user.columns}
+        with torch.no_grad():
+            return self.model.network.user_vectors(self.encoder.encode(full)).numpy().astype(np.float32)
+
+    def item_scores(self, user_vectors: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
+        if self.items is None:
+            raise ProtocolError(503, "item scores need the item catalogue, which was not found when this version "
+                                     "loaded (no offline item features in the lake)")
+        if len(item_ids) != len(user_vectors):
+            raise ProtocolError(400, f"item_ids has {len(item_ids)} rows, the users {len(user_vectors)}")
+        vectors = self.items.vectors[self.items.rows(item_ids)]  # (N, M, dim + 1)
+        return np.einsum("nd,nmd->nm", user_vectors, vectors).astype(np.float32)
+
+
+def load_two_tower(folder: Path, lake: Lake, feature_service: str) -> tuple[TwoTowerModel, pl.DataFrame | None]:
+    """The served model and the catalogue rows its item vectors came from (None: no catalogue)."""
+    model = PersonalizationModel.load(folder)
+    items = catalogue_rows(lake, model)
+    index = ItemIndex.build(model, items) if items is not None else None
+    return TwoTowerModel(model, index, feature_service), items
+
+
+def catalogue_rows(lake: Lake, model: PersonalizationModel) -> pl.DataFrame | None:
+    """The item tower's rows of every item on the newest day every one of its offline views has
+    (None when the lake has none), with CLIP embeddings where the model was trained with them."""
+    from engines.batch_inference import existing_items
+    from engines.embeddings import latest_item_embeddings
+    from ml.personalization import with_item_embeddings
+
+    views = {c.split("__", 1)[0] for c in model.spec.item.columns if "__" in c}
+    days = [set(lake.partition_days("offline", v)) for v in views]
+    common = set.intersection(*days) if days else set()
+    if not common or not lake.partition_days("warehouse", "items"):
+        return None
+    day = max(common)
+    rows = entity_features(lake, day, model.spec.item.columns, "item_id", sorted(existing_items(lake, day)))
+    if model.spec.item.embedding_column:
+        embeddings = latest_item_embeddings(lake.root)
+        if embeddings.is_empty():
+            raise ValueError("this version was trained with CLIP item embeddings and the lake has none")
+        rows = with_item_embeddings(rows, embeddings.select(
+            "item_id", pl.col("image_embedding").alias(model.spec.item.embedding_column)))
+    return rows
