@@ -8,7 +8,7 @@ from pathlib import Path
 
 import great_expectations.expectations as gxe
 import polars as pl
-from dagster import AssetCheckSpec, AssetKey, Config, MaterializeResult, asset
+from dagster import AssetCheckSpec, AssetKey, BackfillPolicy, Config, MaterializeResult, asset
 from pydantic import Field
 
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
@@ -51,6 +51,7 @@ class ViolationQueueConfig(Config):
                 "detector flagged, items where it and the users' ip_violation reports disagree, and a random "
                 "audit sample of the catalogue. Idempotent: an item is added once, a re-run adds nothing.",
     partitions_def=daily_partitions,
+    backfill_policy=BackfillPolicy.single_run(),  # a range runs as one run (partition_days)
     deps=[VIOLATION_FLAGS, AssetKey(["warehouse", "abuse_reports"]), WAREHOUSE_ITEMS],
     kinds={"sqlite", "postgres"},
     owners=["team:trust-and-safety"],
@@ -91,6 +92,7 @@ class ModelQueueConfig(Config):
                 "training rows whose click probability differs most between the personalization champion "
                 "and challenger. Without a challenger distinct from the champion it fills nothing and says so.",
     partitions_def=daily_partitions,
+    backfill_policy=BackfillPolicy.single_run(),  # a range runs as one run (partition_days)
     deps=[AssetKey(["datasets", TRAINING_SET]), AssetKey(["models", f"{MODEL}_champion"])],
     kinds={"pytorch", "sqlite", "postgres"},
     owners=["team:ml-platform"],
