@@ -105,7 +105,7 @@ def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink
         statements.append(_view_sink_ddl(sink, plan, sink_root, mode))
         inserts.append(_view_insert(sink, events, plan, slide_seconds))
         views[plan.view] = {"keys": list(plan.keys), "features": plan.output_types, "push_source": plan.push_source,
-                            "sink": f"{sink_root}/{plan.view}", "empty": _empty_values(plan)}
+                            "sink": f"{sink_root}/{plan.view}", "empty": empty_values(plan)}
     return FlinkJobSpec(name=name, mode=mode, statements=statements, inserts=inserts, views=views,
                         sink_root=sink_root)
 
@@ -231,7 +231,7 @@ def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str
     return f"INSERT INTO `{sink}` SELECT {', '.join(outer)} FROM ({rows})"
 
 
-def _empty_values(plan: StreamingPlan) -> dict:
+def empty_values(plan: StreamingPlan) -> dict:
     """Each feature's value over a window without events, as the polars plan gives it: counts and
     sums 0, last_n an empty list, means, maxima, minima and ratios null."""
     zero = {"count": 0, "distinct_count": 0, "sum": 0, "last_n": []}

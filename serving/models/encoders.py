@@ -92,21 +92,26 @@ class ContentViolationScorer(ServedModel):
         from engines.embeddings import catalogue_images, current_catalogue
 
         self.encoder = ClipEncoder(folder, "image", batching, device, on_batch)
-        references = current_catalogue(lake).filter(pl.col("item_id").is_in(cv.reference_items(lake.root)))
+        # the confirmed violations of the newest ground-truth release, as the batch flags use; before the
+        # first release there are none and nothing is flagged
+        truth = cv.release_truth(lake.root)
+        self.threshold = cv.DEFAULT_THRESHOLD  # the flags asset's calibrated one is passed as a parameter
+        references = current_catalogue(lake).filter(pl.col("item_id").is_in(truth.references if truth else []))
         items, pixels = catalogue_images(lake.root / "landing", references, self.encoder.size)
-        if items.is_empty():
+        if references.height and items.is_empty():
             raise ValueError("none of the reference items has a readable thumbnail in the lake")
-        embeddings = encode_images(self.encoder.model, pixels, device)
-        self.references = pl.DataFrame({"item_id": items["item_id"], "image_embedding": embeddings.tolist()})
+        embeddings = encode_images(self.encoder.model, pixels, device) if items.height else np.zeros((0, 0))
+        self.references = pl.DataFrame({"item_id": items["item_id"], "image_embedding": embeddings.tolist()},
+                                        schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32)})
         self.inputs = [TensorSpec("image", "BYTES", (-1,))]
         self.outputs = [TensorSpec("similarity", "FP32", (-1,)), TensorSpec("flagged", "BOOL", (-1,)),
                         TensorSpec("nearest_reference_id", "INT64", (-1,))]
 
     def parameters(self) -> dict:
-        return {"references": self.references.height, "default_threshold": cv.DEFAULT_THRESHOLD}
+        return {"references": self.references.height, "default_threshold": self.threshold}
 
     def score(self, embeddings: np.ndarray, parameters: dict) -> dict[str, np.ndarray]:
-        threshold = parameters.get("threshold", cv.DEFAULT_THRESHOLD)
+        threshold = parameters.get("threshold", self.threshold)
         if not isinstance(threshold, int | float) or isinstance(threshold, bool) or not -1 <= threshold <= 1:
             raise ProtocolError(400, f"parameter 'threshold' must be a number in [-1, 1], got {threshold!r}")
         frame = pl.DataFrame({"item_id": [-1] * len(embeddings), "image_embedding": embeddings.tolist(),
@@ -114,9 +119,9 @@ class ContentViolationScorer(ServedModel):
                              schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32),
                                      "model_version": pl.String})
         flags = cv.flag_items(frame, self.references, float(threshold))  # the batch flags' own scoring
-        return {"similarity": flags["similarity"].to_numpy().astype(np.float32),
+        return {"similarity": flags["similarity"].fill_null(float("nan")).to_numpy().astype(np.float32),
                 "flagged": flags["flagged"].to_numpy().astype(bool),
-                "nearest_reference_id": flags["nearest_reference_id"].to_numpy().astype(np.int64)}
+                "nearest_reference_id": flags["nearest_reference_id"].fill_null(-1).to_numpy().astype(np.int64)}
 
     def infer(self, inputs, parameters):
         return self.score(self.encoder.infer(inputs, parameters)["embedding"], parameters)

@@ -23,6 +23,9 @@ import numpy as np
 from engines.batch_inference import VECTOR_NAME, collection_name, index_items
 from engines.feature_store import FeatureStoreEngine, OnlineReader
 from engines.vector_store import VectorStore
+from feature_defs import catalogue
+from feature_defs.compile.flink import empty_values
+from feature_defs.compile.streaming import streaming_plans
 from serving.models.metrics import ServerMetrics
 from serving.models.protocol import ProtocolError
 from serving.models.repository import ModelRepository
@@ -55,6 +58,10 @@ VariantChooser = Callable[[int, dict], str]
 AnswerHook = Callable[[Answer], None]
 
 
+STREAMING_EMPTY = {f"{plan.view}__{feature}": value for plan in streaming_plans(catalogue)
+                   for feature, value in empty_values(plan).items() if value is not None}
+
+
 class UserFeatures:
     """Online reads of a feature service's user-keyed views (the (user, item) views need an item)."""
 
@@ -74,9 +81,15 @@ class UserFeatures:
 
     def read(self, service: str, user_ids: list[int]) -> dict[str, list]:
         try:
-            return self.reader(service).read([{USER_KEY: u} for u in user_ids])
+            values = self.reader(service).read([{USER_KEY: u} for u in user_ids])
         except Exception as error:
             raise ProtocolError(503, f"online feature store unavailable ({type(error).__name__}: {error})") from error
+        # a user the stream has no window for holds the empty window's values (0, []), as the training join
+        # gives (engines.point_in_time), not a null the model never saw
+        for column, empty in STREAMING_EMPTY.items():
+            if column in values:
+                values[column] = [empty if v is None else v for v in values[column]]
+        return values
 
 
 class Candidates:

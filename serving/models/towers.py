@@ -147,8 +147,8 @@ def catalogue_rows(lake: Lake, model: PersonalizationModel) -> pl.DataFrame | No
     """The item tower's rows of every item on the newest day every one of its offline views has
     (None when the lake has none), with CLIP embeddings where the model was trained with them."""
     from engines.batch_inference import existing_items
-    from engines.embeddings import latest_item_embeddings
-    from ml.personalization import with_item_embeddings
+    from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE
+    from engines.point_in_time import item_embeddings_as_of
 
     views = {c.split("__", 1)[0] for c in model.spec.item.columns if "__" in c}
     days = [set(lake.partition_days("offline", v)) for v in views]
@@ -156,11 +156,10 @@ def catalogue_rows(lake: Lake, model: PersonalizationModel) -> pl.DataFrame | No
     if not common or not lake.partition_days("warehouse", "items"):
         return None
     day = max(common)
-    rows = entity_features(lake, day, model.spec.item.columns, "item_id", sorted(existing_items(lake, day)))
+    # the item rows batch inference scores: features and CLIP embeddings as of the newest day's end
+    rows = entity_features(lake, day, model.spec.item.columns, "item_id", sorted(existing_items(lake, day))).frame
     if model.spec.item.embedding_column:
-        embeddings = latest_item_embeddings(lake.root)
-        if embeddings.is_empty():
+        if not lake.partition_days(EMBEDDINGS_ZONE, ITEMS_TABLE):
             raise ValueError("this version was trained with CLIP item embeddings and the lake has none")
-        rows = with_item_embeddings(rows, embeddings.select(
-            "item_id", pl.col("image_embedding").alias(model.spec.item.embedding_column)))
+        rows = item_embeddings_as_of(lake.root, rows)
     return rows

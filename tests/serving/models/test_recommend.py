@@ -43,7 +43,7 @@ def expected_top_k(lake_root, tmp_path, features: dict, k: int, exclude: set[int
     model = PersonalizationModel.load(registry.load("personalization", version, tmp_path / "champion"))
     lake = Lake(lake_root)
     day = max(lake.partition_days("offline", "item_content"))
-    items = entity_features(lake, day, model.spec.item.columns, "item_id", sorted(existing_items(lake, day)))
+    items = entity_features(lake, day, model.spec.item.columns, "item_id", sorted(existing_items(lake, day))).frame
     user = pl.DataFrame({c: [features.get(c)] for c in model.spec.user.columns})
     scores = model.item_vectors(items) @ model.user_vectors(user)[0]
     ids = items["item_id"].to_numpy()
