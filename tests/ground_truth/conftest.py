@@ -24,7 +24,10 @@ from orchestration.profiles import resources_for
 from tests.services import create_database, drop_database
 
 PASSWORD = "correct horse battery"
-ACCURACY = {"ann0": 0.98, "ann1": 0.95, "ann2": 0.9, "ann3": 0.8}  # simulated annotators
+# Simulated annotators. Violations are rare in the queues, and Krippendorff's alpha falls fast with errors
+# at low prevalence (at 80-98% it came out at 0.37 in one run and above 0.4 in another: which annotator
+# draws which item varies), so these are accurate enough to clear the release check's 0.4.
+ACCURACY = {"ann0": 0.995, "ann1": 0.99, "ann2": 0.98, "ann3": 0.97}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
