@@ -65,10 +65,11 @@ def content_violation_queue(context, config: ViolationQueueConfig, lake: LakeRes
     for day in partition_days(context):
         if not store.partition_path("content_violations", "flags", day).exists():
             missing_flags.append(day.isoformat())  # said in metadata: (a) is empty, (b) sees no flags
-        scores = {r["item_id"]: float(r["similarity"]) for r in src.latest_flags(store, day).iter_rows(named=True)
+        flags = src.latest_flags(store, day)
+        scores = {r["item_id"]: float(r["similarity"]) for r in flags.iter_rows(named=True)
                   if r["similarity"] is not None}  # before the first release nothing has a score
         picked = {src.FLAGGED: src.flagged_items(store, day)["item_id"].to_list(),
-                  src.REPORTS: src.report_disagreements(store, day)["item_id"].to_list(),
+                  src.REPORTS: src.report_disagreements(store, day, flags)["item_id"].to_list(),
                   src.AUDIT: src.audit_sample(store, day, config.audit_size)}
         for name, ids in picked.items():
             added = queue.add_items(engine, task, src.catalogue_items(store, day, ids, name, scores, PRIORITY[name]))

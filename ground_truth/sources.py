@@ -37,15 +37,15 @@ def flagged_items(lake: Lake, day: date) -> pl.DataFrame:
     return lake.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day).filter("flagged").select("item_id", "similarity")
 
 
-def report_disagreements(lake: Lake, day: date) -> pl.DataFrame:
+def report_disagreements(lake: Lake, day: date, flags: pl.DataFrame) -> pl.DataFrame:
     """item_id, reason: items users reported as copies on `day` that the detector does not flag, and
-    items the detector flagged on `day` that no user has reported up to then."""
+    items the detector flagged on `day` that no user has reported up to then. `flags` is
+    `latest_flags(lake, day)`, read once by the caller."""
     report_days = [d for d in lake.partition_days("warehouse", "abuse_reports") if d <= day]
     reports = lake.scan_partitions("warehouse", "abuse_reports", report_days)
     reports = reports.filter(pl.col("reason") == REPORT_REASON, pl.col("item_id").is_not_null()) \
         .select("item_id", pl.col("event_timestamp").dt.date().alias("day")).collect() if reports is not None \
         else pl.DataFrame(schema={"item_id": pl.Int64, "day": pl.Date})
-    flags = latest_flags(lake, day)
     flagged = set(flags.filter("flagged")["item_id"].to_list())
     reported_today = set(reports.filter(pl.col("day") == day)["item_id"].to_list())
     reported_ever = set(reports["item_id"].to_list())

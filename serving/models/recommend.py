@@ -73,6 +73,8 @@ class UserFeatures:
     def reader(self, service: str) -> OnlineReader:
         if service not in self._readers:
             with self._lock:
+                if service in self._readers:  # another thread built it while this one waited
+                    return self._readers[service]
                 reader = OnlineReader(self.engine.store, service)
                 reader.plan = [p for p in reader.plan if [k for k, _ in p[2]] == [USER_KEY]]
                 reader.join_keys = [USER_KEY]
