@@ -130,7 +130,8 @@ class ItemEmbeddingsConfig(Config):
     group_name="embeddings",
     description="CLIP image and text embeddings of the items new or changed each day (warehouse/items), "
                 "by a streaming Ray Data pipeline: read, preprocess and encode in one task per CPU (GPUs: "
-                "an encoder actor pool), rows back through the object store, written as Parquet. Items with a corrupt image or empty title get a row with a skip_reason.",
+                "an encoder actor pool), rows back through the object store, written as Parquet. Items "
+                "with a corrupt image or empty title get a row with a skip_reason.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[CLIP_MODEL, WAREHOUSE_ITEMS],
