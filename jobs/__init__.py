@@ -69,8 +69,9 @@ streaming_backfill = define_asset_job(
 
 gateway_llm_training = define_asset_job(
     "gateway_llm_training",
-    selection=AssetSelection.assets(["models", "gateway_llm"]),
-    description="Train the small language model that the ML gateway's vLLM backends serve.",
+    selection=AssetSelection.assets(["models", "gateway_llm"], ["models", "gateway_llm_draft"]),
+    description="Train the small language model that the ML gateway's vLLM backends serve and its draft model "
+                "for speculative decoding; both registered in MLflow with their lineage.",
     tags=CPU_POOL,
 )
 
