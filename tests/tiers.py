@@ -16,7 +16,8 @@ SERVICE_FIXTURES = frozenset({
     "ray_compute", "trained",  # Ray, Ray Train
     "lake",  # tests/assets/test_embeddings.py: CLIP trained on Ray, Ray Data, Qdrant
     "streaming_run", "first_run", "lake_dir",  # Flink
-    "gateway_llm_path", "vllm_backends", "v2_backend", "gateway", "prod_gateways", "prod_state",  # vLLM, gateway
+    "gateway_llm_lake", "gateway_llm_path", "gateway_llm_draft_path",  # LLMs trained by their assets
+    "vllm_backends", "v2_backend", "gateway", "prod_gateways", "prod_state",  # vLLM, gateway
     "registry_db", "postgres_registry", "prod_home", "redis_store",  # PostgreSQL, Redis
     "chromium",  # a browser
 })

@@ -78,6 +78,10 @@ class Settings(BaseModel):
     redis_timeout_s: float = Field(default=0.5, gt=0)
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     max_json_depth: int = Field(default=32, gt=1)
+    # image_url parts (data URLs only): decoded bytes per image, images per request, pixels per image
+    max_image_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_images: int = Field(default=8, ge=0)
+    max_image_pixels: int = Field(default=4096 * 4096, gt=0)
     request_timeout_s: float = Field(default=120.0, gt=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)

@@ -63,8 +63,9 @@ class Rollout:
 
     # --- the loop ---------------------------------------------------------------------------
     def step(self) -> list[dict]:
-        """Brings every deployment to the version its reference names now; returns what it did."""
-        done = []
+        """Brings every deployment to the version its reference names now; returns what it did. New
+        servers of all deployments start together, then each deployment switches once its are ready."""
+        done, launched = [], []
         config = self.config
         wanted = {d.name for d in config.deployments}
         for name in [n for n in self.served if n not in wanted]:  # deployment removed from the file
@@ -80,7 +81,10 @@ class Rollout:
             current = self.served.get(deployment.name)
             if current is not None and current.version == version or self.failed.get(deployment.name) == version:
                 continue
-            done.append(self._roll(deployment, target, draft, version, config))
+            servers = [self._server(deployment, target, draft, i) for i in range(deployment.replicas)]
+            launched.append((deployment, Served(version, target.path, servers)))
+        for deployment, new in launched:
+            done.append(self._switch(deployment, new, config))
         return done
 
     def run_forever(self, poll_s: float = 5.0) -> None:
@@ -107,31 +111,29 @@ class Rollout:
             check_draft(target, draft)
         return target, draft
 
-    def _roll(self, deployment: Deployment, target: ResolvedLlm, draft: ResolvedLlm | None, version: str,
-              config: GatewayConfig) -> dict:
+    def _switch(self, deployment: Deployment, new: Served, config: GatewayConfig) -> dict:
         old = self.served.get(deployment.name)
         started = time.perf_counter()
-        new = [self._server(deployment, target, draft, i) for i in range(deployment.replicas)]
         try:
-            for server in new:
+            for server in new.servers:
                 server.wait_ready(self.startup_timeout_s)
         except RuntimeError as error:
-            for server in new:
+            for server in new.servers:
                 server.stop()
-            self.failed[deployment.name] = version
-            log.error("deployment %s: %s did not start; %s keeps serving: %s", deployment.name, version,
+            self.failed[deployment.name] = new.version
+            log.error("deployment %s: %s did not start; %s keeps serving: %s", deployment.name, new.version,
                       old.version if old else "nothing", error)
-            return self._event(deployment.name, "failed", version=version, error=str(error)[-2000:])
+            return self._event(deployment.name, "failed", version=new.version, error=str(error)[-2000:])
         self.failed.pop(deployment.name, None)
-        self.served[deployment.name] = Served(version, target.path, new)
-        self._publish(config, {deployment.name: (old.servers if old else []) + new})  # both serve
+        self.served[deployment.name] = new
+        self._publish(config, {deployment.name: (old.servers if old else []) + new.servers})  # both serve
         self._publish(config)  # only the new version
         if old is not None:
             self._stop(old, config)
         self._save()
-        log.info("deployment %s now serves %s (was %s)", deployment.name, version, old.version if old else "-")
-        return self._event(deployment.name, "rolled", version=version, previous=old.version if old else None,
-                           seconds=round(time.perf_counter() - started, 1), urls=[s.url for s in new])
+        log.info("deployment %s now serves %s (was %s)", deployment.name, new.version, old.version if old else "-")
+        return self._event(deployment.name, "rolled", version=new.version, previous=old.version if old else None,
+                           seconds=round(time.perf_counter() - started, 1), urls=[s.url for s in new.servers])
 
     def _retire(self, name: str, config: GatewayConfig) -> dict:
         old = self.served.pop(name)
