@@ -75,6 +75,15 @@ gateway_llm_training = define_asset_job(
     tags=CPU_POOL,
 )
 
+llm_batch_daily = define_asset_job(
+    "llm_batch_daily",
+    selection=AssetSelection.assets(["llm", "item_descriptions"]),
+    partitions_def=daily_partitions,
+    description="Batch LLM inference: descriptions for the day's items whose description is empty, through the "
+                "ML gateway (service key MLPLANE_GATEWAY_KEY).",
+    tags=CPU_POOL,
+)
+
 ground_truth_queues = define_asset_job(
     "ground_truth_queues",
     selection=AssetSelection.assets(["ground_truth", "content_violation", "queue"],
