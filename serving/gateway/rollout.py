@@ -52,6 +52,7 @@ class Rollout:
         self.startup_timeout_s = startup_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.served: dict[str, Served] = {}
+        self.pending: list[VllmProcess] = []  # started, not yet serving: close() stops them too
         self.failed: dict[str, str] = {}  # deployment -> the version that would not start
         self.events: list[dict] = []
         self.state_file = self.cache_dir / "rollout_state.json"
@@ -82,9 +83,13 @@ class Rollout:
             if current is not None and current.version == version or self.failed.get(deployment.name) == version:
                 continue
             servers = [self._server(deployment, target, draft, i) for i in range(deployment.replicas)]
+            self.pending += servers
             launched.append((deployment, Served(version, target.path, servers)))
-        for deployment, new in launched:
-            done.append(self._switch(deployment, new, config))
+        try:
+            for deployment, new in launched:
+                done.append(self._switch(deployment, new, config))
+        finally:
+            self.pending.clear()
         return done
 
     def run_forever(self, poll_s: float = 5.0) -> None:
@@ -94,6 +99,8 @@ class Rollout:
 
     def close(self, stop_servers: bool = True) -> None:
         """Stops the servers it runs (or leaves them for the next controller to adopt)."""
+        for server in self.pending:
+            server.stop()
         if not stop_servers:
             return
         for served in self.served.values():

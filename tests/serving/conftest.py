@@ -25,8 +25,10 @@ from dagster import AssetSelection, DagsterInstance, materialize
 from assets import all_assets
 from assets.ingestion import warehouse_key
 from assets.llm import GATEWAY_LLM, GATEWAY_LLM_DRAFT, gateway_llm_dir, gateway_llm_draft_dir
+from engines.registry import ModelRegistry
 from feature_defs.sources import chat_messages, items
 from orchestration.profiles import PROJECT_ROOT, resources_for
+from serving.gateway.rollout import Rollout
 from serving.gateway.store import GatewayStore
 from tests.conftest import FIRST_DAY, run_pipeline, simulate
 
@@ -100,6 +102,44 @@ def gateway_llm_draft_path(gateway_llm_lake) -> Path:
     """The draft model, trained by its asset on the same lake after the target."""
     materialize_llm_assets(gateway_llm_lake, GATEWAY_LLM_DRAFT)
     return gateway_llm_draft_dir(gateway_llm_lake)
+
+
+ROLLED, DRAFTED, NGRAM = "llm-rolled", "llm-draft-spec", "llm-ngram-spec"
+
+
+@pytest.fixture(scope="session")
+def llm_registry(gateway_llm_lake, gateway_llm_draft_path) -> ModelRegistry:
+    registry = ModelRegistry.local(gateway_llm_lake / "registry")
+    # pin the aliases the deployments follow: the promotion under test moves them, not the training checks
+    registry.set_alias("gateway_llm", "champion", "1", who="test", reason="deployment under test")
+    registry.set_alias("gateway_llm_draft", "champion", "1", who="test", reason="deployment under test")
+    return registry
+
+
+@pytest.fixture(scope="session")
+def llm_deployments(llm_registry, gateway_llm_lake, tmp_path_factory):
+    """A gateway whose model_list only the rollout controller fills: the rolled model (alias champion)
+    and the same version with a draft model and with n-gram speculation."""
+    workdir = tmp_path_factory.mktemp("rollout")
+    args = ["--max-model-len", "256"]
+    config = {"deployments": [
+        {"model_name": ROLLED, "registry": "gateway_llm@champion", "region": "eu", "capacity": 64,
+         "max_tokens": 16, "vllm_args": args},
+        {"model_name": DRAFTED, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
+         "speculative": {"method": "draft_model", "draft": "gateway_llm_draft@champion", "num_speculative_tokens": 3}},
+        {"model_name": NGRAM, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
+         "speculative": {"method": "ngram", "num_speculative_tokens": 3}},
+    ], "settings": {"store": f"sqlite:///{workdir}/gateway.db", "key_cache_s": 0, "health_interval_s": 1,
+                    "reload_interval_s": 0.5, "connect_timeout_s": 2}}
+    gateway = GatewayProcess(config, workdir)
+    controller = Rollout(gateway.config_path, llm_registry, workdir / "models", (gateway.url,), ADMIN_KEY)
+    try:
+        events = controller.step()
+        assert [e["action"] for e in events] == ["rolled"] * 3, events
+        yield gateway, controller
+    finally:
+        controller.close()
+        gateway.stop()
 
 
 @dataclass

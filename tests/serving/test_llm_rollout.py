@@ -14,53 +14,18 @@ import pytest
 import yaml
 
 from engines.llm_registry import LlmLineage, LlmReference, materialize_llm, register_llm
-from engines.registry import ModelRegistry, file_checksums
-from serving.gateway.rollout import Rollout
-from tests.serving.conftest import ADMIN_KEY, GatewayProcess
+from engines.registry import file_checksums
+from tests.serving.conftest import DRAFTED, NGRAM, ROLLED, GatewayProcess
 
 pytestmark = pytest.mark.services
 
-ROLLED, DRAFTED, NGRAM = "llm-rolled", "llm-draft-spec", "llm-ngram-spec"
 PROMPTS = ["a red wooden chair", "Hello, is this item still for sale?", "low poly castle with towers",
            "Can you ship it"]
 
 
-@pytest.fixture(scope="module")
-def registry(gateway_llm_lake, gateway_llm_draft_path) -> ModelRegistry:
-    registry = ModelRegistry.local(gateway_llm_lake / "registry")
-    # pin the aliases the deployments follow: the promotion under test moves them, not the training checks
-    registry.set_alias("gateway_llm", "champion", "1", who="test", reason="deployment under test")
-    registry.set_alias("gateway_llm_draft", "champion", "1", who="test", reason="deployment under test")
-    return registry
-
-
-@pytest.fixture(scope="module")
-def deployed(registry, gateway_llm_lake, tmp_path_factory):
-    """A gateway whose model_list only the rollout controller fills: the rolled model (alias champion)
-    and the same version with a draft model and with n-gram speculation."""
-    workdir = tmp_path_factory.mktemp("rollout")
-    args = ["--max-model-len", "256"]
-    config = {"deployments": [
-        {"model_name": ROLLED, "registry": "gateway_llm@champion", "region": "eu", "capacity": 64,
-         "max_tokens": 16, "vllm_args": args},
-        {"model_name": DRAFTED, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
-         "speculative": {"method": "draft_model", "draft": "gateway_llm_draft@champion", "num_speculative_tokens": 3}},
-        {"model_name": NGRAM, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
-         "speculative": {"method": "ngram", "num_speculative_tokens": 3}},
-    ], "settings": {"store": f"sqlite:///{workdir}/gateway.db", "key_cache_s": 0, "health_interval_s": 1,
-                    "reload_interval_s": 0.5, "connect_timeout_s": 2}}
-    gateway = GatewayProcess(config, workdir)
-    controller = Rollout(gateway.config_path, registry, workdir / "models", (gateway.url,), ADMIN_KEY)
-    try:
-        events = controller.step()
-        assert [e["action"] for e in events] == ["rolled"] * 3, events
-        yield gateway, controller
-    finally:
-        controller.close()
-        gateway.stop()
-
-
-def test_llm_and_draft_registered_with_lineage(gateway_llm_lake, gateway_llm_path, gateway_llm_draft_path, registry):
+def test_llm_and_draft_registered_with_lineage(gateway_llm_lake, gateway_llm_path, gateway_llm_draft_path,
+                                                llm_registry):
+    registry = llm_registry
     from engines.lake import Lake
 
     target = registry.get("gateway_llm", "1")
@@ -87,8 +52,8 @@ def test_llm_and_draft_registered_with_lineage(gateway_llm_lake, gateway_llm_pat
     assert file_checksums(resolved.path) == file_checksums(gateway_llm_path)
 
 
-def test_speculative_backends_answer_exactly_as_the_plain_one_at_temperature_zero(deployed):
-    gateway, controller = deployed
+def test_speculative_backends_answer_exactly_as_the_plain_one_at_temperature_zero(llm_deployments):
+    gateway, controller = llm_deployments
     key = gateway.key()
     answers = {}
     for model in (ROLLED, DRAFTED, NGRAM):
@@ -103,9 +68,10 @@ def test_speculative_backends_answer_exactly_as_the_plain_one_at_temperature_zer
         assert metrics["vllm:spec_decode_num_accepted_tokens_total"] > 0, name
 
 
-def test_promotion_rolls_the_backends_under_load_without_a_failed_request(deployed, registry, gateway_llm_path,
-                                                                          tmp_path):
-    gateway, controller = deployed
+def test_promotion_rolls_the_backends_under_load_without_a_failed_request(llm_deployments, llm_registry,
+                                                                          gateway_llm_path):
+    gateway, controller = llm_deployments
+    registry = llm_registry
     key = gateway.key()
     before = controller.served[f"{ROLLED}@eu"]
     lineage = LlmLineage({}, hashlib.sha256((gateway_llm_path / "tokenizer.json").read_bytes()).hexdigest(),
@@ -123,7 +89,7 @@ def test_promotion_rolls_the_backends_under_load_without_a_failed_request(deploy
                                              "messages": [{"role": "user", "content": "hello"}]})
                 statuses.append(response.status_code)
 
-    workers = [threading.Thread(target=load) for _ in range(4)]
+    workers = [threading.Thread(target=load) for _ in range(2)]
     for worker in workers:
         worker.start()
     try:
@@ -149,8 +115,10 @@ def test_promotion_rolls_the_backends_under_load_without_a_failed_request(deploy
     assert {before.servers[0].url, rolled[0]["url"]} <= urls  # both versions answered part of the load
 
 
-def test_a_version_that_cannot_start_leaves_the_running_one_serving(deployed, registry, gateway_llm_path, tmp_path):
-    gateway, controller = deployed
+def test_a_version_that_cannot_start_leaves_the_running_one_serving(llm_deployments, llm_registry, gateway_llm_path,
+                                                                    tmp_path):
+    gateway, controller = llm_deployments
+    registry = llm_registry
     broken = tmp_path / "broken"
     broken.mkdir()
     for file in gateway_llm_path.iterdir():
