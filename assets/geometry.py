@@ -1,8 +1,6 @@
 """Geometry features of the catalogue's 3D meshes: the daily Ray Data job (engines.geometry_job) whose
 table is the batch source of the `item_geometry` feature view."""
 
-from __future__ import annotations
-
 import time
 
 import great_expectations.expectations as gxe

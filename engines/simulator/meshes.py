@@ -153,7 +153,9 @@ def broken_file(defect: str, vertices: np.ndarray, faces: np.ndarray, fmt: str) 
     if defect == "empty":
         return encode(np.zeros((0, 3)), np.zeros((0, 3), np.int64), fmt)
     if defect == "non_manifold":  # a fin on the first edge: three faces share it
-        extra = vertices[faces[0, :2]].mean(axis=0) + [0.0, 0.0, float(np.ptp(vertices[:, 2])) + 0.1]
+        a, b, c = vertices[faces[0]]
+        normal = np.cross(b - a, c - a)
+        extra = (a + b) / 2 + normal / np.linalg.norm(normal) * float(np.ptp(vertices, axis=0).max())
         return encode(np.vstack([vertices, extra]), np.vstack([faces, [[faces[0, 0], faces[0, 1], len(vertices)]]]),
                       fmt)
     if defect == "degenerate_faces":  # faces with a repeated corner have no area

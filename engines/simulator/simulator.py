@@ -80,7 +80,7 @@ class Simulator:
         mesh_truth = []
         for item in new_items.itertuples():
             self._write_thumbnail(item)
-            mesh_truth.append(self._write_mesh(item))
+            mesh_truth.append(self.write_mesh(item))
 
         events = self.events(day)
         for stream in EVENT_STREAMS:
@@ -170,7 +170,7 @@ class Simulator:
             image = thumbnails.perturb(image, item.perturb_seed)
         write_bytes(self.landing / item.thumbnail_path, thumbnails.to_png(image))
 
-    def _write_mesh(self, item) -> dict:
+    def write_mesh(self, item) -> dict:
         """The item's mesh file (broken for a share of items) and its answer-key row."""
         spec = meshes.mesh_spec(item.category, (item.bbox_x, item.bbox_y, item.bbox_z), item.mesh_sections,
                                 item.render_seed, item.mesh_fill)
