@@ -117,3 +117,12 @@ def _one_row_per_item(items: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
 
 def write_item_geometry(lake: Lake, day: date, frame: pl.DataFrame) -> Path:
     return lake.write_partition("warehouse", GEOMETRY_TABLE, day, frame)
+
+
+def current_geometry(lake: Lake) -> pl.DataFrame:
+    """The item_geometry feature view's newest row per item (offline table, all days): what serving holds."""
+    days = lake.partition_days("offline", GEOMETRY_TABLE)
+    if not days:
+        return pl.DataFrame(schema={"item_id": pl.Int64, "face_count": pl.Int64, "is_watertight": pl.Boolean})
+    rows = lake.scan_partitions("offline", GEOMETRY_TABLE, days).sort("event_timestamp")
+    return rows.unique("item_id", keep="last").sort("item_id").collect()
