@@ -66,7 +66,7 @@ WAYS = {
     ".venv/bin/python benchmarks/streaming_freshness.py": Way(small={"streaming_freshness.py": "streaming_"
                                                                      "freshness.py --help"}),
     ".venv/bin/python benchmarks/gateway.py": Way(small={"gateway.py": "gateway.py --help"}),
-    ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 5000 --repeat 5": "--help"}),
+    ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 100000 --repeat 5": "--help"}),
     ".venv/bin/python benchmarks/labeling.py": Way(small={"--annotators 20 --items 500": "--annotators 4 --items 20"}),
     ".venv/bin/python benchmarks/model_quality.py": Way(small={"model_quality.py": "model_quality.py --help"}),
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),
