@@ -49,9 +49,10 @@ def simulated(seed: int, users: int = 300, lift: float = 0.0):
                                         "personalization", "1" if arm == "control" else "2", 5, "0" * 64,
                                         rng.random() * 10, items, scores))
         shadow_items = items[:2] + rng.sample(range(500), 3)
+        shadow_scores = sorted((rng.gauss(-2, 1) for _ in range(5)), reverse=True)
         records.append(PredictionRecord(request, at, SHADOW, "recommend", user, "", "slow", assignments,
                                         "personalization@slow", "personalization", "3", 5, "0" * 64,
-                                        rng.random() * 20, shadow_items, sorted((rng.gauss(-2, 1) for _ in range(5)), reverse=True)))
+                                        rng.random() * 20, shadow_items, shadow_scores))
         p = 0.15 + (lift if arm == "treatment" else 0.0)
         for rank, item in enumerate(items):
             if rng.random() < p / (rank + 1) ** 0.5:
