@@ -37,7 +37,7 @@ from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 
 KEY = AssetKey(["monitoring", "online_accuracy"])
-ZONE, MODELS_TABLE, COMPARISONS_TABLE = "monitoring", "online_accuracy", "online_comparisons"
+ZONE, MODELS_TABLE, COMPARISONS_TABLE = accuracy.ZONE, accuracy.MODELS_TABLE, accuracy.COMPARISONS_TABLE
 DROP_CHECK = "no_ctr_drop"
 
 

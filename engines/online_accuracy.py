@@ -25,15 +25,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, timedelta
 
 import numpy as np
 import polars as pl
 from scipy.stats import norm
 
+from engines.lake import Lake
 from engines.prediction_logs import LIVE, OK, SHADOW
 
 OUTCOMES = ("click", "play")
+ZONE, MODELS_TABLE, COMPARISONS_TABLE = "monitoring", "online_accuracy", "online_comparisons"  # in the lake
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,15 @@ class Evidence:
     source: str = ""  # the experiment or shadow the verdict comes from
     difference: float = math.nan
     p_value: float = math.nan
+
+
+def newest_comparisons(lake: Lake, day: date, days: int) -> pl.DataFrame:
+    """The online comparisons (A/B and shadow) of the newest day with any, among `days` days up to `day`."""
+    for back in range(days):
+        path = lake.partition_path(ZONE, COMPARISONS_TABLE, day - timedelta(days=back))
+        if path.exists():
+            return pl.read_parquet(path)
+    return pl.DataFrame()
 
 
 def online_verdict(comparisons: pl.DataFrame, challenger: str, champion: str, margin: float = 0.0) -> Evidence:
