@@ -148,3 +148,34 @@ def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_t
             w.join()
         running.stop()
     assert not failures, failures[:3]
+
+
+def test_a_rollback_through_the_cli_is_visible_in_the_server(tmp_path, monkeypatch):
+    """`mlplane models rollback` (the real command, in this process) moves `champion` back; the server, which
+    follows the alias, serves the earlier version at its next poll: polled through its metadata."""
+    from click.testing import CliRunner
+
+    from engines.registry import ModelRegistry
+    from orchestration.cli import main
+    from tests.serving.models.conftest import register_two_tower
+
+    monkeypatch.setenv("MLPLANE_PROFILE", "local")
+    registry = ModelRegistry.local(tmp_path / "registry")
+    register_two_tower(registry, tmp_path, seed=1, alias="champion")
+    register_two_tower(registry, tmp_path, seed=2, alias="challenger")
+    registry.set_alias("personalization", "champion", "2", who="test", reason="promoted")
+    config = ServerConfig(registry_root=str(tmp_path / "registry"), lake_root=str(tmp_path), models=TOWER_ENTRIES,
+                          poll_interval_s=0.5, feature_log_sample=0.0, prediction_log=False)
+    running = start_server(config)
+    try:
+        def served() -> str:
+            return httpx.get(f"{running.url}/v2/models/personalization").json()["versions"][0]
+
+        assert served() == "2"
+        result = CliRunner().invoke(main, ["models", "rollback", "--reason", "CTR drop online", "--who", "oncall",
+                                           "--data-dir", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        wait_for(lambda: served() == "1", timeout=30)  # the poll interval is 0.5 s
+        assert registry.by_alias("personalization", "champion").version == "1"
+    finally:
+        running.stop()
