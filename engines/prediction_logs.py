@@ -72,6 +72,7 @@ class PredictionRecord:
     error: str | None = None
     # an infer call's (inputs, outputs) arrays: hashed and serialized by the writer thread, off the request path
     tensors: tuple[dict, dict] | None = field(default=None, repr=False)
+    tensor_inputs_allowed: bool = False  # the model card lets the infer call's inputs be logged
 
     def row(self) -> dict[str, Any]:
         row = {name: getattr(self, name) for name in SCHEMA}
@@ -80,6 +81,8 @@ class PredictionRecord:
             inputs, outputs = self.tensors
             row["inputs_hash"] = tensors_hash(inputs)
             row["outputs"] = canonical_json({k: _plain(v) for k, v in outputs.items()})
+            if self.tensor_inputs_allowed:
+                row["inputs"] = canonical_json({k: _plain(v) for k, v in inputs.items()})
         return row
 
 

@@ -134,12 +134,14 @@ class ModelServer:
         if self.prediction_log is None:
             return
         user = parameters.get("user_id")
-        entry = self.repository.states[name].entry
+        state = self.repository.states[name]
+        entry, loaded = state.entry, state.current
         self.prediction_log.submit(PredictionRecord(
             request_id=str(parameters.get("request_id") or uuid.uuid4().hex), served_at=datetime.now(UTC), role=LIVE,
             endpoint=name, user_id=user if isinstance(user, int) and not isinstance(user, bool) else None,
             experiment="", variant=name, assignments={}, served_model=name, registry_model=entry.registry_model,
-            model_version=version, k=None, inputs_hash="", latency_ms=seconds * 1000, tensors=(inputs, outputs)))
+            model_version=version, k=None, inputs_hash="", latency_ms=seconds * 1000, tensors=(inputs, outputs),
+            tensor_inputs_allowed=bool(loaded and loaded.model.log_inputs)))
 
     def model_names(self) -> list[str]:
         return [*self.repository.states, RECOMMEND_MODEL]

@@ -8,6 +8,7 @@ rename, the spill folder) is the real filesystem."""
 from __future__ import annotations
 
 import errno
+import json
 import random
 import threading
 from datetime import UTC, datetime, timedelta
@@ -122,3 +123,32 @@ def test_past_the_backlog_limit_answers_are_refused_not_left_unlogged(tmp_path):
     disk.full.clear()
     log.close()
     assert logged(tmp_path / "lake").sort("request_id").equals(expected(50))
+
+
+def test_an_infer_call_is_logged_with_the_hash_of_its_tensors_and_its_outputs(tower_server):
+    """Through the running server: the record's inputs hash is recomputed from the request's tensors as the
+    server decoded them, and its outputs are the response's."""
+    import httpx
+    import numpy as np
+    import tritonclient.http as triton
+
+    from engines.prediction_logs import tensors_hash
+    from serving.models.binary import decode_inputs
+    from serving.models.protocol import InferenceRequest
+    from tests.serving.models.test_protocol import valid_body
+
+    body = {**valid_body(triton.InferenceServerClient(tower_server.url.removeprefix("http://"))),
+            "parameters": {"request_id": "infer-logged-1", "user_id": 7}}
+    answer = httpx.post(f"{tower_server.url}/v2/models/personalization/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    tower_server.server.prediction_log.flush()
+    lake = tower_server.server.config.lake_path()
+    logged = pl.concat([read_spool(lake, d) for d in spool_days(lake)]).filter(
+        pl.col("request_id") == "infer-logged-1").row(0, named=True)
+    expected_hash = tensors_hash(decode_inputs(InferenceRequest.model_validate(body), b""))
+    outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+    logged_outputs = json.loads(logged["outputs"])
+    assert (logged["endpoint"], logged["user_id"], logged["model_version"]) == ("personalization", 7, "1")
+    assert logged["inputs_hash"] == expected_hash and logged["inputs"] is None  # no card consent
+    for name, data in outputs.items():
+        np.testing.assert_allclose(np.asarray(logged_outputs[name]).reshape(-1), data, rtol=1e-6)
