@@ -114,6 +114,8 @@ class ExperimentRouter:
         return False
 
     def _build(self, experiments: tuple[Experiment, ...], shadows: tuple[Shadow, ...], digest: str) -> Snapshot:
+        if self.default_model not in self.repository.states:
+            raise ExperimentConfigError(f"the recommend model {self.default_model!r} is not served here")
         default = self.repository.states[self.default_model].entry
         routing = tuple(e for e in experiments if e.model == default.registry_model)
         mine = tuple(s for s in shadows if s.model == default.registry_model)
