@@ -11,6 +11,7 @@ from collections import Counter
 
 import httpx
 import numpy as np
+import pytest
 import yaml
 from scipy.stats import chi2_contingency, chisquare
 
@@ -90,6 +91,7 @@ def test_twenty_experiments_assign_stickily_by_traffic_and_independently(tower_r
         server.close()
 
 
+@pytest.mark.services  # a server under load
 def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_the_reason(tower_registry, tmp_path):
     _, root = tower_registry
     path = tmp_path / "experiments.yaml"
@@ -150,6 +152,7 @@ def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_t
     assert not failures, failures[:3]
 
 
+@pytest.mark.services  # a server and the CLI
 def test_a_rollback_through_the_cli_is_visible_in_the_server(tmp_path, monkeypatch):
     """`mlplane models rollback` (the real command, in this process) moves `champion` back; the server, which
     follows the alias, serves the earlier version at its next poll: polled through its metadata."""

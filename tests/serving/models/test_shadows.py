@@ -94,6 +94,7 @@ def shadowed(tmp_path):
     running.stop()
 
 
+@pytest.mark.services  # a server
 def test_shadows_that_hang_or_fail_never_change_or_hold_up_the_live_answer(shadowed):
     running, path, lake = shadowed
     server, states = running.server, running.server.repository.states
