@@ -105,6 +105,8 @@ class ModelRepository:
         if (current and current.version == target) or state.failed_version == target:
             return
         with self._lock:
+            if state.unloaded:  # unloaded while the registry was read: the poller must not bring it back
+                return
             self._load(state, target)
 
     def _load(self, state: EntryState, version: str) -> None:
