@@ -30,7 +30,7 @@ from engines.registry import CHECKSUM_TAG, ModelRegistry
 from ml.clip import ClipSpec, load_model
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec
 from serving.models.config import ServerConfig
-from serving.models.export_check import ATOL, RTOL, compare_export
+from serving.models.export_check import ATOL, compare_export
 from tests.serving.models.conftest import register_two_tower
 
 
