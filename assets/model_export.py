@@ -23,6 +23,7 @@ from resources.registry import ModelRegistryResource
 MODEL_EXPORT = AssetKey(["deploy", "model_export"])
 TRITON_CHECK = "triton_export_matches_registry"
 KSERVE_CHECK = "kserve_manifests_valid"
+TRITON_MANIFEST = "mlplane-triton.yaml"
 SERVER_CONFIG_ENV = "MLPLANE_MODEL_SERVER_CONFIG"  # the server's own setting (serving/models/cli.py)
 
 
@@ -110,11 +111,12 @@ def model_export(context, config: ModelExportConfig, lake: LakeResource, model_r
     server_settings = server.model_dump(mode="json")
     manifests = {f"{kserve.isvc_name(t.name)}.yaml": kserve.predictor_manifests(t, server_settings, str(root), settings)
                  for t in targets}
-    if models:
-        manifests["mlplane-triton.yaml"] = [kserve.triton_manifest([m.target for m in models], settings)]
+    if models and exported_ok:  # a failed export leaves Triton's manifest as it was, like its repository
+        manifests[TRITON_MANIFEST] = [kserve.triton_manifest([m.target for m in models], settings)]
     problems = {f"{file}[{i}]": p for file, docs in manifests.items() for i, doc in enumerate(docs)
                 if (p := kserve.problems(doc))}
-    written = kserve.write_manifests(root / kserve.KSERVE_FOLDER, manifests) if not problems else []
+    keep = set() if exported_ok else {TRITON_MANIFEST}
+    written = kserve.write_manifests(root / kserve.KSERVE_FOLDER, manifests, keep) if not problems else []
     yield MaterializeResult(metadata={
         "served_models": table([{"served_as": t.name, "registry_model": t.registry_model, "version": t.version,
                                  "follows": t.follows, "triton_models": ", ".join(m.name for m in models

@@ -150,9 +150,10 @@ def problems(manifest: dict) -> list[str]:
     return found
 
 
-def write_manifests(folder: Path, manifests: dict[str, list[dict]]) -> list[Path]:
-    """Validate every manifest, then write one multi-document YAML per file name (the folder's old files
-    go: a model no longer served loses its manifest). Raises ManifestError before writing anything."""
+def write_manifests(folder: Path, manifests: dict[str, list[dict]], keep: set[str] = frozenset()) -> list[Path]:
+    """Validate every manifest, then write one multi-document YAML per file name (the folder's other files
+    go, but those named in `keep`: a model no longer served loses its manifest). Raises ManifestError before
+    writing anything."""
     bad = {f"{file}[{i}]": p for file, docs in manifests.items() for i, doc in enumerate(docs) if (p := problems(doc))}
     if bad:
         raise ManifestError("; ".join(f"{where}: {', '.join(p)}" for where, p in bad.items()))
@@ -165,6 +166,6 @@ def write_manifests(folder: Path, manifests: dict[str, list[dict]]) -> list[Path
         tmp.replace(path)
         written.append(path)
     for old in folder.glob("*.yaml"):
-        if old not in written:
+        if old not in written and old.name not in keep:
             old.unlink()
     return written

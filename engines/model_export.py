@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ml.clip import ClipSpec, load_model
+from ml.clip import ClipSpec, image_size, load_model
 from ml.personalization import PersonalizationModel, TowerSpec
 
 TRITON_REPOSITORY = Path("deploy") / "triton" / "model_repository"  # under the lake root
@@ -189,8 +189,6 @@ def registered_clip_spec(folder: Path) -> ClipSpec:
 
 
 def export_encoder(target: ExportTarget, folder: Path) -> list[tuple[TritonModel, torch.jit.ScriptModule, dict]]:
-    from ml.clip import image_size
-
     spec = registered_clip_spec(folder)
     clip = load_model(spec)
     dim = int(clip.text_projection.shape[1]) if target.kind == "clip_text" else int(clip.visual.output_dim)
