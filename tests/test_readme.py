@@ -52,6 +52,9 @@ WAYS = {
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     "--select \"models/personalization,": Way(refusal="Asset check 'beats_baseline' on 'models/personalization' "
                                                      "did not pass"),
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    "--select deploy/model_export": Way(covered_by="tests/assets/test_model_export_asset.py::test_export_follows_"
+                                                   "promotion_and_rollback"),
     ".venv/bin/mlplane models rollback": Way(covered_by="tests/models/test_personalization.py::test_gate_blocks_a_"
                                                         "worse_challenger_then_rollback_and_corruption"),
     ".venv-vllm/bin/vllm serve": Way(covered_by="tests/serving/test_gateway.py (vllm_backends)"),
