@@ -256,7 +256,10 @@ def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.Dat
     def tower(id_column: str, inputs: tuple[TowerInput, ...]) -> TowerSpec:
         views = {i.view: i for i in inputs}
         columns = [c for c in train.columns if c.split("__", 1)[0] in views]
-        numeric = [c for c in columns if train.schema[c].is_numeric() or train.schema[c] == pl.Boolean]
+        # a number that never varies in the training rows (a view before its first day) teaches
+        # nothing and would meet unseen values later: left out
+        numeric = [c for c in columns if (train.schema[c].is_numeric() or train.schema[c] == pl.Boolean)
+                   and train.get_column(c).cast(pl.Float64).fill_nan(None).fill_null(0.0).n_unique() > 1]
         logs = [c for c in numeric if views[c.split("__", 1)[0]].log_counts]
         categorical = {c: sorted(v for v in train.get_column(c).drop_nulls().unique().to_list())
                        for c in columns if train.schema[c] == pl.String}
