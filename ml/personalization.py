@@ -192,7 +192,8 @@ class TwoTower(nn.Module):
         counts = frame.group_by(self.spec.item.id_column).agg(pl.col(LABEL).sum())
         ids = self.spec.item.buckets(counts.get_column(self.spec.item.id_column).to_numpy())
         prior = torch.zeros(self.spec.item.id_buckets)
-        prior[torch.from_numpy(ids)] = torch.log1p(torch.from_numpy(counts.get_column(LABEL).to_numpy()).float())
+        positives = torch.tensor(counts.get_column(LABEL).to_list(), dtype=torch.float32)
+        prior[torch.from_numpy(np.array(ids))] = torch.log1p(positives)
         prior[UNSEEN] = 0.0
         self.item_prior.copy_(prior)
 
