@@ -38,14 +38,7 @@ def train(data_dir: Path, ray_compute: RayResource, registry_root: Path, margin:
 @pytest.fixture(scope="session")
 def trained(pipeline_dir, ray_compute, tmp_path_factory):
     """The registry after one training run (v1) and the run's result. v1 is the champion, promoted by
-    the run itself when it beat the popularity baseline, which test_personalization asserts; should
-    it not, v1 is promoted here so that the inference tests still have a champion and only that
-    test fails."""
+    the run itself: it beat the popularity baseline (asserted on in test_personalization)."""
     root = tmp_path_factory.mktemp("registry")
     result = train(pipeline_dir, ray_compute, root, raise_on_error=False)
-    registry = ModelRegistry.local(root)
-    if registry.by_alias("personalization", "champion") is None:
-        registry.set_alias("personalization", "champion", "1", who="tests",
-                           reason="refused by beats_baseline (test_personalization fails); promoted for the "
-                                  "inference tests")
-    return registry, result, root
+    return ModelRegistry.local(root), result, root
