@@ -27,7 +27,7 @@ from engines import batch_inference as engine
 from engines.point_in_time import item_embeddings_as_of
 from feature_defs.outputs import user_recommendations
 from feature_defs.sources import interactions, items
-from ml.personalization import PersonalizationModel
+from ml.personalization import ITEM_INPUTS, USER_INPUTS, PersonalizationModel
 from resources.feature_store import FeatureStoreResource
 from resources.flink import FlinkResource
 from resources.lake import LakeResource
@@ -55,8 +55,7 @@ class BatchInferenceConfig(Config):
                 f"(feature service `{user_recommendations.service}`).",
     partitions_def=daily_partitions,
     deps=[AssetKey(["models", f"{MODEL}_champion"]), warehouse_key(interactions), warehouse_key(items),
-          AssetKey(["offline", "user_engagement"]), AssetKey(["offline", "user_profile"]),
-          AssetKey(["offline", "item_content"]), READS_ITEM_EMBEDDINGS],
+          *(AssetKey(["offline", tower.view]) for tower in USER_INPUTS + ITEM_INPUTS), READS_ITEM_EMBEDDINGS],
     kinds={"ray", "qdrant", "parquet", "feast"},
     owners=["team:ml-platform"],
     op_tags={"mlplane/pool": "cpu"},

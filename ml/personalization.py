@@ -46,7 +46,9 @@ USER_INPUTS = (TowerInput("user_profile"), TowerInput("user_engagement"))
 # Daily views only: the item vectors are computed once per day (batch inference, the model server).
 # item_popularity is the popularity prior as of the row's time (the last complete day's counts);
 # its windows fill up over the first week, which the log scale keeps to a shift.
-ITEM_INPUTS = (TowerInput("item_content"), TowerInput("item_popularity", log_counts=True))
+# item_geometry: counts, areas and volumes of the item's mesh span orders of magnitude, hence log scale.
+ITEM_INPUTS = (TowerInput("item_content"), TowerInput("item_popularity", log_counts=True),
+               TowerInput("item_geometry", log_counts=True))
 LABEL = "label"
 MODEL_FILE = "model.pt"
 SPEC_FILE = "model.json"
