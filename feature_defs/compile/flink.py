@@ -61,6 +61,17 @@ class SourceOptions:
 
 
 @dataclass(frozen=True)
+class ViewSink:
+    """Where a view's window results land and how the pusher applies them to the online store."""
+
+    keys: list[str]  # the entity's join keys
+    features: dict[str, str]  # feature -> dtype, in the order of the view's output
+    push_source: str  # the Feast PushSource of the view
+    sink: str  # the folder Flink's filesystem sink commits files to
+    empty: dict  # each feature's value over a window without events
+
+
+@dataclass(frozen=True)
 class FlinkJobSpec:
     """Everything the generic job body (jobs/flink/run_job.py) needs: SQL and settings, no code."""
 
@@ -68,11 +79,15 @@ class FlinkJobSpec:
     mode: Literal["streaming", "batch"]
     statements: list[str]  # DDL, run in order
     inserts: list[str]  # one statement set, one Flink job
-    views: dict[str, dict]  # view -> {"keys": [...], "features": {name: dtype}, "push_source": ...}
+    views: dict[str, ViewSink]
     sink_root: str
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FlinkJobSpec:
+        return cls(**{**data, "views": {name: ViewSink(**view) for name, view in data["views"].items()}})
 
 
 def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink_root: str,
@@ -104,8 +119,9 @@ def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink
         sink = f"sink__{plan.view}"
         statements.append(_view_sink_ddl(sink, plan, sink_root, mode))
         inserts.append(_view_insert(sink, events, plan, slide_seconds))
-        views[plan.view] = {"keys": list(plan.keys), "features": plan.output_types, "push_source": plan.push_source,
-                            "sink": f"{sink_root}/{plan.view}", "empty": empty_values(plan)}
+        views[plan.view] = ViewSink(keys=list(plan.keys), features=dict(plan.output_types),
+                                    push_source=plan.push_source, sink=f"{sink_root}/{plan.view}",
+                                    empty=empty_values(plan))
     return FlinkJobSpec(name=name, mode=mode, statements=statements, inserts=inserts, views=views,
                         sink_root=sink_root)
 
