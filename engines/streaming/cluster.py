@@ -102,6 +102,7 @@ class ClusterJob(FlinkJob):
     def submit(self, restore: Path | None = None, timeout: float = 300.0) -> str:
         """Submit the job to the cluster; returns its Flink job id."""
         self.status_path.unlink(missing_ok=True)
+        self.prepare_source()
         result = subprocess.run(self.command(restore), env=self.env(), cwd=PROJECT_ROOT, capture_output=True,
                                 text=True, timeout=timeout)
         job_id = self.status().get("job_id")

@@ -122,12 +122,15 @@ class FlinkJob:
     def start(self, restore: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         """Launch the job process (its own session, so stop() ends the JVM and Python workers too)."""
         self.status_path.unlink(missing_ok=True)
-        if self.settings.source_options.kind == "files":  # the file source fails on a missing folder
-            Path(self.settings.source_options.path).mkdir(parents=True, exist_ok=True)
+        self.prepare_source()
         env = {**self.env(), **(extra_env or {})}
         with open(self.log_dir / "driver.log", "ab") as out:  # the child keeps its own handle
             return subprocess.Popen(self.command(restore), env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=PROJECT_ROOT)
+
+    def prepare_source(self) -> None:
+        if self.settings.source_options.kind == "files":  # the file source fails on a missing folder
+            Path(self.settings.source_options.path).mkdir(parents=True, exist_ok=True)
 
     def restart(self) -> tuple[subprocess.Popen, Path | None]:
         """Start again from the newest retained checkpoint (from scratch when there is none)."""

@@ -139,10 +139,18 @@ def _json_value(column: str, dtype: str) -> str:
 
 
 def _timestamp_of(text: str) -> str:
-    # ISO-8601 UTC text ('2026-01-01T10:00:00.123456Z'); cut to milliseconds, Flink's time precision,
-    # so that an event just before a window end never rounds up into the next window.
-    iso = f"REPLACE(REPLACE({text}, 'T', ' '), 'Z', '')"
-    return f"TRY_CAST(SUBSTRING({iso} FROM 1 FOR 23) AS TIMESTAMP(3))"
+    """ISO-8601 text to a UTC TIMESTAMP(3), as polars parses it (engines.ingest): 'T' or a space,
+    optional fractional seconds, and 'Z', a UTC offset ('+02:00', '-0530') or none (UTC). Fractions
+    are cut to milliseconds, Flink's time precision, so that an event just before a window end never
+    rounds up into the next window. Anything else is NULL (malformed)."""
+    iso = f"REPLACE({text}, 'T', ' ')"
+    valid = rf"REGEXP({iso}, '^\d{{4}}-\d{{2}}-\d{{2}} \d{{2}}:\d{{2}}:\d{{2}}(\.\d+)?(Z|[+-]\d{{2}}:?\d{{2}})?$')"
+    millis = rf"RPAD(COALESCE(REGEXP_EXTRACT({iso}, '^.{{19}}\.(\d{{1,3}})', 1), ''), 3, '0')"
+    local = f"TRY_CAST(SUBSTRING({iso} FROM 1 FOR 19) || '.' || {millis} AS TIMESTAMP(3))"
+    zone = r"'([+-])(\d{2}):?(\d{2})$'"
+    offset = (f"COALESCE((CASE WHEN REGEXP_EXTRACT({iso}, {zone}, 1) = '-' THEN -1 ELSE 1 END) * "
+              f"(CAST(REGEXP_EXTRACT({iso}, {zone}, 2) AS INT) * 3600 + CAST(REGEXP_EXTRACT({iso}, {zone}, 3) AS INT) * 60), 0)")
+    return f"(CASE WHEN {valid} THEN TIMESTAMPADD(SECOND, -{offset}, {local}) END)"
 
 
 def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: str, delay: int) -> str:
