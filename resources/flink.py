@@ -27,6 +27,7 @@ from engines.streaming import (
     process_alive,
     terminate_group,
 )
+from engines.streaming.backlog import catch_up, resume
 from resources.feature_store import FeatureStoreResource
 
 
@@ -79,15 +80,12 @@ class FlinkResource(ConfigurableResource):
         runs and what it reported through dagster-pipes. Raises with the cause if it fails."""
         job = self.job(source)
         if isinstance(job, ClusterJob):  # resume from the ended job's newest retained checkpoint, if any
-            job.stop()
-            checkpoint = job.latest_checkpoint()
-            job.submit(restore=checkpoint)
-            job.wait_running(self.start_timeout_seconds)
+            checkpoint = resume(job, self.start_timeout_seconds)
             self.start_pusher(source)
             return job.health(), {"status": "RUNNING", "job_id": job.status()["job_id"],
                                   "restored_from": str(checkpoint) if checkpoint else None}
-        checkpoint = job.latest_checkpoint()
         job.stop()
+        checkpoint = catch_up(job, self.start_timeout_seconds)  # the events that landed while it was down
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),
                                 message_reader=PipesTempFileMessageReader()) as session:
             process = job.start(restore=checkpoint, extra_env=session.get_bootstrap_env_vars())

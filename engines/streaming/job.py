@@ -89,6 +89,7 @@ class FlinkJob:
         self.sink_root = self.state_dir / "sink"
         self.status_path = self.state_dir / "status.json"
         self.log_dir = self.state_dir / "log"
+        self.watermark_hold_seconds = 0  # added to the watermark delay while a backlog is caught up (backlog.py)
 
     # --- definition --------------------------------------------------------------------------
     def spec(self) -> FlinkJobSpec:
@@ -98,7 +99,7 @@ class FlinkJob:
             raise StreamingJobError(f"no streaming feature views read source {self.settings.source!r}")
         return flink_job(self.settings.name, plans, self.settings.source_options, str(self.sink_root.resolve()),
                          mode=self.mode, slide_seconds=self.settings.slide_seconds,
-                         watermark_delay_seconds=self.settings.watermark_delay_seconds)
+                         watermark_delay_seconds=self.settings.watermark_delay_seconds + self.watermark_hold_seconds)
 
     def write_spec(self) -> Path:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +134,8 @@ class FlinkJob:
             Path(self.settings.source_options.path).mkdir(parents=True, exist_ok=True)
 
     def restart(self) -> tuple[subprocess.Popen, Path | None]:
-        """Start again from the newest retained checkpoint (from scratch when there is none)."""
+        """Start again from the newest retained checkpoint (from scratch when there is none); after
+        downtime, `engines.streaming.backlog.resume` catches up the events that landed meanwhile."""
         self.stop()
         checkpoint = self.latest_checkpoint()
         return self.start(restore=checkpoint), checkpoint
@@ -188,7 +190,7 @@ class FlinkJob:
         """The job's counts (metrics()) and its lag: `now` minus the newest event time processed."""
         metrics = self.metrics()
         newest = metrics["newest_event_time"]
-        lag = now - _parse_time(newest).timestamp() if newest else None
+        lag = now - parse_time(newest).timestamp() if newest else None
         return {**metrics, "lag_seconds": round(lag, 1) if lag is not None else None}
 
     def health(self, now: float | None = None) -> JobHealth:
@@ -211,8 +213,10 @@ class FlinkJob:
 
 
 
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace(" ", "T")).replace(tzinfo=UTC)
+def parse_time(text: str) -> datetime:
+    """An ISO-8601 time as UTC: Flink's (no zone, UTC) or a producer's ('Z' or an offset)."""
+    moment = datetime.fromisoformat(text.replace(" ", "T"))
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def process_alive(pid: int) -> bool:
