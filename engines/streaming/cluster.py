@@ -37,6 +37,11 @@ from feature_defs import catalogue as default_catalogue
 from feature_defs.dsl import Catalogue
 
 TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
+SELF_HEALING = {"RUNNING", "RESTARTING", "INITIALIZING", "CREATED"}
+
+
+class JobNotFound(StreamingJobError):
+    """The cluster does not know the job (it was restarted, or the job ended long ago)."""
 
 
 class FlinkRest:
@@ -49,6 +54,11 @@ class FlinkRest:
     def get(self, path: str) -> dict:
         try:
             return self.http.get(path).raise_for_status().json()
+        except httpx.HTTPStatusError as error:
+            if error.response.status_code == 404:
+                raise JobNotFound(f"the Flink JobManager at {self.http.base_url} does not know {path}") from error
+            raise StreamingJobError(f"the Flink JobManager at {self.http.base_url} answered {path} with "
+                                    f"{error.response.status_code}") from error
         except httpx.HTTPError as error:
             raise StreamingJobError(f"the Flink JobManager at {self.http.base_url} did not answer {path}: "
                                     f"{error}") from error
@@ -99,7 +109,7 @@ class ClusterJob(FlinkJob):
         return super().command(restore) + ["--rest", address,
                                            "--restart-attempts", str(self.settings.restart_attempts)]
 
-    def submit(self, restore: Path | None = None, timeout: float = 300.0) -> str:
+    def submit(self, restore: Path | None = None, timeout: float = 600.0) -> str:
         """Submit the job to the cluster; returns its Flink job id."""
         self.status_path.unlink(missing_ok=True)
         self.prepare_source()
@@ -122,11 +132,16 @@ class ClusterJob(FlinkJob):
 
     def state(self) -> str:
         job_id = self.status().get("job_id")
-        return self.rest.job(job_id)["state"] if job_id else "NOT_STARTED"
+        if not job_id:
+            return "NOT_STARTED"
+        try:
+            return self.rest.job(job_id)["state"]
+        except JobNotFound:
+            return "NOT_FOUND"  # gone with a restarted cluster: start it again from its checkpoint
 
     def stop(self) -> None:
         job_id = self.status().get("job_id")
-        if job_id and self.state() not in TERMINAL:
+        if job_id and self.state() not in TERMINAL | {"NOT_FOUND"}:
             self.rest.cancel(job_id)
             self._wait(lambda: self.state() in TERMINAL, 60, "to be canceled")
 
@@ -158,13 +173,17 @@ class ClusterJob(FlinkJob):
             return JobHealth(status="NOT_STARTED", healthy=False, **base)
         try:
             state = self.state()
+            if state == "NOT_FOUND":
+                return JobHealth(status=state, healthy=False, error=f"the cluster does not know job {job_id}",
+                                 **base)
             latest = self.rest.checkpoints(job_id).get("latest") or {}
             restarts = self.rest.restarts(job_id)
             failure = self.rest.failure(job_id) if state in ("FAILED", "CANCELED") else None
         except StreamingJobError as error:
             return JobHealth(status="UNREACHABLE", healthy=False, error=str(error), **base)
         completed = latest.get("completed") or {}
-        healthy = state == "RUNNING" if self.mode == "streaming" else state == "FINISHED"
+        # restarting from a checkpoint is Flink healing itself (a lost TaskManager): counted, not an incident
+        healthy = state in SELF_HEALING if self.mode == "streaming" else state == "FINISHED"
         return JobHealth(
             status=state, healthy=healthy, restarts=restarts, error=failure,
             checkpoint=completed.get("external_path"),

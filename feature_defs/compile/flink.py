@@ -147,9 +147,10 @@ def _timestamp_of(text: str) -> str:
     valid = rf"REGEXP({iso}, '^\d{{4}}-\d{{2}}-\d{{2}} \d{{2}}:\d{{2}}:\d{{2}}(\.\d+)?(Z|[+-]\d{{2}}:?\d{{2}})?$')"
     millis = rf"RPAD(COALESCE(REGEXP_EXTRACT({iso}, '^.{{19}}\.(\d{{1,3}})', 1), ''), 3, '0')"
     local = f"TRY_CAST(SUBSTRING({iso} FROM 1 FOR 19) || '.' || {millis} AS TIMESTAMP(3))"
-    zone = r"'([+-])(\d{2}):?(\d{2})$'"
-    offset = (f"COALESCE((CASE WHEN REGEXP_EXTRACT({iso}, {zone}, 1) = '-' THEN -1 ELSE 1 END) * "
-              f"(CAST(REGEXP_EXTRACT({iso}, {zone}, 2) AS INT) * 3600 + CAST(REGEXP_EXTRACT({iso}, {zone}, 3) AS INT) * 60), 0)")
+    zone = rf"REPLACE(REGEXP_EXTRACT({iso}, '[+-]\d{{2}}:?\d{{2}}$', 0), ':', '')"  # '+0200', or NULL
+    hours, minutes = f"CAST(SUBSTRING({zone} FROM 2 FOR 2) AS INT)", f"CAST(SUBSTRING({zone} FROM 4 FOR 2) AS INT)"
+    sign = f"(CASE WHEN SUBSTRING({zone} FROM 1 FOR 1) = '-' THEN -1 ELSE 1 END)"
+    offset = f"COALESCE({sign} * ({hours} * 3600 + {minutes} * 60), 0)"
     return f"(CASE WHEN {valid} THEN TIMESTAMPADD(SECOND, -{offset}, {local}) END)"
 
 
