@@ -1,14 +1,19 @@
 """The one PyFlink job body: runs a compiled job spec (feature_defs/compile/flink.py) on the local
-mini-cluster, so no feature has hand-written Flink code.
+mini-cluster or submits it to a session cluster, so no feature has hand-written Flink code.
 
 Runs inside .venv-flink (standard library, pyflink and dagster-pipes only):
 
     .venv-flink/bin/python jobs/flink/run_job.py SPEC.json --state-dir DIR [--restore CHECKPOINT]
+        [--rest HOST:PORT --restart-attempts N]
 
-It writes DIR/status.json every second (process, Flink job id and status, restored checkpoint) for
-the platform to watch. Under dagster-pipes (launched by FlinkResource) it reports the job id once
-the job runs and closes the pipe; the job keeps running after that. Restarts are off: a failure
-ends the process with the cause in status.json, so the platform sees and reports it.
+Locally it writes DIR/status.json every second (process, Flink job id and status, restored
+checkpoint) for the platform to watch. Under dagster-pipes (launched by FlinkResource) it reports
+the job id once the job runs and closes the pipe; the job keeps running after that. Restarts are
+off: a failure ends the process with the cause in status.json, so the platform sees and reports it.
+
+With --rest it submits the job to that cluster (remote execution), writes the job id to
+status.json and returns; the cluster runs it, restarting it from its newest checkpoint up to
+--restart-attempts times, and the platform watches it through the JobManager's REST API.
 """
 
 from __future__ import annotations
