@@ -122,13 +122,8 @@ class ClusterJob(FlinkJob):
         return job_id
 
     def start(self, restore: Path | None = None, extra_env: dict[str, str] | None = None) -> str:
+        """Submits (see submit); stop() cancels the job, keeping its checkpoints for a restart."""
         return self.submit(restore)
-
-    def restart(self) -> tuple[str, Path | None]:
-        """Cancel (checkpoints are retained) and submit again from the newest checkpoint."""
-        self.stop()
-        checkpoint = self.latest_checkpoint()
-        return self.submit(restore=checkpoint), checkpoint
 
     def state(self) -> str:
         job_id = self.status().get("job_id")
@@ -316,8 +311,9 @@ class StandaloneCluster:
             "taskmanager.memory.process.size": s.taskmanager_memory, "taskmanager.memory.managed.fraction": 0.2,
             "rest.address": "127.0.0.1", "rest.bind-address": "127.0.0.1", "rest.port": self.rest_port,
             "io.tmp.dirs": str(self.root / "tmp"), "web.tmpdir": str(self.root / "tmp"),
-            # a killed TaskManager is noticed within seconds, not the default 50
-            "heartbeat.interval": 1000, "heartbeat.timeout": 5000,
+            # a killed TaskManager is noticed within seconds (its connection drops); a slow one on a
+            # busy machine is given time rather than declared lost
+            "heartbeat.interval": 2000, "heartbeat.timeout": 30000, "pekko.ask.timeout": "60 s",
         }
         for key, value in overrides.items():
             _set(conf, key.split("."), value)
