@@ -55,6 +55,8 @@ class ClipModelConfig(Config):
     batch_size: int = 64
     learning_rate: float = 2e-3
     num_workers: int = Field(default=1, description="Ray Train workers")
+    placement_strategy: str = Field(default="PACK", description="Ray Train workers over the nodes: PACK, SPREAD "
+                                                               "or STRICT_SPREAD (one per node)")
     use_gpu: bool | None = Field(default=None, description="GPU workers; None: when the Ray cluster has GPUs")
     holdout_fraction: float = Field(default=0.2, description="Items kept out of training for evaluation")
 
@@ -89,7 +91,7 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
         history = train_clip(spec, pixels[~held_out], items.filter(~held_out)["title"].to_list(),
                              TrainConfig(epochs=config.epochs, batch_size=config.batch_size,
                                          learning_rate=config.learning_rate, num_workers=config.num_workers,
-                                         use_gpu=use_gpu),
+                                         use_gpu=use_gpu, placement_strategy=config.placement_strategy),
                              output, storage=store.root / "models" / "clip" / "ray_train")
         spec = ClipSpec(config.model_name, str(output))
     model = load_model(spec)
@@ -104,6 +106,7 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
         "checkpoint": spec.checkpoint,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_items": int((~held_out).sum()),
+        "train_worker_nodes": len(set(history[-1].get("worker_nodes", []))) if history else 0,
         "held_out_items": int(held_out.sum()),
         "text_to_image_recall": table([{"k": k, "recall": round(metrics[f"recall@{k}"], 4),
                                         "random": round(metrics[f"random_recall@{k}"], 4)} for k in (1, 5, 10)]),
@@ -116,7 +119,8 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
 
 class ItemEmbeddingsConfig(Config):
     batch_size: int = Field(default=64, description="Rows per encoder call")
-    actors: int = Field(default=1, description="Encoder actor pool size")
+    actors: int = Field(default=0, description="Encoder actors; 0 encodes in the CPU tasks that read and "
+                                               "preprocess (on cuda: one actor per GPU)")
     device: str = Field(default="cpu", description="'cpu' or 'cuda' (one GPU per encoder actor)")
     torch_threads: int = 1
 
@@ -125,8 +129,9 @@ class ItemEmbeddingsConfig(Config):
     key=ITEM_EMBEDDINGS,
     group_name="embeddings",
     description="CLIP image and text embeddings of the items new or changed each day (warehouse/items), "
-                "by a streaming Ray Data pipeline: read, preprocess (tasks), encode (actor pool), write "
-                "Parquet. Items with a corrupt image or empty title get a row with a skip_reason.",
+                "by a streaming Ray Data pipeline: read, preprocess and encode in one task per CPU (GPUs: "
+                "an encoder actor pool), rows back through the object store, written as Parquet. Items "
+                "with a corrupt image or empty title get a row with a skip_reason.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[CLIP_MODEL, WAREHOUSE_ITEMS],

@@ -13,6 +13,7 @@ from assets.models import READS_ITEM_EMBEDDINGS, clip_image_vectors, with_embedd
 from assets.partitions import daily_partitions, partition_days
 from engines.experiments import Experiment, load
 from feature_defs.compile.polars import day_end
+from ml import evaluation
 from ml import personalization as model_code
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
@@ -61,7 +62,7 @@ def experiment_report(experiment: Experiment):
                 folder = registry.load(experiment.model, version.version, Path(work) / variant.name)
                 model = model_code.PersonalizationModel.load(folder)
                 subset = held_out.filter(assigned == variant.name)
-                scores = model_code.evaluate(model, history, subset, RANK_K,
+                scores = evaluation.evaluate(model, history, subset, RANK_K,
                                              embeddings if model.spec.item.embedding_column else None)["model"]
                 rows.append({"variant": variant.name, "model": variant.model_ref, "version": version.version,
                              "traffic": variant.traffic, "users": subset.get_column("user_id").n_unique(),

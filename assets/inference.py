@@ -42,8 +42,8 @@ DRIFT_LIMIT = 0.25  # population stability index above which score distributions
 
 class BatchInferenceConfig(Config):
     k: int = Field(default=10, description="Recommendations per user")
-    workers: int = Field(default=1, description="Ray Data actors computing user vectors")
-    batch_size: int = Field(default=256, description="Users per Ray Data batch")
+    workers: int | None = Field(default=None, description="Ray tasks at once (None: one per CPU of the cluster)")
+    batch_size: int = Field(default=4096, description="Users per Ray Data block at most")
 
 
 @asset(

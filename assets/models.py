@@ -19,6 +19,7 @@ from engines.lake import Lake
 from engines.point_in_time import item_embeddings_as_of
 from feature_defs import personalization_ranking
 from feature_defs.compile.polars import TIMESTAMP, day_end
+from ml import evaluation
 from ml import personalization as model_code
 from ml.plots import loss_curve_png
 
@@ -64,18 +65,18 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     if len(days) < 2:
         raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
     frame = with_embeddings_as_of(run.lake, run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect())
-    train_rows, held_out = model_code.split_held_out(frame)
+    train_rows, held_out = evaluation.split_held_out(frame)
     # candidates of the held-out day are ranked with the embeddings known when it began
     embeddings = clip_image_vectors(run.lake, day_end(days[-2]))
     config = model_code.TrainConfig(num_workers=run.num_workers, use_gpu=run.use_gpu)
     run.log(f"training on {train_rows.height} rows ({days[0]}..{days[-2]}), "
             f"holding out {held_out.height} of {days[-1]}")
     result = model_code.train(train_rows, config, run.workdir / "ray", embeddings)
-    scores = model_code.evaluate(result.model, train_rows, held_out, RANK_K, embeddings)
+    scores = evaluation.evaluate(result.model, train_rows, held_out, RANK_K, embeddings)
 
     def held_out_auc(folder) -> float:
         other = model_code.PersonalizationModel.load(folder)
-        return model_code.evaluate(other, train_rows, held_out, RANK_K, embeddings)["model"]["auc"]
+        return evaluation.evaluate(other, train_rows, held_out, RANK_K, embeddings)["model"]["auc"]
 
     model_dir = result.model.save(run.workdir / "model")
     loss_curve_png(result.loss_curve, model_dir / "loss_curve.png")

@@ -36,6 +36,9 @@ from pydantic import Field
 from engines.lake import Lake
 
 GATE_CHECK = "beats_champion"
+APPROVED_ALIAS = "approved"  # the version the gate passed: the promotion step moves `champion` to it
+EVIDENCE = ("offline", "online")  # what beats_champion judges: held-out data, or the online A/B or shadow result
+ONLINE_EVIDENCE_DAYS = 7  # the newest days of online comparisons the online gate reads
 BASELINE_CHECK = "beats_baseline"
 # Named priority classes -> `dagster/priority` (the queued run coordinator starts higher values first).
 PRIORITY_CLASSES = {"critical": 100, "high": 50, "normal": 0, "low": -50, "backfill": -100}
@@ -121,11 +124,20 @@ def pipeline_tags(pool: str, gpus: int, priority: str, notify: tuple[str, ...]) 
 def training_pipeline(model_name: str, *, description: str, deps: list, partitions_def: PartitionsDefinition,
                       group: str = "models", pool: str = "cpu", gpus: int = 0, hour_of_day: int = 4,
                       owners: tuple[str, ...] = ("team:ml-platform",), priority: str = "normal",
-                      notify: tuple[str, ...] = ()) -> Callable[[Callable], TrainingPipeline]:
+                      notify: tuple[str, ...] = (), promotion_evidence: str = "offline",
+                      online_margin: float = 0.0) -> Callable[[Callable], TrainingPipeline]:
     """Turn `fn(TrainingRun) -> TrainedModel` into `models/<name>` (train + register as challenger,
     with the blocking `beats_champion` check), `models/<name>_champion` (promotion, runs only when the
     check passed), a partitioned job on `pool` and a daily schedule. `priority` names a class of
-    PRIORITY_CLASSES; `notify` names notifier targets that hear of this pipeline's failed runs."""
+    PRIORITY_CLASSES; `notify` names notifier targets that hear of this pipeline's failed runs.
+
+    `promotion_evidence="online"` gates on how the challenger did with users instead of held-out data:
+    the version that was `challenger` before this run (served meanwhile as an A/B variant or a shadow)
+    is promoted when the newest online comparison of it with the champion (monitoring/online_accuracy)
+    shows a significant CTR@k lift above `online_margin`; the version this run trains becomes the next
+    challenger either way."""
+    if promotion_evidence not in EVIDENCE:
+        raise ValueError(f"promotion_evidence must be one of {', '.join(EVIDENCE)}, not {promotion_evidence!r}")
     model_key = AssetKey(["models", model_name])
     champion_key = AssetKey(["models", f"{model_name}_champion"])
     tags = pipeline_tags(pool, gpus, priority, notify)
@@ -156,6 +168,7 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             registry_resource = resources.model_registry
             registry = registry_resource.registry()
             resources.ray.ensure_started()
+            under_test = registry.by_alias(model_name, "challenger")  # the online gate judges this one
             with tempfile.TemporaryDirectory(prefix=f"train-{model_name}-") as work:
                 run = TrainingRun(day, resources.lake.lake(), Path(work), config.num_workers,
                                   config.use_gpu or gpus > 0, config.training_days, context.log.info)
@@ -179,6 +192,13 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
                     champion_score = trained.evaluate(champion_dir)
             margin = registry_resource.promotion_margin
             passed = champion is None or challenger_score >= champion_score + margin
+            approved, online = version.version, {}
+            if promotion_evidence == "online":
+                passed, approved, online = online_gate(run.lake, day, model_name, under_test, champion,
+                                                       online_margin)
+            if passed:
+                registry.set_alias(model_name, APPROVED_ALIAS, approved, who=f"dagster run {context.run.run_id}",
+                                   reason=f"passed {GATE_CHECK} ({promotion_evidence} evidence)")
             yield MaterializeResult(metadata={
                 "model": model_name,
                 "version": MetadataValue.int(int(version.version)),
@@ -188,7 +208,11 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             })
             yield AssetCheckResult(
                 check_name=GATE_CHECK, passed=passed, severity=AssetCheckSeverity.ERROR,
+                description=online.get("reason"),
                 metadata={
+                    "evidence": promotion_evidence,
+                    "approved_version": approved if passed else "(none)",
+                    **{f"online_{k}": v for k, v in online.items() if k != "reason"},
                     "metric": trained.gate_metric,
                     "challenger_version": version.version,
                     "challenger": round(challenger_score, 5),
@@ -221,7 +245,7 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
         )
         def promote(context):
             registry = context.resources.model_registry.registry()
-            challenger = registry.by_alias(model_name, "challenger")
+            challenger = registry.by_alias(model_name, APPROVED_ALIAS) or registry.by_alias(model_name, "challenger")
             if challenger is None:
                 raise ValueError(f"{model_name!r} has no challenger to promote")
             current = registry.by_alias(model_name, "champion")
@@ -238,3 +262,16 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
         return TrainingPipeline(model_name, [train_and_register, promote], job, schedule)
 
     return decorate
+
+
+def online_gate(lake: Lake, day: date, model_name: str, under_test, champion, margin: float) -> tuple[bool, str, dict]:
+    """(passed, the version to promote, metadata) from the online comparisons of the days up to `day`."""
+    from engines.online_accuracy import newest_comparisons, online_verdict
+
+    if under_test is None or champion is None or under_test.version == champion.version:
+        return False, "", {"reason": f"no challenger under online test against a champion of {model_name!r}"}
+    comparisons = newest_comparisons(lake, day, ONLINE_EVIDENCE_DAYS)
+    verdict = online_verdict(comparisons, under_test.version, champion.version, margin)
+    return verdict.passed, under_test.version, {
+        "reason": verdict.reason, "version": under_test.version, "source": verdict.source or "(none)",
+        "difference": verdict.difference, "p_value": verdict.p_value}

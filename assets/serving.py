@@ -8,18 +8,20 @@ import json
 import math
 import shutil
 import tempfile
-from datetime import UTC, datetime, time, timedelta
+from datetime import date, timedelta
 from pathlib import Path
 
 import pandas as pd
 import polars as pl
 from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, Failure, MaterializeResult, asset
 
+from assets.datasets import timing
 from assets.embeddings import CLIP_MODEL
 from assets.metadata import table
 from engines.embeddings import current_model
-from engines.feature_store import FeatureStoreEngine
-from resources.feature_store import FeatureStoreResource
+from engines.point_in_time import Timing, features_as_of
+from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, day_end
+from resources.flink import FlinkResource
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
 
@@ -62,21 +64,15 @@ def clip_registered(context, lake: LakeResource, model_registry: ModelRegistryRe
     return MaterializeResult(metadata={"registry_version": existing.version, "clip_version": clip_version})
 
 
-def offline_values_as_of(feature_store: FeatureStoreEngine, columns: list[str], entities: pl.DataFrame,
-                         newest_day) -> pl.DataFrame:
-    """The offline value of each `<view>__<feature>` column for each (user_id, event_timestamp) row, in
-    row order. Feast's point-in-time retrieval until engines/point_in_time.py (issue 11) lands: swap
-    the body for `features_as_of(lake_root, columns, entities).frame`. Feast drops a daily row a day
-    after its timestamp (ttl), so the time is clamped to the end of the newest offline day: served
-    after the data ends, the online store holds that day's values."""
-    limit = datetime.combine(newest_day + timedelta(days=1), time(), tzinfo=UTC)
-    frame = entities.with_columns(pl.col("event_timestamp").clip(upper_bound=limit),
-                                  pl.int_range(pl.len()).alias("_row"))
-    references = [c.replace("__", ":", 1) for c in columns]
-    result = feature_store.store.get_historical_features(
-        entity_df=frame.to_pandas(), features=references, full_feature_names=True).to_df()
-    result = result.rename(columns={r.replace(":", "__"): c for r, c in zip(references, columns)})
-    return pl.from_pandas(result[["_row", *columns]].sort_values("_row").reset_index(drop=True)).drop("_row")
+def offline_values_as_of(lake_root: Path, columns: list[str], entities: pl.DataFrame, newest_day: date,
+                         timing: Timing) -> pl.DataFrame:
+    """The value of each `<view>__<feature>` column for each (user_id, event_timestamp) row by the one
+    definition (engines.point_in_time), in row order. Served after the data ends, the online store
+    holds the newest day's values (its daily rows, its catalogue, the streaming windows ending at its
+    midnight, online once the live job's delay has passed): a time after that is read as of then."""
+    limit = day_end(newest_day) + timedelta(seconds=timing.streaming_delay_seconds)
+    frame = entities.with_columns(pl.col(TIMESTAMP).cast(POLARS_TYPES["timestamp"]).clip(upper_bound=limit))
+    return features_as_of(lake_root, columns, frame, timing).frame.select(columns)
 
 
 def same_value(served, offline) -> bool:
@@ -91,7 +87,7 @@ def same_value(served, offline) -> bool:
     return served == offline
 
 
-@asset(key=SERVED_FEATURES, group_name="serving", kinds={"parquet", "feast"}, owners=["team:ml-platform"],
+@asset(key=SERVED_FEATURES, group_name="serving", kinds={"parquet", "polars"}, owners=["team:ml-platform"],
        tags={"domain": "serving"},
        description="The sample of feature vectors the online model server served (`serving/served_features` in "
                    "the lake), summarized; its check compares each served value with the offline value as of "
@@ -99,7 +95,7 @@ def same_value(served, offline) -> bool:
        check_specs=[AssetCheckSpec(SKEW_CHECK, asset=SERVED_FEATURES,
                                    description="Every sampled served feature value equals its offline "
                                                "point-in-time value")])
-def served_features(context, lake: LakeResource, feature_store: FeatureStoreResource):
+def served_features(context, lake: LakeResource, flink: FlinkResource):
     the_lake = lake.lake()
     files = sorted((the_lake.root / SERVED_LOG).glob("date=*/part-*.parquet"))
     if not files:
@@ -108,8 +104,8 @@ def served_features(context, lake: LakeResource, feature_store: FeatureStoreReso
     served = [json.loads(f) for f in logged["features"].to_list()]
     columns = sorted({c for row in served for c in row if "__" in c})
     newest = max(d for c in columns for d in the_lake.partition_days("offline", c.split("__", 1)[0]))
-    entities = logged.select("user_id", pl.col("served_at").alias("event_timestamp"))
-    offline = offline_values_as_of(feature_store.engine(), columns, entities, newest)
+    entities = logged.select("user_id", pl.col("served_at").alias(TIMESTAMP))
+    offline = offline_values_as_of(the_lake.root, columns, entities, newest, timing(flink))
     mismatches = []
     for i, row in enumerate(served):
         for column in columns:

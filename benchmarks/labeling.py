@@ -2,9 +2,12 @@
 
 Each simulated annotator is its own HTTP client (like a browser) and loops: POST an answer, which
 returns the next item. The round trip is timed from sending the answer to having the next item.
-The app runs in uvicorn (one process, as `mlplane labeling serve` does) on SQLite by default or on
-a PostgreSQL URL. Label Studio is not measured: it does not install beside our pins and was not set
-up in an environment of its own here (see the README).
+The app runs in uvicorn in a process of its own (as `mlplane labeling serve` does; `--in-process` puts
+it in the clients' process, where their 20 threads compete with it for the interpreter lock) on SQLite
+by default or on a PostgreSQL URL. With no think time (the default) every annotator answers the moment
+an item arrives, so the server is never idle and a round trip is mostly the wait behind the other
+annotators' requests; `--think-ms` adds a pause before each answer, as people take. Label Studio is
+not measured: it does not install beside our pins and was not set up in an environment of its own here (see the README).
 
     .venv/bin/python benchmarks/labeling.py --annotators 20 --items 500
     .venv/bin/python benchmarks/labeling.py --database postgresql+psycopg2://postgres@127.0.0.1:5432/bench
@@ -13,13 +16,21 @@ up in an environment of its own here (see the README).
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from engines.simulator.annotators import SimulatedAnnotator, run_concurrently  # noqa: E402
 from ground_truth import accounts, queue  # noqa: E402
@@ -47,24 +58,56 @@ def prepare(url: str, annotators: int, items: int, k: int) -> dict[str, str]:
     return {str(i): "violation" if i % 7 == 0 else "ok" for i in range(items)}
 
 
+@contextmanager
+def app_process(url: str) -> Iterator[str]:
+    """The app in a uvicorn process of its own on a free port; yields its base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = ("import uvicorn; from ground_truth.app import create_app; "
+            f"uvicorn.run(create_app({url!r}), host='127.0.0.1', port={port}, log_level='warning', access_log=False)")
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base_url}/login", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the labeling app did not start")
+            time.sleep(0.1)
+        yield base_url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--annotators", type=int, default=20)
     parser.add_argument("--items", type=int, default=500)
     parser.add_argument("-k", type=int, default=3, help="annotators per item")
     parser.add_argument("--database", default=None, help="SQLAlchemy URL of an EMPTY database (default: SQLite)")
+    parser.add_argument("--think-ms", type=float, default=0.0, help="each annotator's pause before an answer")
+    parser.add_argument("--in-process", action="store_true", help="run the app in this process (as before)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="labeling-bench-") as work:
         url = args.database or f"sqlite:///{Path(work) / 'labels.db'}"
         truth = prepare(url, args.annotators, args.items, args.k)
-        people = [SimulatedAnnotator(f"bench{i}", PASSWORD, 0.9, seed=i) for i in range(args.annotators)]
-        with serve_app(url) as base_url:
+        people = [SimulatedAnnotator(f"bench{i}", PASSWORD, 0.9, seed=i, think_seconds=args.think_ms / 1000)
+                  for i in range(args.annotators)]
+        with (serve_app(url) if args.in_process else app_process(url)) as base_url:
             started = time.perf_counter()
             answers = sum(run_concurrently([lambda p=p: p.label_all(base_url, "bench", truth) for p in people]))
             seconds = time.perf_counter() - started
     trips = [t * 1000 for p in people for t in p.round_trips]
     backend = url.split(":")[0]
-    print(f"labeling app ({backend}), {args.annotators} concurrent annotators, {args.items} items, k={args.k}: "
+    where = "in the clients' process" if args.in_process else "own process"
+    print(f"labeling app ({backend}, {where}), {args.annotators} concurrent annotators, think time "
+          f"{args.think_ms:g} ms, {args.items} items, k={args.k}: "
           f"{answers} answers in {seconds:.1f} s ({answers / seconds:.0f} answers/s)")
     print(f"answer-to-next-item round trip: median {statistics.median(trips):.1f} ms, "
           f"P99 {percentile(trips, 0.99):.1f} ms, max {max(trips):.1f} ms")

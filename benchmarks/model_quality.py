@@ -76,7 +76,8 @@ def lists_metrics(lists: dict[int, list[int]], clicks: dict[int, set[int]], k: i
 
 
 def held_out_oracle(train_rows: pl.DataFrame, held_out: pl.DataFrame, click_logit, expected_clicks) -> dict:
-    from ml.personalization import LABEL, auc, labelled, ranking_metrics
+    from ml.evaluation import auc, ranking_metrics
+    from ml.personalization import LABEL, labelled
 
     rows = labelled(held_out)
     labels = rows.get_column(LABEL).to_numpy() > 0
@@ -117,7 +118,8 @@ def main() -> None:
     from benchmarks.lake import FIRST_DAY, build_lake
     from engines.lake import Lake
     from engines.simulator import SimulatorConfig
-    from ml.personalization import TrainConfig, evaluate, split_held_out, train
+    from ml.evaluation import evaluate, split_held_out
+    from ml.personalization import TrainConfig, train
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-quality-"))
     data_dir = args.data_dir or scratch / "lake"

@@ -1,6 +1,7 @@
 """Daily batch recommendations: the champion two-tower model's item vectors go into the vector
 database; a Ray Data pipeline turns every active user's features into a user vector and retrieves
-that user's top-k items from the vector database. Plain Python, no Dagster.
+that user's top-k items from the vector database inside the same task (a Qdrant server by URL, or a
+read-only copy of the embedded index in each worker process). Plain Python, no Dagster.
 
 The vector store ranks by cosine; the model scores by inner product. Item vectors get one extra
 coordinate that brings every item to the same norm and queries get 0 there, so cosine order equals
@@ -10,6 +11,8 @@ inner-product order and the exact inner product is cosine x |query| x that norm.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -20,13 +23,15 @@ import polars as pl
 
 from engines.lake import Lake
 from engines.point_in_time import LIVE_TIMING, AsOfResult, Timing, features_as_of
-from engines.vector_store import VectorStore
+from engines.ray_objects import Shipped, block_rows, cached
+from engines.vector_store import Replica, VectorStore
 from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, day_end
 from ml.personalization import PersonalizationModel
 
 VECTOR_NAME = "tower"
 ZONE = "inference"
 TABLE = "personalization_recommendations"
+RECOMMENDATION_SCHEMA = {"user_id": pl.Int64, "rank": pl.Int32, "item_id": pl.Int64, "score": pl.Float64}
 
 
 def collection_name(model_version: str) -> str:
@@ -76,73 +81,85 @@ def index_items(store: VectorStore, model: PersonalizationModel, items: pl.DataF
     return radius
 
 
-def retrieve(store: VectorStore, name: str, radius: float, users: pl.DataFrame, k: int) -> pl.DataFrame:
-    """Top-k items per user vector (`user_id`, `vector`) from the vector database."""
+def retrieve(store: VectorStore, name: str, radius: float, user_ids: list[int], vectors: np.ndarray,
+             k: int) -> pl.DataFrame:
+    """Top-k items for each user vector (rows of `vectors`) from the vector database, one batch query."""
+    vectors = np.asarray(vectors, dtype=np.float32).reshape(len(user_ids), -1)
+    queries = np.hstack([vectors, np.zeros((len(user_ids), 1), np.float32)])
+    norms = np.linalg.norm(queries, axis=1)
     rows: dict[str, list] = {"user_id": [], "rank": [], "item_id": [], "score": []}
-    for user_id, vector in zip(users.get_column("user_id").to_list(), users.get_column("vector").to_list()):
-        query = np.append(np.asarray(vector, dtype=np.float32), 0.0)
-        norm = float(np.linalg.norm(query)) or 1.0
-        for rank, hit in enumerate(store.search(name, query, VECTOR_NAME, k), start=1):
+    hits_per_user = store.search_batch(name, queries, VECTOR_NAME, k) if len(user_ids) else []
+    for user_id, norm, hits in zip(user_ids, norms.tolist(), hits_per_user):
+        for rank, hit in enumerate(hits, start=1):
             rows["user_id"].append(user_id)
             rows["rank"].append(rank)
             rows["item_id"].append(int(hit.payload["item_id"]))
-            rows["score"].append(hit.score * norm * radius)
-    return pl.DataFrame(rows, schema={"user_id": pl.Int64, "rank": pl.Int32, "item_id": pl.Int64,
-                                      "score": pl.Float64})
+            rows["score"].append(hit.score * (norm or 1.0) * radius)
+    return pl.DataFrame(rows, schema=RECOMMENDATION_SCHEMA)
 
 
-# --- user vectors: Ray Data or one process ---------------------------------------------------------
-class UserTower:
-    """Ray Data callable: a batch of user feature rows -> (user_id, vector). The model travels with the
-    actor through Ray's object store, so actors on any node of a cluster have it.
-    `fail_once_marker` injects one worker crash (tests): the first actor to find no marker file writes
-    it and dies mid-batch; Ray restarts the actor and retries the batch."""
-
-    def __init__(self, model: PersonalizationModel, fail_once_marker: str | None = None):
-        import torch
-
-        torch.set_num_threads(1)
-        self.model = model
-        self.fail_once_marker = fail_once_marker
-
-    def __call__(self, batch):
-        import pyarrow as pa
-
-        if self.fail_once_marker and not os.path.exists(self.fail_once_marker):
-            Path(self.fail_once_marker).write_text(str(os.getpid()))
-            os._exit(1)
-        frame = pl.from_arrow(batch)
-        vectors = self.model.user_vectors(frame)
-        return pa.table({"user_id": frame.get_column("user_id").to_arrow(),
-                         "vector": pa.array(vectors.tolist(), type=pa.list_(pa.float32()))})
+# --- recommendations: Ray Data or one process -------------------------------------------------------
+def recommend_block(users: pl.DataFrame, model: PersonalizationModel, store: VectorStore, name: str,
+                    radius: float, k: int) -> pl.DataFrame:
+    """User vectors of a block of feature rows, then their top-k from the vector database."""
+    return retrieve(store, name, radius, users.get_column("user_id").to_list(), model.user_vectors(users), k)
 
 
-def user_vectors_ray(users: pl.DataFrame, model: PersonalizationModel, workers: int, batch_size: int,
-                     fail_once_marker: str | None = None) -> Iterator[pl.DataFrame]:
-    """User vectors computed on Ray Data by a pool of `workers` actors (Ray must be started)."""
+def _recommend_task(batch, model: Shipped, index: Shipped, name: str, radius: float, k: int,
+                    fail_once_marker: str | None):
+    """Ray Data task: this worker process's model and read-only copy of the vector index (fetched
+    through the object store on its first block), then `recommend_block`. `fail_once_marker`
+    injects one worker crash (tests): the first task to find no marker file writes it and dies
+    mid-block; Ray starts another worker and re-runs the block."""
+    import torch
+
+    if fail_once_marker and not os.path.exists(fail_once_marker):
+        Path(fail_once_marker).write_text(str(os.getpid()))
+        os._exit(1)
+    torch.set_num_threads(1)
+    tower = cached("personalization-model", model, lambda m: m)
+    store = cached("personalization-index", index, _open_replica, _close_replica)
+    return recommend_block(pl.from_arrow(batch), tower, store, name, radius, k).to_arrow()
+
+
+def _open_replica(replica: Replica) -> VectorStore:
+    return replica.open(tempfile.mkdtemp(prefix="mlplane-index-"))
+
+
+def _close_replica(store: VectorStore) -> None:
+    store.close()
+    if not store.location.startswith(("http://", "https://")):
+        shutil.rmtree(store.location, ignore_errors=True)
+
+
+def recommend_ray(users: pl.DataFrame, store: VectorStore, model: PersonalizationModel, name: str, radius: float,
+                  k: int, workers: int | None, batch_size: int, fail_once_marker: str | None = None
+                  ) -> Iterator[pl.DataFrame]:
+    """Recommendations computed by Ray Data tasks, one per CPU (at most `workers` at once), each with
+    the model and the vector index shipped through the object store: a Qdrant server's URL, or a
+    copy of the embedded index's points (Ray must be started)."""
     import ray.data
 
     table = users.to_arrow()
-    blocks = [table.slice(start, batch_size) for start in range(0, max(len(table), 1), batch_size)]
-    dataset = ray.data.from_arrow(blocks)
-    vectors = dataset.map_batches(
-        UserTower,
-        fn_constructor_kwargs={"model": model, "fail_once_marker": fail_once_marker},
-        batch_size=batch_size, batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers), num_cpus=1,
-        # a crashed worker is restarted and its batch re-run; outputs of a failed attempt are dropped
-        max_restarts=3, max_task_retries=3,
-    )
-    for batch in vectors.iter_batches(batch_format="pyarrow", batch_size=None):
+    rows = block_rows(table.num_rows, batch_size, at_least=min(batch_size, 256))
+    blocks = [table.slice(start, rows) for start in range(0, max(len(table), 1), rows)]
+    shipped_model, index = Shipped.put(model), Shipped.put(store.replica(name))
+    out = ray.data.from_arrow(blocks).map_batches(
+        _recommend_task, batch_size=None, batch_format="pyarrow", num_cpus=1,
+        fn_kwargs={"model": shipped_model, "index": index, "name": name, "radius": radius, "k": k,
+                   "fail_once_marker": fail_once_marker},
+        compute=ray.data.TaskPoolStrategy(size=workers),
+        # a crashed worker's block is re-run; outputs of a failed attempt are dropped
+        max_retries=3, retry_exceptions=True)
+    for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
         yield pl.from_arrow(batch)
 
 
-def user_vectors_local(users: pl.DataFrame, model: PersonalizationModel, batch_size: int
-                       ) -> Iterator[pl.DataFrame]:
-    """The same user vectors in this process, batch by batch (the baseline of the benchmark)."""
-    tower = UserTower(model)
+def recommend_local(users: pl.DataFrame, store: VectorStore, model: PersonalizationModel, name: str, radius: float,
+                    k: int, batch_size: int) -> Iterator[pl.DataFrame]:
+    """The same recommendations in this process, block by block (the baseline of the benchmark)."""
     for start in range(0, users.height, batch_size):
-        yield pl.from_arrow(tower(users.slice(start, batch_size).to_arrow()))
+        yield recommend_block(users.slice(start, batch_size), model, store, name, radius, k)
 
 
 @dataclass
@@ -155,19 +172,17 @@ class BatchResult:
 
 
 def recommend(users: pl.DataFrame, store: VectorStore, model: PersonalizationModel, version: str, radius: float,
-              k: int, engine: str = "ray", workers: int = 1, batch_size: int = 256,
+              k: int, engine: str = "ray", workers: int | None = None, batch_size: int = 4096,
               fail_once_marker: str | None = None) -> pl.DataFrame:
     """Top-k recommendations for every row of `users` (user feature rows)."""
+    name = collection_name(version)
     if engine == "ray":
-        batches = user_vectors_ray(users, model, workers, batch_size, fail_once_marker)
+        parts = list(recommend_ray(users, store, model, name, radius, k, workers, batch_size, fail_once_marker))
     elif engine == "local":
-        batches = user_vectors_local(users, model, batch_size)
+        parts = list(recommend_local(users, store, model, name, radius, k, batch_size))
     else:
         raise ValueError(f"engine must be 'ray' or 'local', not {engine!r}")
-    name = collection_name(version)
-    parts = [retrieve(store, name, radius, batch, k) for batch in batches]
-    return pl.concat(parts) if parts else retrieve(store, name, radius, users.head(0).with_columns(
-        pl.lit(None, pl.List(pl.Float32)).alias("vector")), k)
+    return pl.concat(parts) if parts else pl.DataFrame(schema=RECOMMENDATION_SCHEMA)
 
 
 def online_rows(recommendations: pl.DataFrame, day: date) -> pl.DataFrame:

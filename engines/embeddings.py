@@ -1,14 +1,17 @@
 """Item embeddings: a streaming Ray Data pipeline from catalogue rows to image and text embeddings,
 the lake table that holds them, and the vector-store sync.
 
-Pipeline stages (each its own Ray Data operator, streamed block by block):
-  read        item rows -> thumbnail bytes                 (CPU tasks)
-  preprocess  decode + resize + normalize, tokenize titles (CPU tasks)
-  encode      CLIP image and text towers                   (actor pool; size, batch size, device from config)
-  write       Parquet                                      (streaming writer)
+On CPUs the pipeline is one fused stage of Ray tasks, one per CPU of the cluster: each reads its
+block's thumbnails, decodes and normalizes them, tokenizes the titles and runs both CLIP towers with
+`torch_threads` threads. The model reaches the workers through Ray's object store and stays in each
+worker process for the rest of the job (engines.ray_objects), so no actor has to start, import torch
+and load it for every pipeline. On GPUs (`device="cuda"`) preprocessing stays in CPU tasks and
+encoding moves to a pool of encoder actors, one GPU each. The embedded rows come back to the driver
+through the object store (no worker writes a node-local file).
+
 A corrupt or missing image or an empty title does not fail the run: the item gets a row with no
-embeddings and a `skip_reason`. Failed tasks are retried and a killed encoder actor is restarted;
-the written rows are checked to be exactly one per input item.
+embeddings and a `skip_reason`. Failed tasks are retried and a killed worker or encoder actor is
+replaced; the rows are checked to be exactly one per input item (none lost, none twice).
 
 Table `embeddings/items/date=D/part-0.parquet`: item_id, image_embedding, text_embedding
 (list<float32>, null when skipped), model_version, skip_reason.
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -28,6 +30,7 @@ import polars as pl
 import pyarrow as pa
 
 from engines.lake import Lake
+from engines.ray_objects import Shipped, block_rows, cached
 from ml.clip import ClipSpec
 
 EMBEDDINGS_ZONE = "embeddings"
@@ -43,7 +46,8 @@ OUTPUT_SCHEMA = {
 @dataclass(frozen=True)
 class FailureDrill:
     """For failure drills and tests: the first batch holding `item_id` in `stage` ('preprocess'
-    raises, 'encode' kills its actor process) fails once; `marker` records that it happened."""
+    raises, 'encode' kills its worker process or encoder actor) fails once; `marker` records that
+    it happened."""
     item_id: int
     marker: str
     stage: str = "encode"
@@ -52,10 +56,10 @@ class FailureDrill:
 @dataclass(frozen=True)
 class EmbedConfig:
     batch_size: int = 64            # rows per encoder call
-    actors: int = 1                 # encoder actor pool size
+    actors: int = 0                 # encoder actors; 0: encode in the CPU tasks (cuda: one actor per GPU)
     device: str = "cpu"             # "cuda" puts each encoder actor on a GPU
-    torch_threads: int = 1          # per encoder actor
-    read_block_rows: int = 256      # rows per streamed input block
+    torch_threads: int = 1          # per task or encoder actor (each holds one CPU)
+    read_block_rows: int = 512      # rows per streamed block at most (fewer when that leaves a CPU idle)
     task_retries: int = 3
     drill: FailureDrill | None = field(default=None)
 
@@ -77,119 +81,171 @@ def current_catalogue(lake: Lake, through: date | None = None) -> pl.DataFrame:
 
 def embed_items(items: pl.DataFrame, landing: Path, spec: ClipSpec, config: EmbedConfig,
                 model_version: str) -> pl.DataFrame:
-    """Run the pipeline over `items` (item_id, title, thumbnail_path relative to `landing`) and
-    return one row per item (OUTPUT_SCHEMA). Ray must be started."""
-    import ray
-
+    """Run the pipeline over `items` (item_id, title, thumbnail_path relative to `landing`, a folder
+    every Ray node can read) and return one row per item (OUTPUT_SCHEMA). Ray must be started."""
     if items.is_empty():
         return pl.DataFrame(schema=OUTPUT_SCHEMA)
     if items["item_id"].n_unique() != items.height:
         raise ValueError("embed_items: duplicate item_id in the input")
-    source = items.select("item_id", "title", "thumbnail_path").to_arrow()
-    blocks = [source.slice(start, config.read_block_rows)
-              for start in range(0, source.num_rows, config.read_block_rows)]
-    task_args = {"max_retries": config.task_retries, "retry_exceptions": True}
-    encoder_args = {"num_gpus": 1} if config.device.startswith("cuda") else {}
-    dataset = (
-        ray.data.from_arrow(blocks)
-        .map_batches(_read_thumbnails, fn_kwargs={"landing": str(landing)}, batch_format="pyarrow",
-                     **task_args)
-        .map_batches(_preprocess, fn_kwargs={"model_name": spec.model_name, "drill": config.drill},
-                     batch_format="pyarrow", **task_args)
-        .map_batches(_Encoder, fn_constructor_kwargs={"spec": spec, "config": config,
-                                                      "model_version": model_version},
-                     batch_size=config.batch_size, batch_format="numpy",
-                     compute=ray.data.ActorPoolStrategy(size=config.actors), **encoder_args)
-    )
-    with tempfile.TemporaryDirectory(prefix="embeddings-") as folder:
-        dataset.write_parquet(folder)
-        written = pl.read_parquet(Path(folder) / "*.parquet") if any(Path(folder).glob("*.parquet")) \
-            else pl.DataFrame(schema=OUTPUT_SCHEMA)
-    written = written.cast(OUTPUT_SCHEMA).unique("item_id", keep="first").sort("item_id")
+    tables = list(embedding_batches(items, landing, spec, config, model_version))
+    written = pl.from_arrow(pa.concat_tables(tables)).cast(OUTPUT_SCHEMA) if tables \
+        else pl.DataFrame(schema=OUTPUT_SCHEMA)
     expected = set(items["item_id"].to_list())
     got = set(written["item_id"].to_list())
-    if got != expected:
-        raise RuntimeError(f"embedding pipeline lost {len(expected - got)} and invented {len(got - expected)} items")
-    return written
+    twice = written.height - written["item_id"].n_unique()
+    if got != expected or twice:
+        raise RuntimeError(f"embedding pipeline lost {len(expected - got)}, invented {len(got - expected)} "
+                           f"and duplicated {twice} items")
+    return written.sort("item_id")
 
 
-def _read_thumbnails(batch: pa.Table, landing: str) -> pa.Table:
-    contents, errors = [], []
-    for relative in batch.column("thumbnail_path").to_pylist():
-        try:
-            contents.append((Path(landing) / relative).read_bytes() if relative else None)
-            errors.append(None if relative else "no thumbnail path")
-        except OSError as error:
-            contents.append(None)
-            errors.append(f"thumbnail unreadable: {error.strerror or error}")
-    return batch.append_column("image_bytes", pa.array(contents, pa.binary())) \
-                .append_column("skip_reason", pa.array(errors, pa.string()))
+def embedding_batches(items: pl.DataFrame, landing: Path, spec: ClipSpec, config: EmbedConfig,
+                      model_version: str):
+    """The pipeline's output blocks as they arrive (pyarrow tables), unchecked."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    from ml.clip import load_model
+
+    source = items.select("item_id", "title", "thumbnail_path").to_arrow()
+    rows = block_rows(source.num_rows, config.read_block_rows, at_least=min(config.batch_size, 64))
+    blocks = [source.slice(start, rows) for start in range(0, source.num_rows, rows)]
+    model = Shipped.put(load_model(spec))  # one copy of the weights for every worker, on any node
+    retries = {"max_retries": config.task_retries, "retry_exceptions": True}
+    prepare = {"landing": str(landing), "model_name": spec.model_name, "drill": config.drill}
+    dataset = ray.data.from_arrow(blocks)
+    actors = _encoder_actors(config)
+    if not actors:
+        dataset = dataset.map_batches(
+            _embed_block, fn_kwargs={**prepare, "model": model, "config": config, "model_version": model_version},
+            batch_size=None, batch_format="pyarrow", num_cpus=1, **retries)
+    else:
+        dataset = dataset.map_batches(_prepare_block, fn_kwargs=prepare, batch_size=None,
+                                      batch_format="pyarrow", num_cpus=1, **retries).map_batches(
+            _Encoder, fn_constructor_kwargs={"model": model, "config": config, "model_version": model_version},
+            batch_size=config.batch_size, batch_format="numpy", compute=ActorPoolStrategy(size=actors),
+            num_cpus=1, num_gpus=1 if config.device.startswith("cuda") else 0)
+    yield from dataset.iter_batches(batch_format="pyarrow", batch_size=None)
 
 
-def _preprocess(batch: pa.Table, model_name: str, drill: FailureDrill | None) -> pa.Table:
+def _encoder_actors(config: EmbedConfig) -> int:
+    if config.actors or not config.device.startswith("cuda"):
+        return config.actors
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if not gpus:
+        raise RuntimeError(f"device {config.device!r}: the Ray cluster has no GPU")
+    return gpus
+
+
+@dataclass
+class _Prepared:
+    item_ids: np.ndarray
+    pixels: np.ndarray      # (n, 3, size, size) float32, zeros where skipped
+    tokens: np.ndarray      # (n, context) int64
+    reasons: list           # skip reason or None per row
+
+
+def _prepare(batch: pa.Table, landing: str, model_name: str, drill: FailureDrill | None) -> _Prepared:
+    """Read the thumbnails, decode and normalize them, tokenize the titles."""
     from ml.clip import image_size_of_config, preprocess_image, tokenizer
 
-    item_ids = batch.column("item_id").to_pylist()
+    item_ids = batch.column("item_id").to_numpy()
     if drill and drill.stage == "preprocess":
-        _fail_once(drill, item_ids)
+        _fail_once(drill, item_ids.tolist())
     size = image_size_of_config(model_name)
-    reasons = batch.column("skip_reason").to_pylist()
     titles = batch.column("title").to_pylist()
     pixels = np.zeros((len(item_ids), 3, size, size), np.float32)
-    for row, data in enumerate(batch.column("image_bytes").to_pylist()):
-        if reasons[row] is None and not (titles[row] or "").strip():
-            reasons[row] = "empty title"
-        if reasons[row] is not None:
-            continue
-        try:
-            pixels[row] = preprocess_image(data, size)
-        except Exception as error:  # PIL raises several types for corrupt files
-            reasons[row] = f"corrupt image: {type(error).__name__}: {error}"
-    tokens = tokenizer(ClipSpec(model_name))([t or "" for t in titles]).numpy()
+    reasons = []
+    for row, relative in enumerate(batch.column("thumbnail_path").to_pylist()):
+        reason = None
+        if not relative:
+            reason = "no thumbnail path"
+        elif not (titles[row] or "").strip():
+            reason = "empty title"
+        else:
+            try:
+                data = (Path(landing) / relative).read_bytes()
+            except OSError as error:
+                reason = f"thumbnail unreadable: {error.strerror or error}"
+            else:
+                try:
+                    pixels[row] = preprocess_image(data, size)
+                except Exception as error:  # PIL raises several types for corrupt files
+                    reason = f"corrupt image: {type(error).__name__}: {error}"
+        reasons.append(reason)
+    tokens = tokenizer(ClipSpec(model_name))([t or "" for t in titles]).numpy().astype(np.int64)
+    return _Prepared(item_ids, pixels, tokens, reasons)
+
+
+def _embed_block(batch: pa.Table, landing: str, model_name: str, drill: FailureDrill | None, model: Shipped,
+                 config: EmbedConfig, model_version: str) -> pa.Table:
+    """The fused CPU stage: prepare and encode one block in this worker process."""
+    import torch
+
+    torch.set_num_threads(config.torch_threads)
+    prepared = _prepare(batch, landing, model_name, drill)
+    return _encode(cached("clip", model, lambda m: m), prepared, config, model_version)
+
+
+def _prepare_block(batch: pa.Table, landing: str, model_name: str, drill: FailureDrill | None) -> pa.Table:
+    """The CPU stage in front of the encoder actors."""
+    prepared = _prepare(batch, landing, model_name, drill)
     return pa.table({
-        "item_id": batch.column("item_id"),
-        "pixels": pa.FixedShapeTensorArray.from_numpy_ndarray(pixels),
-        "tokens": pa.FixedShapeTensorArray.from_numpy_ndarray(tokens.astype(np.int64)),
-        "skip_reason": pa.array(reasons, pa.string()),
+        "item_id": pa.array(prepared.item_ids, pa.int64()),
+        "pixels": pa.FixedShapeTensorArray.from_numpy_ndarray(prepared.pixels),
+        "tokens": pa.FixedShapeTensorArray.from_numpy_ndarray(prepared.tokens),
+        "skip_reason": pa.array(prepared.reasons, pa.string()),
     })
 
 
 class _Encoder:
-    """One encoder actor: the model loaded once, then batches of preprocessed rows."""
+    """One encoder actor (GPU): the shipped model moved to the device once, then batches."""
 
-    def __init__(self, spec: ClipSpec, config: EmbedConfig, model_version: str):
+    def __init__(self, model: Shipped, config: EmbedConfig, model_version: str):
+        import ray
         import torch
 
-        from ml.clip import load_model
-
         torch.set_num_threads(config.torch_threads)
-        self.device = config.device
-        self.model = load_model(spec, device=config.device)
+        self.model = ray.get(model.ref).to(config.device)
+        self.config = config
         self.model_version = model_version
-        self.drill = config.drill
 
     def __call__(self, batch: dict) -> pa.Table:
-        from ml.clip import encode_images, encode_texts
+        prepared = _Prepared(batch["item_id"], batch["pixels"], batch["tokens"], list(batch["skip_reason"]))
+        return _encode(self.model, prepared, self.config, self.model_version)
 
-        item_ids = batch["item_id"]
-        if self.drill and self.drill.stage == "encode":
-            _fail_once(self.drill, item_ids.tolist(), kill=True)
-        reasons = list(batch["skip_reason"])
-        ok = np.array([r is None for r in reasons], bool)
-        images = encode_images(self.model, batch["pixels"][ok], self.device) if ok.any() else None
-        texts = encode_texts(self.model, batch["tokens"][ok], self.device) if ok.any() else None
-        image_column, text_column, cursor = [], [], 0
-        for good in ok:
-            image_column.append(images[cursor].tolist() if good else None)
-            text_column.append(texts[cursor].tolist() if good else None)
-            cursor += int(good)
-        return pa.table({
-            "item_id": pa.array(item_ids, pa.int64()),
-            "image_embedding": pa.array(image_column, pa.list_(pa.float32())),
-            "text_embedding": pa.array(text_column, pa.list_(pa.float32())),
-            "model_version": pa.array([self.model_version] * len(item_ids), pa.string()),
-            "skip_reason": pa.array(reasons, pa.string()),
-        })
+
+def _encode(model, prepared: _Prepared, config: EmbedConfig, model_version: str) -> pa.Table:
+    from ml.clip import encode_images, encode_texts
+
+    if config.drill and config.drill.stage == "encode":
+        _fail_once(config.drill, prepared.item_ids.tolist(), kill=True)
+    ok = np.array([r is None for r in prepared.reasons], bool)
+    rows = np.flatnonzero(ok)
+    images, texts = [], []
+    for start in range(0, len(rows), config.batch_size):
+        chunk = rows[start:start + config.batch_size]
+        images.append(encode_images(model, prepared.pixels[chunk], config.device))
+        texts.append(encode_texts(model, prepared.tokens[chunk], config.device))
+    n = len(prepared.item_ids)
+    return pa.table({
+        "item_id": pa.array(prepared.item_ids, pa.int64()),
+        "image_embedding": _vectors_column(images, ok),
+        "text_embedding": _vectors_column(texts, ok),
+        "model_version": pa.array([model_version] * n, pa.string()),
+        "skip_reason": pa.array(prepared.reasons, pa.string()),
+    })
+
+
+def _vectors_column(parts: list[np.ndarray], ok: np.ndarray) -> pa.Array:
+    """list<float32> with one vector per ok row and null elsewhere, without a Python list per row."""
+    values = np.concatenate(parts).astype(np.float32) if parts else np.zeros((0, 0), np.float32)
+    dim = values.shape[1] if values.ndim == 2 else 0
+    offsets = np.concatenate([[0], np.cumsum(ok.astype(np.int32) * dim)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), pa.float32()),
+                                    mask=pa.array(~ok))
 
 
 def _fail_once(drill: FailureDrill, item_ids: list, kill: bool = False) -> None:

@@ -99,11 +99,60 @@ def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
     return experiments
 
 
-def load(path: Path) -> list[Experiment]:
+@dataclass(frozen=True)
+class Shadow:
+    """A model version that gets a copy of every request to `model` off the response path: its answers
+    are logged beside the live ones and never served."""
+    name: str
+    model: str
+    model_alias: str | None = None
+    model_version: str | None = None
+
+    @property
+    def model_ref(self) -> str:
+        return f"@{self.model_alias}" if self.model_alias else f"v{self.model_version}"
+
+
+@dataclass(frozen=True)
+class ExperimentsFile:
+    experiments: tuple[Experiment, ...]
+    shadows: tuple[Shadow, ...] = ()
+
+
+def parse_shadows(raw: dict, source: str = "experiments") -> list[Shadow]:
+    entries = raw.get("shadows") or []
+    if not isinstance(entries, list):
+        raise ExperimentConfigError(f"{source}: 'shadows' must be a list")
+    shadows: list[Shadow] = []
+    for i, entry in enumerate(entries):
+        where = f"{source}: shadow #{i + 1} ({entry.get('name', '?') if isinstance(entry, dict) else '?'})"
+        if not isinstance(entry, dict) or not entry.get("name") or not entry.get("model"):
+            raise ExperimentConfigError(f"{where}: needs a name and a model")
+        if not NAME.match(str(entry["name"])):
+            raise ExperimentConfigError(f"{where}: name must be lower_snake_case")
+        if any(s.name == entry["name"] for s in shadows):
+            raise ExperimentConfigError(f"{where}: duplicate shadow name {entry['name']!r}")
+        if bool(entry.get("model_alias")) == bool(entry.get("model_version")):
+            raise ExperimentConfigError(f"{where}: give exactly one of model_alias or model_version")
+        shadows.append(Shadow(str(entry["name"]), str(entry["model"]), entry.get("model_alias"),
+                              str(entry["model_version"]) if entry.get("model_version") else None))
+    return shadows
+
+
+def read(path: Path) -> dict:
     if not path.exists():
         raise ExperimentConfigError(f"experiments file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ExperimentConfigError(f"{path}: not valid YAML: {error}") from error
-    return parse(raw, str(path))
+
+
+def load(path: Path) -> list[Experiment]:
+    return parse(read(path), str(path))
+
+
+def load_file(path: Path) -> ExperimentsFile:
+    """Experiments and shadows, both checked (the online server reads this)."""
+    raw = read(path)
+    return ExperimentsFile(tuple(parse(raw, str(path))), tuple(parse_shadows(raw, str(path))))

@@ -108,6 +108,25 @@ class VectorStore:
         points = self._engine.search(name, query.tolist(), using, k, _parse_filters(filters or {}))
         return [Hit(id=payload.pop(ID_KEY), score=float(score), payload=payload) for score, payload in points]
 
+    def search_batch(self, name: str, queries: np.ndarray, using: str, k: int) -> list[list[Hit]]:
+        """`search` for each row of `queries` (n, dim), run by the engine as one batch."""
+        queries = np.asarray(queries, dtype=np.float32)
+        if queries.ndim != 2:
+            raise ValueError(f"search {name!r}: queries must be a (n, dim) array, got shape {queries.shape}")
+        if k <= 0 or not len(queries):
+            return [[] for _ in range(len(queries))]
+        results = self._engine.search_batch(name, queries.tolist(), using, k)
+        return [[Hit(id=payload.pop(ID_KEY), score=float(score), payload=payload) for score, payload in points]
+                for points in results]
+
+    def replica(self, name: str) -> Replica:
+        """What another process (a Ray worker on any node) needs to query collection `name`: the
+        server's URL, or for the embedded engine a copy of its points to load into a private,
+        read-only folder there (one folder is one process's)."""
+        if isinstance(self._engine, _ServerEngine) and self.location.startswith(("http://", "https://")):
+            return Replica(name, url=self.location)
+        return Replica(name, points=self._engine.export(name))
+
     def ids(self, name: str) -> list[str]:
         """Every id in the collection (to find the ones to delete)."""
         return self._engine.ids(name)
@@ -123,6 +142,40 @@ class VectorStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _Points:
+    point_ids: list[str]
+    vectors: dict[str, np.ndarray]  # name -> (n, dim) float32: compact in the object store
+    payloads: list[dict]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A collection to query from another process: by server URL, or points to copy locally."""
+    name: str
+    url: str | None = None
+    points: _Points | None = None
+
+    def open(self, folder: str) -> VectorStore:
+        """The store to search: the server, or the points loaded into `folder` (an empty folder)."""
+        if self.url:
+            return VectorStore.open(self.url)
+        store = VectorStore.open(folder)
+        points = self.points
+        store._engine.ensure_collection(self.name, {n: int(v.shape[1]) for n, v in points.vectors.items()}, {})
+        for start in range(0, len(points.point_ids), UPSERT_BATCH):
+            end = start + UPSERT_BATCH
+            vectors = [{n: v[row].tolist() for n, v in points.vectors.items()}
+                       for row in range(start, min(end, len(points.point_ids)))]
+            store._engine.upsert(self.name, points.point_ids[start:end], vectors, points.payloads[start:end])
+        return store
+
+
+def _points(ids: list[str], vectors: list[dict], payloads: list[dict], dims: dict[str, int]) -> _Points:
+    return _Points(ids, {n: np.asarray([v[n] for v in vectors], np.float32).reshape(len(ids), d)
+                         for n, d in dims.items()}, payloads)
 
 
 @dataclass(frozen=True)
@@ -161,6 +214,9 @@ class _Engine:
     def delete(self, name: str, point_ids: list[str]) -> None: ...
     def search(self, name: str, query: list[float], using: str, k: int,
                conditions: _Conditions) -> list[tuple[float, dict]]: ...
+    def search_batch(self, name: str, queries: list[list[float]], using: str,
+                     k: int) -> list[list[tuple[float, dict]]]: ...
+    def export(self, name: str) -> _Points: ...
     def ids(self, name: str) -> list[str]: ...
     def count(self, name: str) -> int: ...
     def close(self) -> None: ...
@@ -247,6 +303,32 @@ class _EdgeEngine(_Engine):
                                             filter=self._filter(conditions), with_payload=True))
         return [(p.score, dict(p.payload)) for p in points]
 
+    def search_batch(self, name, queries, using, k):
+        q = self._q
+        shard = self._prepare(name)
+        results = shard.query_batch(q.QueryBatchRequest([
+            q.QueryRequest(limit=k, query=q.Query.Nearest(query, using=using), with_payload=True)
+            for query in queries]))
+        return [[(p.score, dict(p.payload)) for p in points] for points in results]
+
+    def export(self, name):
+        q = self._q
+        shard, offset = self._prepare(name), None
+        ids, vectors, payloads = [], [], []
+        while True:
+            records, offset = shard.scroll(q.ScrollRequest(offset=offset, limit=1000, with_payload=True,
+                                                           with_vector=True))
+            for record in records:
+                ids.append(str(record.id))
+                vectors.append(record.vector)
+                payloads.append(dict(record.payload))
+            if offset is None:
+                return _points(ids, vectors, payloads, self._dims(name))
+
+    def _dims(self, name) -> dict[str, int]:
+        persisted = json.loads((self._root / name / "edge_config.json").read_text())["vectors"]
+        return {n: p["size"] for n, p in persisted.items()}
+
     def ids(self, name):
         q = self._q
         shard, out, offset = self._shard(name), [], None
@@ -315,6 +397,25 @@ class _ServerEngine(_Engine):
         points = self._client.query_points(name, query=query, using=using, limit=k,
                                            query_filter=self._filter(conditions), with_payload=True).points
         return [(p.score, dict(p.payload)) for p in points]
+
+    def search_batch(self, name, queries, using, k):
+        m = self._models
+        responses = self._client.query_batch_points(name, requests=[
+            m.QueryRequest(query=query, using=using, limit=k, with_payload=True) for query in queries])
+        return [[(p.score, dict(p.payload)) for p in response.points] for response in responses]
+
+    def export(self, name):
+        params = self._client.get_collection(name).config.params.vectors
+        ids, vectors, payloads, offset = [], [], [], None
+        while True:
+            records, offset = self._client.scroll(name, limit=1000, offset=offset, with_payload=True,
+                                                  with_vectors=True)
+            for record in records:
+                ids.append(str(record.id))
+                vectors.append(record.vector)
+                payloads.append(dict(record.payload))
+            if offset is None:
+                return _points(ids, vectors, payloads, {n: p.size for n, p in params.items()})
 
     def ids(self, name):
         out, offset = [], None

@@ -68,8 +68,14 @@ def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
             return account
         return check
 
+    known_tasks: dict[str, q.Task] = {}
+
     def task_named(task: str) -> q.Task:
-        return q.get_task(engine, task)
+        # a task's spec never changes (create_task refuses another spec) and tasks are not deleted, so
+        # one read per task and process; an unknown name is read again each time (another process may add it)
+        if task not in known_tasks:
+            known_tasks[task] = q.get_task(engine, task)
+        return known_tasks[task]
 
     Annotator = Annotated[acc.Account, Depends(require(*ANNOTATOR))]
     Reviewer = Annotated[acc.Account, Depends(require(*REVIEWERS))]
@@ -102,8 +108,8 @@ def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
 
     @app.post("/api/tasks/{task}/answers")
     def api_answer(body: Answer, account: Annotator, task: TaskDep) -> Next:
-        q.answer(engine, task, account.id, body.item_id, body.label)
-        return following(task, account)
+        item, retry = q.answer_and_serve(engine, task, account.id, body.item_id, body.label)
+        return Next(item=item, retry=retry)
 
     @app.post("/api/tasks/{task}/skip")
     def api_skip(body: ItemRef, account: Annotator, task: TaskDep) -> Next:

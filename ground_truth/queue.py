@@ -105,11 +105,17 @@ def _existing_ids(conn: Connection, task: Task, keys: list[str]) -> dict[str, in
 
 def serve(engine: Engine, task: Task, account_id: int) -> Shown | None:
     """The item this annotator should label now: the one they hold, else every n-th time a gold
-    question, else a freshly claimed slot of the highest-priority open item. None when nothing is left.
-    One transaction per attempt; a lost race tries again."""
+    question, else a freshly claimed slot of the highest-priority open item. None when nothing is left."""
+    with engine.begin() as conn:
+        return _claim(conn, task, account_id)
+
+
+def _claim(conn: Connection, task: Task, account_id: int) -> Shown | None:
+    """serve() inside the caller's transaction: each attempt in a savepoint, so a lost race (PostgreSQL;
+    SQLite's writer holds the database) is rolled back alone and tried again."""
     for _ in range(CLAIM_ATTEMPTS):
         try:
-            with engine.begin() as conn:
+            with conn.begin_nested():
                 found, settled = _serve_once(conn, task, account_id)
                 if settled:
                     return _shown(conn, task, found) if found is not None else None
@@ -170,19 +176,35 @@ def _not_seen_by(account_id: int):
 
 def answer(engine: Engine, task: Task, account_id: int, item_id: int, label: str) -> None:
     """Record the answer to the item this annotator holds."""
+    with engine.begin() as conn:
+        _answer(conn, task, account_id, item_id, label)
+
+
+def answer_and_serve(engine: Engine, task: Task, account_id: int, item_id: int,
+                     label: str) -> tuple[Shown | None, bool]:
+    """Record the answer and claim the next item in one transaction (one commit per round trip instead of
+    two): (next item, retry). retry: the answer is saved but every claim lost a race; ask again."""
+    with engine.begin() as conn:
+        _answer(conn, task, account_id, item_id, label)
+        try:
+            return _claim(conn, task, account_id), False
+        except Busy:
+            return None, True  # leaving the block commits the answer
+
+
+def _answer(conn: Connection, task: Task, account_id: int, item_id: int, label: str) -> None:
     if task.spec.labels is not None and label not in task.spec.labels:
         raise ValueError(f"label must be one of {task.spec.labels}, not {label!r}")
     if task.spec.labels is None and not 1 <= len(label.strip()) <= 2000:
         raise ValueError("a free-text answer must be 1-2000 characters")
-    with engine.begin() as conn:
-        done = conn.execute(update(slots).where(
-            slots.c.item_id == item_id, slots.c.holder == account_id, slots.c.answered_at.is_(None),
-            slots.c.item_id.in_(select(items.c.id).where(items.c.task_id == task.id)))
-            .values(label=label, answered_at=now(), leased_until=None)).rowcount
-        if done == 1:
-            return
-        mine = conn.execute(select(slots.c.answered_at).where(slots.c.item_id == item_id,
-                                                              slots.c.holder == account_id)).first()
+    done = conn.execute(update(slots).where(
+        slots.c.item_id == item_id, slots.c.holder == account_id, slots.c.answered_at.is_(None),
+        slots.c.item_id.in_(select(items.c.id).where(items.c.task_id == task.id)))
+        .values(label=label, answered_at=now(), leased_until=None)).rowcount
+    if done == 1:
+        return
+    mine = conn.execute(select(slots.c.answered_at).where(slots.c.item_id == item_id,
+                                                          slots.c.holder == account_id)).first()
     if mine is not None:
         raise Conflict(f"item {item_id} is already answered: undo it first to change the answer")
     raise Conflict(f"item {item_id} is not assigned to you (never served, skipped, or the lease ran out "

@@ -94,3 +94,11 @@ ground_truth_queues = define_asset_job(
                 "champion-vs-challenger disagreements and a random audit sample (idempotent).",
     tags=CPU_POOL,
 )
+
+model_export = define_asset_job(
+    "model_export",
+    selection=AssetSelection.assets(["deploy", "model_export"]),
+    description="Export the served models for KServe (InferenceServices) and Triton (a TorchScript model "
+                "repository) from the registry; model_export_sensor runs it when a served version changes.",
+    tags=CPU_POOL,
+)

@@ -144,6 +144,7 @@ class TrainConfig:
     use_gpu: bool = False
     torch_threads: int = 1
     seed: int = 0
+    placement_strategy: str = "PACK"  # of the workers over the cluster's nodes; STRICT_SPREAD: one per node
 
 
 def train_clip(spec: ClipSpec, images: np.ndarray, titles: list[str], config: TrainConfig,
@@ -151,7 +152,8 @@ def train_clip(spec: ClipSpec, images: np.ndarray, titles: list[str], config: Tr
     """Train `spec`'s model with open_clip's ClipLoss as a Ray Train job (TorchTrainer, DDP over
     `num_workers`, GPUs when `use_gpu`), starting from `spec.checkpoint` if given. `images` are
     preprocessed (N, 3, S, S) float32, `titles` their texts. Writes the weights to `output`
-    (a state_dict file open_clip loads as a checkpoint) and returns the per-epoch metrics.
+    (a state_dict file open_clip loads as a checkpoint) and returns the per-epoch metrics; the last
+    epoch's also has `worker_nodes`, the Ray node id of each worker by rank.
     Ray must be started (resources.ray.RayResource.ensure_started)."""
     import ray
     import torch
@@ -168,7 +170,9 @@ def train_clip(spec: ClipSpec, images: np.ndarray, titles: list[str], config: Tr
         trainer = TorchTrainer(
             _train_loop,
             train_loop_config={"spec": spec, "config": config},
-            scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=config.use_gpu),
+            scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=config.use_gpu,
+                                         placement_strategy=config.placement_strategy),
+            # checkpoints go to `storage`, which every node must reach (shared storage on a cluster)
             run_config=RunConfig(name="clip", storage_path=str(storage or scratch)),
             datasets={"train": dataset},
         )
@@ -226,6 +230,8 @@ def _train_loop(loop_config: dict) -> None:
                 optimizer, T_max=steps_per_epoch * max(1, config.epochs - 1))
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan")})
         last = epoch == config.epochs - 1
+        if last:
+            history[-1]["worker_nodes"] = _worker_nodes(context.get_world_size())
         if last and context.get_world_rank() == 0:
             with tempfile.TemporaryDirectory() as folder:
                 unwrapped = model.module if hasattr(model, "module") else model
@@ -234,3 +240,16 @@ def _train_loop(loop_config: dict) -> None:
                 ray.train.report(history[-1], checkpoint=ray.train.Checkpoint.from_directory(folder))
         else:
             ray.train.report(history[-1])
+
+
+def _worker_nodes(world_size: int) -> list[str]:
+    """The Ray node id of every training worker, by rank (gathered over the process group)."""
+    import ray
+    import torch.distributed as dist
+
+    node = ray.get_runtime_context().get_node_id()
+    if world_size == 1 or not dist.is_initialized():
+        return [node]
+    nodes: list = [None] * world_size
+    dist.all_gather_object(nodes, node)
+    return nodes

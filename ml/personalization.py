@@ -2,8 +2,18 @@
 
 The user tower sees the user's id and the user-side features of the `personalization_ranking`
 feature service, the item tower the item's id, its item-side features and, where present, its CLIP
-embedding. Both towers end in vectors of the same size, so the item vectors go into the vector
-database and a user vector retrieves its candidates there; the same dot product is the ranking score.
+embedding (`USER_INPUTS`, `ITEM_INPUTS`: one line per feature view). Both towers end in vectors of
+the same size, so the item vectors go into the vector database and a user vector retrieves its
+candidates there; the same dot product is the ranking score.
+
+What a user clicks is `P(shown) x P(click | shown)`: the feed shows popular items and items of
+the user's taste far more often, and most clicks land on them. The clicks are few (a few hundred a
+day here), the impressions twenty times as many, and an impression says what the feed found right
+for the user. So the score is a popularity prior, log(1 + the item's clicks and plays in the
+training rows), plus a learnt term trained to tell the items a user was shown from items drawn
+uniformly from that day's catalogue: the user's taste, learnt from every impression, on top of what
+is clicked overall. (A separate head for `P(click | shown)`, trained on the impressions' labels,
+learnt from so few clicks that its guesses for items a user was never shown lowered the ranking.)
 
 Training runs on Ray Train (`TorchTrainer`): data-parallel, each worker takes its shard of the rows.
 Plain Python, no Dagster.
@@ -12,7 +22,6 @@ Plain Python, no Dagster.
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,28 +31,42 @@ import polars as pl
 import torch
 from torch import nn
 
-# The item tower learns popularity itself (its id and a bias against uniformly drawn negatives): the
-# windowed popularity counts grow with the length of history, so they drift between early and late days.
-USER_VIEWS = ("user_profile", "user_engagement")
-ITEM_VIEWS = ("item_content",)
+
+@dataclass(frozen=True)
+class TowerInput:
+    """One feature view a tower reads: every `<view>__<feature>` column of it in the training set.
+    `log_counts`: its numbers are heavy-tailed counts, read as log(1 + x) before standardizing (a
+    count that doubles moves the input by the same step at 10 as at 1,000)."""
+
+    view: str
+    log_counts: bool = False
+
+
+USER_INPUTS = (TowerInput("user_profile"), TowerInput("user_engagement"))
+# Daily views only: the item vectors are computed once per day (batch inference, the model server).
+# item_popularity is the popularity prior as of the row's time (the last complete day's counts);
+# its windows fill up over the first week, which the log scale keeps to a shift.
+ITEM_INPUTS = (TowerInput("item_content"), TowerInput("item_popularity", log_counts=True))
 LABEL = "label"
 MODEL_FILE = "model.pt"
 SPEC_FILE = "model.json"
+UNSEEN = 0  # the id bucket of an id outside the trained range (ids start at 1): a new user or item
 
 
 @dataclass
 class TrainConfig:
-    dim: int = 16
+    dim: int = 16  # each vector is dim + 1 long (the item's bias meets the user's constant 1)
     hidden: int = 64
     epochs: int = 10
     batch_size: int = 512
     learning_rate: float = 0.01
     weight_decay: float = 1e-4
     seed: int = 0
-    # uniformly drawn items per training row, as negatives: the more there are, the closer the score
-    # comes to a user's expected clicks on an item (shown often x clicked when shown) rather than to
-    # its click rate when shown alone, which is what ranking all items needs
-    negatives: int = 8
+    # items drawn uniformly from the day's catalogue per impression: what the user was not shown
+    negatives: int = 4
+    # share of training ids replaced by the unseen bucket, so that new users and items get a learnt
+    # vector (the average newcomer) rather than an untrained one
+    unseen_share: float = 0.05
     num_workers: int = 1
     use_gpu: bool = False
 
@@ -61,22 +84,32 @@ class TowerSpec:
     histories: list[str] = field(default_factory=list)  # lists of item ids (last clicked, last played)
     embedding_column: str | None = None
     embedding_dim: int = 0
+    log_numeric: list[str] = field(default_factory=list)  # numeric columns read as log(1 + x)
 
     @property
     def columns(self) -> list[str]:
         embedding = [self.embedding_column] if self.embedding_column else []
         return [self.id_column, *self.numeric, *self.categorical, *self.histories, *embedding]
 
+    def buckets(self, ids: np.ndarray) -> np.ndarray:
+        """Id embedding rows: the id itself inside the trained range, UNSEEN outside it."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return np.where((ids > 0) & (ids < self.id_buckets), ids, UNSEEN)
+
+    def scale(self, column: str, values: np.ndarray) -> np.ndarray:
+        """A numeric column's raw values (nulls as 0) as the tower reads them, before standardizing."""
+        return np.log1p(np.maximum(values, 0.0)) if column in self.log_numeric else values
+
     def encode(self, frame: pl.DataFrame) -> dict[str, torch.Tensor]:
         """Model inputs from a frame with this tower's columns (missing numeric values count as 0)."""
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise ValueError(f"{self.id_column} tower: input lacks columns {missing}")
-        ids = frame.get_column(self.id_column).cast(pl.Int64).to_numpy() % self.id_buckets
+        ids = self.buckets(frame.get_column(self.id_column).cast(pl.Int64).to_numpy())
         numeric = np.zeros((frame.height, len(self.numeric)), dtype=np.float32)
         for i, column in enumerate(self.numeric):
             values = frame.get_column(column).cast(pl.Float64).fill_null(0.0).fill_nan(0.0).to_numpy()
-            numeric[:, i] = (values - self.means[i]) / self.stds[i]
+            numeric[:, i] = (self.scale(column, values) - self.means[i]) / self.stds[i]
         categorical = np.zeros((frame.height, len(self.categorical)), dtype=np.int64)
         for i, (column, values) in enumerate(self.categorical.items()):
             index = {v: k + 1 for k, v in enumerate(values)}
@@ -96,6 +129,11 @@ class ModelSpec:
     item: TowerSpec
     config: TrainConfig = field(default_factory=TrainConfig)
 
+    @property
+    def vector_dim(self) -> int:
+        """Length of a user or item vector (the vector database's dimension, less its padding)."""
+        return self.config.dim + 1
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
@@ -106,15 +144,19 @@ class ModelSpec:
 
 
 class Tower(nn.Module):
-    def __init__(self, spec: TowerSpec, dim: int, hidden: int, extra_outputs: int = 0,
-                 item_ids: nn.Embedding | None = None):
+    def __init__(self, spec: TowerSpec, hidden: int, outputs: int, item_ids: nn.Embedding | None = None,
+                 id_dim: int = 16):
         super().__init__()
-        self.ids = nn.Embedding(spec.id_buckets, dim)
+        self.ids = nn.Embedding(spec.id_buckets, id_dim)
         self.categories = nn.ModuleList(nn.Embedding(len(v) + 1, 8) for v in spec.categorical.values())
         self.item_ids = item_ids  # shared with the item tower: a history is the mean of its items
         self.histories = len(spec.histories)
-        width = dim + len(spec.numeric) + 8 * len(spec.categorical) + spec.embedding_dim + dim * self.histories
-        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, dim + extra_outputs))
+        width = id_dim + len(spec.numeric) + 8 * len(spec.categorical) + spec.embedding_dim + id_dim * self.histories
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, outputs))
+        # each id's own output vector next to the features' (a matrix factorization term): who was
+        # shown what is learnt per user and item directly, not only through the hidden layer
+        self.direct = nn.Embedding(spec.id_buckets, outputs)
+        nn.init.zeros_(self.direct.weight)
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = [self.ids(inputs["ids"]), inputs["numeric"]]
@@ -122,27 +164,52 @@ class Tower(nn.Module):
         for i in range(self.histories):
             ids = inputs[f"history{i}"]  # item id + 1, 0 pads
             present = (ids > 0).unsqueeze(-1).float()
-            vectors = self.item_ids((ids - 1).clamp(min=0) % self.item_ids.num_embeddings) * present
+            known = (ids > 0) & (ids < self.item_ids.num_embeddings + 1)  # else the unseen bucket
+            vectors = self.item_ids(torch.where(known, ids - 1, UNSEEN)) * present
             parts.append(vectors.sum(dim=1) / present.sum(dim=1).clamp(min=1.0))
         if "embedding" in inputs:
             parts.append(inputs["embedding"])
-        return self.mlp(torch.cat(parts, dim=1))
+        return self.mlp(torch.cat(parts, dim=1)) + self.direct(inputs["ids"])
 
 
 class TwoTower(nn.Module):
+    """User vector [user part, 1]; item vector [item part, bias + prior]: their dot product is the
+    score (a logit of the item being shown to the user, offset by the popularity prior)."""
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
-        self.item_tower = Tower(spec.item, spec.config.dim, spec.config.hidden, extra_outputs=1)
-        self.user_tower = Tower(spec.user, spec.config.dim, spec.config.hidden, item_ids=self.item_tower.ids)
+        dim, hidden = spec.config.dim, spec.config.hidden
+        self.item_tower = Tower(spec.item, hidden, dim + 1, id_dim=dim)
+        self.user_tower = Tower(spec.user, hidden, dim, item_ids=self.item_tower.ids, id_dim=dim)
+        # log(1 + the item's positives in the training rows) per id bucket (0 for an unseen item):
+        # the popularity prior the score starts from (`set_prior`), saved with the weights
+        self.register_buffer("item_prior", torch.zeros(spec.item.id_buckets))
+        self.prior_weight = nn.Parameter(torch.zeros(1))  # learnt change of the prior's weight 1
 
-    def forward(self, user_inputs: dict, item_inputs: dict) -> torch.Tensor:
-        return (self.user_vectors(user_inputs) * self.item_tower(item_inputs)).sum(dim=1)
+    def set_prior(self, frame: pl.DataFrame) -> None:
+        """The prior from labelled training rows."""
+        counts = frame.group_by(self.spec.item.id_column).agg(pl.col(LABEL).sum())
+        ids = self.spec.item.buckets(counts.get_column(self.spec.item.id_column).to_numpy())
+        prior = torch.zeros(self.spec.item.id_buckets)
+        positives = torch.tensor(counts.get_column(LABEL).to_list(), dtype=torch.float32)
+        prior[torch.from_numpy(np.array(ids))] = torch.log1p(positives)
+        prior[UNSEEN] = 0.0
+        self.item_prior.copy_(prior)
 
     def user_vectors(self, user_inputs: dict) -> torch.Tensor:
-        """The user tower's vector and a constant 1 that meets the item tower's bias (its last value)."""
         vectors = self.user_tower(user_inputs)
         return torch.cat([vectors, torch.ones(len(vectors), 1, device=vectors.device)], dim=1)
+
+    def item_vectors(self, item_inputs: dict) -> torch.Tensor:
+        """The tower's output with the popularity prior added to its bias (the last value)."""
+        vectors = self.item_tower(item_inputs)
+        prior = self.item_prior[item_inputs["ids"]] * (1.0 + self.prior_weight)
+        return torch.cat([vectors[:, :-1], vectors[:, -1:] + prior.unsqueeze(1)], dim=1)
+
+    def forward(self, user_inputs: dict, item_inputs: dict) -> torch.Tensor:
+        """Scores of (user, item) pairs."""
+        return (self.user_vectors(user_inputs) * self.item_vectors(item_inputs)).sum(dim=1)
 
 
 class PersonalizationModel:
@@ -158,11 +225,11 @@ class PersonalizationModel:
 
     @torch.no_grad()
     def item_vectors(self, items: pl.DataFrame) -> np.ndarray:
-        return self.network.item_tower(self.spec.item.encode(items)).numpy()
+        return self.network.item_vectors(self.spec.item.encode(items)).numpy()
 
     @torch.no_grad()
     def score(self, rows: pl.DataFrame) -> np.ndarray:
-        """Click logits of (user, item) rows."""
+        """Scores of (user, item) rows (the ranking score; higher: more likely clicked)."""
         return self.network(self.spec.user.encode(rows), self.spec.item.encode(rows)).numpy()
 
     def save(self, folder: Path) -> Path:
@@ -187,23 +254,30 @@ def labelled(frame: pl.DataFrame) -> pl.DataFrame:
 
 def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.DataFrame | None = None) -> ModelSpec:
     """Tower specs from the training frame's columns (`<view>__<feature>`) and statistics."""
-    def tower(id_column: str, views: tuple[str, ...]) -> TowerSpec:
+    def tower(id_column: str, inputs: tuple[TowerInput, ...]) -> TowerSpec:
+        views = {i.view: i for i in inputs}
         columns = [c for c in train.columns if c.split("__", 1)[0] in views]
-        numeric = [c for c in columns if train.schema[c].is_numeric() or train.schema[c] == pl.Boolean]
+        # a number that never varies in the training rows (a view before its first day) teaches
+        # nothing and would meet unseen values later: left out
+        numeric = [c for c in columns if (train.schema[c].is_numeric() or train.schema[c] == pl.Boolean)
+                   and train.get_column(c).cast(pl.Float64).fill_nan(None).fill_null(0.0).n_unique() > 1]
+        logs = [c for c in numeric if views[c.split("__", 1)[0]].log_counts]
         categorical = {c: sorted(v for v in train.get_column(c).drop_nulls().unique().to_list())
                        for c in columns if train.schema[c] == pl.String}
         histories = [c for c in columns if train.schema[c] == pl.List(pl.Int64)]
-        stats = train.select([pl.col(c).cast(pl.Float64).fill_nan(None) for c in numeric])
-        means = [float(stats.get_column(c).mean() or 0.0) for c in numeric]
-        stds = [float(stats.get_column(c).std() or 0.0) or 1.0 for c in numeric]
-        ids = int(train.get_column(id_column).max()) + 1
-        return TowerSpec(id_column, max(ids, 2), numeric, means, stds, categorical, histories)
+        spec = TowerSpec(id_column, 2, numeric, [], [], categorical, histories, log_numeric=logs)
+        values = [spec.scale(c, train.get_column(c).cast(pl.Float64).fill_nan(None).fill_null(0.0).to_numpy())
+                  for c in numeric]
+        spec.means = [float(v.mean()) if len(v) else 0.0 for v in values]
+        spec.stds = [float(v.std(ddof=1)) if len(v) > 1 and v.std() > 0 else 1.0 for v in values]
+        spec.id_buckets = max(int(train.get_column(id_column).max()) + 1, 2)
+        return spec
 
-    item = tower("item_id", ITEM_VIEWS)
+    item = tower("item_id", ITEM_INPUTS)
     if item_embeddings is not None and item_embeddings.height:
         item.embedding_column = "item_embedding"
         item.embedding_dim = len(item_embeddings.get_column("item_embedding")[0])
-    return ModelSpec(user=tower("user_id", USER_VIEWS), item=item, config=config)
+    return ModelSpec(user=tower("user_id", USER_INPUTS), item=item, config=config)
 
 
 def with_item_embeddings(frame: pl.DataFrame, item_embeddings: pl.DataFrame | None) -> pl.DataFrame:
@@ -232,59 +306,110 @@ def _embedding_matrix(frame: pl.DataFrame, column: str, dim: int) -> np.ndarray:
     return matrix
 
 
-# --- training (inside Ray Train workers) --------------------------------------------------------
+# --- training -----------------------------------------------------------------------------------
+class Objective(nn.Module):
+    """The training forward pass (one module, so that data-parallel training syncs its gradients):
+    scores of the shown pairs and of `negatives` items drawn for each pair's user."""
+
+    def __init__(self, network: TwoTower):
+        super().__init__()
+        self.network = network
+
+    def forward(self, users: dict, shown: dict, drawn: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        user_vectors = self.network.user_vectors(users)
+        repeats = len(drawn["ids"]) // len(user_vectors)
+        return ((user_vectors * self.network.item_vectors(shown)).sum(dim=1),
+                (user_vectors.repeat(repeats, 1) * self.network.item_vectors(drawn)).sum(dim=1))
+
+
+def fit(objective: nn.Module, frame: pl.DataFrame, device: torch.device | str = "cpu", rank: int = 0,
+        on_epoch=None) -> list[float]:
+    """Train an `Objective` (or its data-parallel wrapper) on labelled rows, one worker's shard; returns
+    the loss per epoch. `on_epoch(epoch, losses)` runs after each epoch (Ray Train reports there)."""
+    spec: ModelSpec = (objective.module if hasattr(objective, "module") else objective).network.spec
+    config = spec.config
+    user_inputs, item_inputs = spec.user.encode(frame), spec.item.encode(frame)
+    catalogue, first, size = _daily_catalogues(frame, spec.item)
+    optimizer = torch.optim.Adam(objective.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    bce = nn.BCEWithLogitsLoss()
+    generator = torch.Generator().manual_seed(config.seed + rank)
+    losses: list[float] = []
+    for epoch in range(config.epochs):
+        objective.train()
+        order = torch.randperm(frame.height, generator=generator)
+        total, batches = 0.0, 0
+        for start in range(0, len(order), config.batch_size):
+            index = order[start:start + config.batch_size]
+            # per row, items drawn uniformly from its day's catalogue (with that day's features)
+            rows = index.repeat(config.negatives)
+            sampled = first[rows] + (torch.rand(len(rows), generator=generator) * size[rows]).long()
+            shown, unshown = objective(_batch(user_inputs, index, config.unseen_share, generator, device),
+                                       _batch(item_inputs, index, config.unseen_share, generator, device),
+                                       _batch(catalogue, sampled, config.unseen_share, generator, device))
+            target = torch.cat([torch.ones(len(shown)), torch.zeros(len(unshown))]).to(device)
+            loss = bce(torch.cat([shown, unshown]), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total, batches = total + loss.item(), batches + 1
+        losses.append(total / max(batches, 1))
+        if on_epoch is not None:
+            on_epoch(epoch, losses)
+    return losses
+
+
+def _daily_catalogues(frame: pl.DataFrame, item: TowerSpec) -> tuple[dict[str, torch.Tensor], torch.Tensor,
+                                                                      torch.Tensor]:
+    """The negatives: every item shown on a day, with its features as of that day
+    (its first row of the day), encoded day after day; and per training row the first catalogue
+    row of its day and the day's item count. A negative from another time (the newest catalogue,
+    say) would differ from the shown items by its features' time alone (a null before the first
+    daily run), which the model would learn instead of what users are shown."""
+    day = pl.col("event_timestamp").dt.date().alias("_day")
+    items = frame.with_columns(day).sort("_day", "event_timestamp").unique(["_day", item.id_column], keep="first",
+                                                                          maintain_order=True)
+    days = items.group_by("_day", maintain_order=True).len().with_columns(
+        (pl.col("len").cum_sum() - pl.col("len")).alias("_first"))
+    per_row = frame.select(day).join(days, on="_day", how="left", maintain_order="left")
+    return (item.encode(items), torch.from_numpy(per_row.get_column("_first").to_numpy().astype(np.int64)),
+            torch.from_numpy(per_row.get_column("len").to_numpy().astype(np.int64)))
+
+
+def _batch(inputs: dict[str, torch.Tensor], index: torch.Tensor, unseen_share: float, generator,
+           device) -> dict[str, torch.Tensor]:
+    """Rows of encoded inputs, a share of their ids replaced by the unseen bucket."""
+    batch = {k: v[index] for k, v in inputs.items()}
+    if unseen_share > 0:
+        hide = torch.rand(len(index), generator=generator) < unseen_share
+        batch["ids"] = torch.where(hide, torch.full_like(batch["ids"], UNSEEN), batch["ids"])
+    return {k: v.to(device) for k, v in batch.items()}
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """One data-parallel worker: its shard of the rows, the synchronised model, a loss per epoch."""
     import ray.train
     import ray.train.torch
 
     spec: ModelSpec = loop_config["spec"]
-    config = spec.config
-    torch.manual_seed(config.seed)
+    torch.manual_seed(spec.config.seed)
     torch.set_num_threads(1)
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    frame: pl.DataFrame = loop_config["train"][rank::world]
-    user_inputs, item_inputs = spec.user.encode(frame), spec.item.encode(frame)
-    labels = torch.from_numpy(frame.get_column(LABEL).to_numpy())
-    # uniformly drawn items as extra negatives teach what is rarely wanted at all, not only what is
-    # clicked among the (popularity-skewed) items shown
-    catalogue = spec.item.encode(frame.sort("event_timestamp").unique("item_id", keep="last"))
-    n_items = len(catalogue["ids"])
-    network = ray.train.torch.prepare_model(TwoTower(spec))
-    device = ray.train.torch.get_device()
-    optimizer = torch.optim.Adam(network.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    loss_fn = nn.BCEWithLogitsLoss()
-    generator = torch.Generator().manual_seed(config.seed + rank)
-    losses = []
-    for epoch in range(config.epochs):
-        network.train()
-        order = torch.randperm(len(labels), generator=generator)
-        total, batches = 0.0, 0
-        for start in range(0, len(order), config.batch_size):
-            index = order[start:start + config.batch_size]
-            users = {k: v[index].to(device) for k, v in user_inputs.items()}
-            sampled = torch.randint(n_items, (len(index) * config.negatives,), generator=generator)
-            repeated = {k: torch.cat([v] * config.negatives) for k, v in users.items()}
-            logits = torch.cat([
-                network(users, {k: v[index].to(device) for k, v in item_inputs.items()}),
-                network(repeated, {k: v[sampled].to(device) for k, v in catalogue.items()}),
-            ])
-            target = torch.cat([labels[index], torch.zeros(len(sampled))]).to(device)
-            loss = loss_fn(logits, target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total, batches = total + float(loss), batches + 1
-        losses.append(total / max(batches, 1))
+    network = TwoTower(spec)
+    network.set_prior(loop_config["train"])  # from every row, the same on every worker
+    objective = ray.train.torch.prepare_model(Objective(network))
+
+    def report(epoch: int, losses: list[float]) -> None:
         metrics = {"epoch": epoch, "train_loss": losses[-1], "loss_curve": list(losses)}
-        if epoch == config.epochs - 1 and rank == 0:
+        if epoch == spec.config.epochs - 1 and rank == 0:
             with tempfile.TemporaryDirectory() as folder:
-                inner = network.module if hasattr(network, "module") else network
-                torch.save(inner.state_dict(), Path(folder) / MODEL_FILE)
+                inner = objective.module if hasattr(objective, "module") else objective
+                torch.save(inner.network.state_dict(), Path(folder) / MODEL_FILE)
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
         else:
             ray.train.report(metrics)
+
+    fit(objective, loop_config["train"][rank::world], ray.train.torch.get_device(), rank, report)
 
 
 @dataclass
@@ -315,71 +440,3 @@ def train(train_frame: pl.DataFrame, config: TrainConfig, storage_path: Path,
     with result.checkpoint.as_directory() as folder:
         network.load_state_dict(torch.load(Path(folder) / MODEL_FILE, map_location="cpu", weights_only=True))
     return TrainResult(PersonalizationModel(network), list(result.metrics["loss_curve"]))
-
-
-# --- evaluation ---------------------------------------------------------------------------------
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve (rank statistic, ties counted half)."""
-    labels = np.asarray(labels, dtype=bool)
-    positives, negatives = labels.sum(), (~labels).sum()
-    if positives == 0 or negatives == 0:
-        raise ValueError("AUC needs positive and negative rows")
-    ranks = pl.Series(scores).rank("average").to_numpy()
-    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
-
-
-def ranking_metrics(ranked: dict[int, list[int]], relevant: dict[int, set[int]], k: int) -> dict[str, float]:
-    """Mean recall@k and NDCG@k over the users with relevant items."""
-    recalls, ndcgs = [], []
-    for user, items in relevant.items():
-        top = ranked.get(user, [])[:k]
-        hits = [1.0 if i in items else 0.0 for i in top]
-        recalls.append(sum(hits) / len(items))
-        ideal = sum(1 / math.log2(r + 2) for r in range(min(len(items), k)))
-        ndcgs.append(sum(h / math.log2(r + 2) for r, h in enumerate(hits)) / ideal)
-    return {f"recall@{k}": float(np.mean(recalls)), f"ndcg@{k}": float(np.mean(ndcgs))}
-
-
-def popularity(train_frame: pl.DataFrame) -> dict[int, float]:
-    """The baseline: each item's positives in the training rows."""
-    counts = labelled(train_frame).group_by("item_id").agg(pl.col(LABEL).sum())
-    return dict(zip(counts.get_column("item_id").to_list(), counts.get_column(LABEL).to_list()))
-
-
-def evaluate(model: PersonalizationModel, train_frame: pl.DataFrame, held_out: pl.DataFrame, k: int = 10,
-             item_embeddings: pl.DataFrame | None = None) -> dict[str, dict[str, float]]:
-    """AUC on held-out impressions; recall@k and NDCG@k of ranking every item seen in training for
-    each held-out user with a positive; the same for the popularity baseline."""
-    rows = labelled(with_item_embeddings(held_out, item_embeddings))
-    labels = rows.get_column(LABEL).to_numpy() > 0
-    popular = popularity(train_frame)
-    baseline_scores = np.array([popular.get(i, 0.0) for i in rows.get_column("item_id").to_list()])
-
-    # every candidate item with its latest known features; every user with theirs
-    item_columns = [c for c in model.spec.item.columns if c != model.spec.item.embedding_column]
-    items = with_item_embeddings(
-        pl.concat([train_frame, held_out], how="diagonal_relaxed").sort("event_timestamp")
-        .select(item_columns).unique("item_id", keep="last").sort("item_id"), item_embeddings)
-    user_columns = model.spec.user.columns
-    users = rows.sort("event_timestamp").select(user_columns).unique("user_id", keep="first").sort("user_id")
-    scores = model.user_vectors(users) @ model.item_vectors(items).T
-    item_ids = np.array(items.get_column("item_id").to_list())
-    user_ids = users.get_column("user_id").to_list()
-    ranked = {u: item_ids[np.argsort(-scores[i], kind="stable")[:k]].tolist() for i, u in enumerate(user_ids)}
-    popular_order = sorted(item_ids.tolist(), key=lambda i: -popular.get(i, 0.0))[:k]
-    positives = rows.filter(pl.col(LABEL) > 0).group_by("user_id").agg(pl.col("item_id").unique())
-    relevant = {u: set(i) for u, i in positives.iter_rows()}
-    return {
-        "model": {"auc": auc(labels, model.score(rows)), **ranking_metrics(ranked, relevant, k)},
-        "popularity": {"auc": auc(labels, baseline_scores),
-                       **ranking_metrics({u: popular_order for u in relevant}, relevant, k)},
-    }
-
-
-def split_held_out(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Train on every day but the newest; hold the newest out."""
-    days = frame.get_column("event_timestamp").dt.date()
-    newest = days.max()
-    if days.n_unique() < 2:
-        raise ValueError(f"need at least two days of training data to hold one out, got only {newest}")
-    return frame.filter(days < newest), frame.filter(days == newest)

@@ -1,4 +1,5 @@
-"""Sensors: a run when a day lands (or changes) in landing, and a notification when a run fails."""
+"""Sensors: a run when a day lands (or changes) in landing, an export when a served model's registry version
+changes, and a notification when a run fails."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from assets import all_asset_checks
+from assets.model_export import served_versions
 from assets.partitions import daily_partitions
 from assets.pipelines import NOTIFY_TAG
 from engines.lake import Lake
 from feature_defs.sources import all_sources
-from jobs import daily_pipeline
+from jobs import daily_pipeline, model_export
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
+from resources.registry import ModelRegistryResource
 
 
 def landing_fingerprints(lake: Lake) -> dict[str, str]:
@@ -103,3 +106,21 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
 
 freshness_sensor = build_sensor_for_freshness_checks(
     freshness_checks=all_asset_checks, minimum_interval_seconds=600, default_status=DefaultSensorStatus.RUNNING)
+
+
+@sensor(
+    job=model_export,
+    minimum_interval_seconds=60,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Exports the served models for KServe and Triton (deploy/model_export) when the registry version "
+                "a served model follows changes: a promotion, a rollback (`mlplane models rollback`), a new CLIP.",
+)
+def model_export_sensor(context: SensorEvaluationContext, lake: LakeResource, model_registry: ModelRegistryResource):
+    versions = served_versions(None, lake.lake().root, model_registry.registry())
+    if not versions:
+        return SkipReason("no served model has a registry version yet")
+    cursor = json.dumps(versions, sort_keys=True)
+    if cursor == context.cursor:
+        return SkipReason("the served versions are the ones last exported")
+    # no run key: a rollback returns to versions exported before, and must be exported again
+    return SensorResult(run_requests=[RunRequest(tags={"mlplane/served_versions": cursor})], cursor=cursor)

@@ -52,6 +52,9 @@ WAYS = {
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     "--select \"models/personalization,": Way(refusal="Asset check 'beats_baseline' on 'models/personalization' "
                                                      "did not pass"),
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    "--select deploy/model_export": Way(covered_by="tests/assets/test_model_export_asset.py::test_export_follows_"
+                                                   "promotion_and_rollback"),
     ".venv/bin/mlplane models rollback": Way(covered_by="tests/models/test_personalization.py::test_gate_blocks_a_"
                                                         "worse_challenger_then_rollback_and_corruption"),
     ".venv-vllm/bin/vllm serve": Way(covered_by="tests/serving/test_gateway.py (vllm_backends)"),
@@ -66,7 +69,7 @@ WAYS = {
     ".venv/bin/python benchmarks/streaming_freshness.py": Way(small={"streaming_freshness.py": "streaming_"
                                                                      "freshness.py --help"}),
     ".venv/bin/python benchmarks/gateway.py": Way(small={"gateway.py": "gateway.py --help"}),
-    ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 5000 --repeat 5": "--help"}),
+    ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 100000 --repeat 5": "--help"}),
     ".venv/bin/python benchmarks/labeling.py": Way(small={"--annotators 20 --items 500": "--annotators 4 --items 20"}),
     ".venv/bin/python benchmarks/model_quality.py": Way(small={"model_quality.py": "model_quality.py --help"}),
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),

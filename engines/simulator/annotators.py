@@ -40,6 +40,7 @@ class SimulatedAnnotator:
     seed: int = 0
     answers: dict[int, str] = field(default_factory=dict)  # item id -> label given
     round_trips: list[float] = field(default_factory=list)  # seconds from sending an answer to the next item
+    think_seconds: float = 0.0  # a pause before each answer (people take seconds; the benchmark's option)
 
     def choose(self, labels: list[str], truth: str, rng: random.Random) -> str:
         if rng.random() < self.accuracy:
@@ -54,6 +55,8 @@ class SimulatedAnnotator:
             item = _call(http, "GET", f"/api/tasks/{task}/next")["item"]
             while item is not None and (limit is None or len(self.answers) < limit):
                 label = self.choose(item["labels"], key[item["key"]], rng)
+                if self.think_seconds:
+                    time.sleep(self.think_seconds)
                 started = time.perf_counter()
                 sent = _call(http, "POST", f"/api/tasks/{task}/answers", {"item_id": item["item_id"], "label": label},
                              retries=0)  # a POST is never repeated: it may have been saved

@@ -49,6 +49,7 @@ class RecommendResponse(BaseModel):
     model_name: str
     model_version: str
     variant: str
+    experiment: str = Field(default="", description="The experiment whose variant answered (\"\" for none)")
     timings_ms: dict[str, float]
 
 
@@ -95,7 +96,12 @@ def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = 
         answer = await server.recommend(body.user_id, body.k, body.context, body.request_id)
         return {"request_id": answer.request_id, "user_id": answer.user_id, "items": answer.item_ids,
                 "scores": answer.scores, "model_name": answer.model_name, "model_version": answer.model_version,
-                "variant": answer.variant, "timings_ms": answer.timings_ms}
+                "variant": answer.variant, "experiment": answer.experiment, "timings_ms": answer.timings_ms}
+
+    @app.get("/v2/experiments", tags=["experiments"], summary="The A/B experiments and shadows in use, and why a "
+                                                              "changed file is not (reason)")
+    async def experiments():
+        return server.experiments.describe()
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
     async def metrics():

@@ -18,6 +18,7 @@ class ServedModel:
     """A loaded model version behind the protocol. Subclasses set `inputs`, `outputs`, `platform`."""
 
     platform = "python"
+    log_inputs = False  # the version's card (registry tag mlplane.log_inputs=true) lets its inputs be logged
     inputs: list[TensorSpec] = []
     outputs: list[TensorSpec] = []
 

@@ -20,9 +20,11 @@ DEFAULT_GRPC_PORT = 8501
 @click.option("--port", default=DEFAULT_PORT, show_default=True, help="REST (OIP v2, /recommend, Feast API)")
 @click.option("--grpc-port", default=DEFAULT_GRPC_PORT, show_default=True, help="gRPC OIP v2; 0 turns it off")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where the models run")
+@click.option("--experiments", "experiments_file", envvar="MLPLANE_EXPERIMENTS", default=None,
+              help="Experiments file (deploy/experiments.yaml): A/B variants and shadows, re-read on change")
 @click.option("--log-level", default="info", show_default=True)
 def serve_models(config_path: str | None, data_dir: str | None, host: str, port: int, grpc_port: int,
-                 device: str | None, log_level: str) -> None:
+                 device: str | None, experiments_file: str | None, log_level: str) -> None:
     """Serve the registry's models over the Open Inference Protocol v2, recommendations and online features."""
     import logging
 
@@ -40,6 +42,8 @@ def serve_models(config_path: str | None, data_dir: str | None, host: str, port:
         config = ServerConfig.local(root)
     if device:
         config.device = device
+    if experiments_file:
+        config.experiments_file = experiments_file
     server = ModelServer(config)
     app = create_app(server, grpc_port=grpc_port or None, grpc_host=host)
     click.echo(f"model server: REST http://{host}:{port}" + (f", gRPC {host}:{grpc_port}" if grpc_port else ""))

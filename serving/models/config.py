@@ -62,6 +62,16 @@ class ServerConfig(BaseModel):
     poll_interval_s: float = Field(default=2.0, gt=0, description="How often aliases are re-read")
     feature_log_sample: float = Field(default=0.05, ge=0, le=1, description="Share of answers whose features "
                                                                            "are logged for the skew check")
+    experiments_file: str | None = Field(default=None, description="deploy/experiments.yaml: A/B variants and "
+                                                                   "shadows of the recommend model; re-read on change")
+    prediction_log: bool = Field(default=True, description="Log every answer to <lake>/serving/prediction_log_spool")
+    prediction_log_spill: str | None = Field(default=None, description="Where records wait while the lake is "
+                                                                       "unwritable (default <workdir>/log_spill)")
+    prediction_log_flush_s: float = Field(default=1.0, gt=0)
+    prediction_log_max_backlog: int = Field(default=500_000, ge=1, description="Unwritten records past which "
+                                                                              "answers are refused (503)")
+    shadow_workers: int = Field(default=2, ge=1)
+    shadow_max_pending: int = Field(default=1000, ge=1, description="Shadow copies queued before more are skipped")
     batching: BatchingConfig = BatchingConfig()
     device: str = Field(default="cpu", description="'cpu' or 'cuda'")
 
@@ -91,3 +101,6 @@ class ServerConfig(BaseModel):
 
     def work_path(self) -> Path:
         return Path(self.workdir) if self.workdir else self.lake_path() / "serving" / "models"
+
+    def spill_path(self) -> Path:
+        return Path(self.prediction_log_spill) if self.prediction_log_spill else self.work_path() / "log_spill"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -24,6 +24,21 @@ class ServerMetrics:
                                    ["model", "version"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.loads = Counter("mlplane_model_loads", "Model versions loaded, by outcome", ["model", "outcome"],
                              registry=self.registry)
+
+        self.shadows = Counter("mlplane_shadow_requests", "Shadow copies of requests, by outcome (ok, error, "
+                               "skipped when the shadows fall behind)", ["shadow", "outcome"], registry=self.registry)
+        self.log_backlog = Gauge("mlplane_prediction_log_backlog", "Prediction log records not yet in the lake",
+                                 registry=self.registry)
+        self.log_failures = Counter("mlplane_prediction_log_write_failures", "Prediction log writes the lake "
+                                    "refused (records kept and retried)", registry=self.registry)
+
+    def shadow(self, name: str, outcome: str) -> None:
+        self.shadows.labels(name, outcome).inc()
+
+    def log_state(self, backlog: int, failed: bool) -> None:
+        self.log_backlog.set(backlog)
+        if failed:
+            self.log_failures.inc()
 
     def observe(self, model: str, version: str, protocol: str, seconds: float) -> None:
         self.requests.labels(model, version, protocol).inc()

@@ -3,9 +3,10 @@ trained with, streaming views included) -> the user tower's vector -> candidates
 database -> reranked by the exact model score, without what the user played in the last hour or the
 caller excludes -> top k with the model version.
 
-The request path stays open for experiments and logging: `choose_variant(user_id, context)` names the
-served model that answers (default: the champion entry), and every answer goes to each `on_answer`
-hook (the served-feature sampler, later prediction logs and shadows).
+The request path stays open for experiments and logging: `choose_variant(user_id, context)` routes the
+request to the served model that answers (default: the champion entry; serving/models/experiments.py
+assigns variants), and every answer goes to each `on_answer` hook (the served-feature sampler,
+prediction logs, shadows). `answer_with` computes an answer from features already read (shadows).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from feature_defs.compile.flink import empty_values
 from feature_defs.compile.streaming import streaming_plans
 from serving.models.metrics import ServerMetrics
 from serving.models.protocol import ProtocolError
-from serving.models.repository import ModelRepository
+from serving.models.repository import LoadedVersion, ModelRepository
 from serving.models.towers import TwoTowerModel
 
 USER_KEY = "user_id"
@@ -52,9 +53,23 @@ class Answer:
     features: dict[str, Any]
     served_at: datetime
     timings_ms: dict[str, float] = field(default_factory=dict)
+    served_model: str = ""  # the server's entry that computed it
+    experiment: str = ""  # the experiment whose variant answered
+    assignments: dict[str, str] = field(default_factory=dict)  # every experiment's variant for this user
+    role: str = "live"  # or "shadow": computed beside a live answer, never served
+    log_inputs: bool = False  # the model version's card lets its inputs be logged
 
 
-VariantChooser = Callable[[int, dict], str]
+@dataclass(frozen=True)
+class Route:
+    """Who answers a request: a served entry, and the experiment and variant that chose it."""
+    model: str
+    experiment: str = ""
+    variant: str = ""
+    assignments: dict[str, str] = field(default_factory=dict)
+
+
+VariantChooser = Callable[[int, dict], Route]
 AnswerHook = Callable[[Answer], None]
 
 
@@ -121,34 +136,47 @@ class Recommender:
         self.candidates = candidates
         self.metrics = metrics
         self.n_candidates = n_candidates
-        self.choose_variant = choose_variant or (lambda user_id, context: default_variant)
+        self.choose_variant = choose_variant or (lambda user_id, context: Route(default_variant))
         self.on_answer = list(on_answer or [])
 
     def recommend(self, user_id: int, k: int, context: dict | None = None, request_id: str | None = None) -> Answer:
         check_request(user_id, k, context)
         context = context or {}
         started = time.perf_counter()
-        variant = self.choose_variant(user_id, context)
-        loaded = self.repository.get(variant)
-        served = loaded.model
-        if not isinstance(served, TwoTowerModel):
-            raise ProtocolError(400, f"variant {variant!r} is not a two-tower model")
+        route = self.choose_variant(user_id, context)
+        loaded = self.repository.get(route.model)
+        served = self._two_tower(route.model, loaded)
         features = self.features.read(served.feature_service, [user_id])
         read = time.perf_counter()
-        vector = served.user_vectors(features)[0]
-        found = self.candidates.search(loaded.version, vector, max(self.n_candidates, k))
-        retrieved = time.perf_counter()
-        items, scores = self.rerank(served, vector, found, excluded(features, context), k)
-        answer = Answer(request_id or uuid.uuid4().hex, user_id, k, context, variant, loaded.entry.registry_model,
-                        loaded.version, served.feature_service, items, scores,
-                        {name: values[0] for name, values in features.items()}, datetime.now(UTC))
-        answer.timings_ms = {"features": (read - started) * 1000, "retrieval": (retrieved - read) * 1000,
-                             "total": (time.perf_counter() - started) * 1000}
         self.metrics.feature_read.labels(served.feature_service).observe(read - started)
-        self.metrics.retrieval.labels(variant, loaded.version).observe(retrieved - read)
+        answer = self.answer_with(loaded, route, user_id, k, context,
+                                  {name: values[0] for name, values in features.items()}, request_id)
+        answer.timings_ms = {"features": (read - started) * 1000, **answer.timings_ms,
+                             "total": (time.perf_counter() - started) * 1000}
         for hook in self.on_answer:
             hook(answer)
         return answer
+
+    def answer_with(self, loaded: LoadedVersion, route: Route, user_id: int, k: int, context: dict,
+                    features: dict[str, Any], request_id: str | None = None) -> Answer:
+        """The answer of one loaded version to features already read (one row: column -> value)."""
+        served = self._two_tower(route.model, loaded)
+        started = time.perf_counter()
+        vector = served.user_vectors({name: [value] for name, value in features.items()})[0]
+        found = self.candidates.search(loaded.version, vector, max(self.n_candidates, k))
+        retrieved = time.perf_counter()
+        items, scores = self.rerank(served, vector, found, excluded({n: [v] for n, v in features.items()}, context), k)
+        self.metrics.retrieval.labels(route.model, loaded.version).observe(retrieved - started)
+        return Answer(request_id or uuid.uuid4().hex, user_id, k, context, route.variant or route.model,
+                      loaded.entry.registry_model, loaded.version, served.feature_service, items, scores, features,
+                      datetime.now(UTC), {"retrieval": (retrieved - started) * 1000}, route.model, route.experiment,
+                      dict(route.assignments), log_inputs=served.log_inputs)
+
+    @staticmethod
+    def _two_tower(name: str, loaded: LoadedVersion) -> TwoTowerModel:
+        if not isinstance(loaded.model, TwoTowerModel):
+            raise ProtocolError(400, f"variant {name!r} is not a two-tower model")
+        return loaded.model
 
     @staticmethod
     def rerank(served: TwoTowerModel, vector: np.ndarray, found: list[int], exclude: set[int],

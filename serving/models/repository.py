@@ -81,9 +81,10 @@ class ModelRepository:
     # --- loading ------------------------------------------------------------------------------
     def refresh(self, names: list[str] | None = None) -> None:
         """Load the version each entry's alias points at now, where it is not the one serving."""
-        for name in names or list(self.states):
-            state = self.states[name]
-            if not state.unloaded:
+        states = self.states  # entries may be added or discarded meanwhile (experiments)
+        for name in names or list(states):
+            state = states.get(name)
+            if state is not None and not state.unloaded:
                 self._refresh(state)
 
     def _refresh(self, state: EntryState) -> None:
@@ -104,6 +105,8 @@ class ModelRepository:
         if (current and current.version == target) or state.failed_version == target:
             return
         with self._lock:
+            if state.unloaded:  # unloaded while the registry was read: the poller must not bring it back
+                return
             self._load(state, target)
 
     def _load(self, state: EntryState, version: str) -> None:
@@ -149,6 +152,33 @@ class ModelRepository:
         if state.current is None or (state.entry.version and state.current.version != state.entry.version):
             raise ProtocolError(400, f"model {name!r} did not load: {state.reason}")
         return self.index_of(name)
+
+    def ensure(self, entry: ModelEntry) -> EntryState:
+        """Serve `entry` too (experiment variants, shadows) and load it now. The states mapping is replaced,
+        never changed in place, so readers iterating it are never disturbed."""
+        state = self.states.get(entry.name)
+        if state is None:
+            state = EntryState(entry)
+            self.states = {**self.states, entry.name: state}
+        if state.current is None and not state.unloaded:
+            self._refresh(state)
+        return state
+
+    def discard(self, name: str) -> None:
+        """Forget an entry `ensure` added that turned out unusable."""
+        state = self.states.get(name)
+        if state is not None:
+            self.states = {k: v for k, v in self.states.items() if k != name}
+            if state.current is not None:
+                state.current.model.close()
+
+    def find(self, registry_model: str, alias: str | None, version: str | None) -> str | None:
+        """The entry already following this alias (or pinned to this version) of a registry model."""
+        for name, state in self.states.items():
+            e = state.entry
+            if e.registry_model == registry_model and e.alias == alias and e.version == version:
+                return name
+        return None
 
     def unload(self, name: str) -> None:
         state = self.states.get(name)

@@ -4,24 +4,31 @@ inference with checks and metrics, `recommend` and the online feature store."""
 from __future__ import annotations
 
 import time
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
 from engines.lake import Lake
+from engines.prediction_logs import LIVE, PredictionRecord
 from engines.registry import ModelRegistry, RegisteredVersion
 from engines.vector_store import VectorStore
 from serving.models.base import ServedModel
 from serving.models.config import ModelEntry, ServerConfig
+from serving.models.experiments import ExperimentRouter
 from serving.models.feature_log import FeatureLog
 from serving.models.metrics import ServerMetrics
+from serving.models.prediction_log import LiveAnswers, PredictionLog
 from serving.models.protocol import ProtocolError, TensorSpec, check_inputs
 from serving.models.recommend import Answer, Candidates, Recommender, UserFeatures
 from serving.models.repository import ModelRepository
+from serving.models.shadow import ShadowRunner
 from serving.models.towers import load_two_tower
 
 FEATURE_SERVICE_TAG = "mlplane.feature_service"
+LOG_INPUTS_TAG = "mlplane.log_inputs"  # the model card's consent to log a version's inputs
 RECOMMEND_MODEL = "recommend"  # the OIP name of recommend(user_id, k, context)
 SERVER_NAME, SERVER_VERSION = "mlplane-models", "0.1.0"
 EXTENSIONS = ["model_repository", "binary_tensor_data", "statistics"]
@@ -41,16 +48,36 @@ class ModelServer:
         self.vectors = Candidates(VectorStore.open(config.vector_location()))
         self.repository = ModelRepository(self.registry, config.models, self._load, config.work_path())
         self.feature_log = FeatureLog(config.lake_path(), config.feature_log_sample)
+        self.experiments = ExperimentRouter(Path(config.experiments_file) if config.experiments_file else None,
+                                            self.repository, config.recommend_model)
+        self.prediction_log = PredictionLog(config.lake_path(), config.spill_path(), config.prediction_log_flush_s,
+                                            max_backlog=config.prediction_log_max_backlog,
+                                            on_state=self.metrics.log_state) if config.prediction_log else None
         self.recommender = Recommender(self.repository, UserFeatures(self.feature_store), self.vectors, self.metrics,
-                                       config.recommend_model, config.candidates, on_answer=[self.feature_log])
+                                       config.recommend_model, config.candidates,
+                                       choose_variant=self.experiments.choose)
+        self.shadows = ShadowRunner(self.experiments.shadows, self.recommender, self._log, self.metrics,
+                                    config.shadow_workers, config.shadow_max_pending)
+        live = [LiveAnswers(self.prediction_log)] if self.prediction_log else []
+        self.recommender.on_answer = [*live, self.shadows, self.feature_log]
 
     def start(self) -> None:
         """Load every entry's version now (failures are reported per model), then follow the aliases."""
         self.repository.refresh()
+        self.experiments.reload()
         self.repository.start(self.config.poll_interval_s)
+        self.experiments.start(self.config.poll_interval_s)
+
+    def _log(self, record: PredictionRecord) -> None:
+        if self.prediction_log is not None:
+            self.prediction_log.submit(record)
 
     def close(self) -> None:
+        self.experiments.stop()
         self.repository.stop()
+        self.shadows.close()  # shadows in flight log their answers before the log closes
+        if self.prediction_log is not None:
+            self.prediction_log.close()
         self.feature_log.close()
         for state in self.repository.states.values():
             if state.current is not None:
@@ -59,6 +86,11 @@ class ModelServer:
 
     # --- loading --------------------------------------------------------------------------------
     def _load(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        served = self._load_kind(entry, folder, version)
+        served.log_inputs = version.tags.get(LOG_INPUTS_TAG, "").lower() == "true"
+        return served
+
+    def _load_kind(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
         from serving.models.encoders import ClipEncoder, ContentViolationScorer
 
         batching, device = self.config.batching, self.config.device
@@ -91,8 +123,25 @@ class ModelServer:
         except ProtocolError as error:
             self.metrics.error(name if name in self.model_names() else "unknown", error.status)
             raise
-        self.metrics.observe(name, version_served, protocol, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.metrics.observe(name, version_served, protocol, seconds)
+        if name != RECOMMEND_MODEL:  # recommend answers are logged by their own hook
+            self._log_infer(name, version_served, inputs, outputs, parameters, seconds)
         return name, version_served, outputs
+
+    def _log_infer(self, name: str, version: str, inputs: dict, outputs: dict, parameters: dict,
+                   seconds: float) -> None:
+        if self.prediction_log is None:
+            return
+        user = parameters.get("user_id")
+        state = self.repository.states[name]
+        entry, loaded = state.entry, state.current
+        self.prediction_log.submit(PredictionRecord(
+            request_id=str(parameters.get("request_id") or uuid.uuid4().hex), served_at=datetime.now(UTC), role=LIVE,
+            endpoint=name, user_id=user if isinstance(user, int) and not isinstance(user, bool) else None,
+            experiment="", variant=name, assignments={}, served_model=name, registry_model=entry.registry_model,
+            model_version=version, k=None, inputs_hash="", latency_ms=seconds * 1000, tensors=(inputs, outputs),
+            tensor_inputs_allowed=bool(loaded and loaded.model.log_inputs)))
 
     def model_names(self) -> list[str]:
         return [*self.repository.states, RECOMMEND_MODEL]

@@ -55,12 +55,14 @@ class UserEncoder:
 
     def encode(self, columns: dict[str, list]) -> dict[str, torch.Tensor]:
         spec = self.spec
-        ids = np.asarray(columns[spec.id_column], dtype=np.int64) % spec.id_buckets
+        ids = spec.buckets(np.asarray(columns[spec.id_column], dtype=np.int64))
         rows = len(ids)
         numeric = np.zeros((rows, len(spec.numeric)), np.float64)
         for i, column in enumerate(spec.numeric):
             numeric[:, i] = [0.0 if v is None else float(v) for v in columns[column]]
         numeric = np.nan_to_num(numeric, nan=0.0, posinf=np.inf, neginf=-np.inf)
+        for i, column in enumerate(spec.numeric):
+            numeric[:, i] = spec.scale(column, numeric[:, i])
         numeric = ((numeric - self.means) / self.stds).astype(np.float32) if spec.numeric else \
             numeric.astype(np.float32)
         categorical = np.zeros((rows, len(spec.categorical)), np.int64)
@@ -93,7 +95,7 @@ class TwoTowerModel(ServedModel):
                        *[TensorSpec(c, "BYTES", (-1,)) for c in spec.categorical],
                        *[TensorSpec(c, "INT64", (-1, -1)) for c in spec.histories],
                        TensorSpec("item_ids", "INT64", (-1, -1), optional=True)]
-        dim = model.spec.config.dim + 1
+        dim = model.spec.vector_dim
         self.outputs = [TensorSpec("user_vector", "FP32", (-1, dim)), TensorSpec("item_scores", "FP32", (-1, -1))]
 
     def parameters(self) -> dict:
@@ -131,7 +133,7 @@ class TwoTowerModel(ServedModel):
                                      "loaded (no offline item features in the lake)")
         if len(item_ids) != len(user_vectors):
             raise ProtocolError(400, f"item_ids has {len(item_ids)} rows, the users {len(user_vectors)}")
-        vectors = self.items.vectors[self.items.rows(item_ids)]  # (N, M, dim + 1)
+        vectors = self.items.vectors[self.items.rows(item_ids)]  # (N, M, vector_dim)
         return np.einsum("nd,nmd->nm", user_vectors, vectors).astype(np.float32)
 
 

@@ -29,6 +29,7 @@ from engines.releases import newest_release
 from engines.search import ItemSearch
 from engines.simulator.annotators import violation_answer_key
 from engines.vector_store import VectorStore
+from ml.clip import encode_images, encode_texts, load_model, preprocess_image, tokenizer
 from orchestration.cli import main
 from orchestration.profiles import resources_for
 from resources.ray import RayResource
@@ -127,20 +128,32 @@ def test_corrupt_image_and_empty_title_are_skipped_with_a_reason(lake):
 
 
 def test_failure_in_a_batch_or_a_killed_encoder_still_yields_one_row_per_item(lake, tmp_path):
+    """An exception in a batch and a worker process killed mid-batch, in the fused CPU tasks and with an
+    encoder actor pool (the GPU layout): exactly one row per item each time, the same values as a
+    clean run, and those values equal to an independent recomputation in this process."""
     store = Lake(lake["dir"])
     spec, version = current_model(store)
     items = catalogue_day(store, FIRST_DAY)
     victim = int(items["item_id"][len(items) // 2])
     RayResource(temp_dir=lake["ray_dir"]).ensure_started()
     clean = embed_items(items, store.root / "landing", spec, EmbedConfig(read_block_rows=64), version)
-    for stage in ("preprocess", "encode"):
-        marker = tmp_path / f"{stage}.failed"
+    for actors, stage in ((0, "preprocess"), (0, "encode"), (1, "encode")):
+        marker = tmp_path / f"{stage}-{actors}.failed"
         drilled = embed_items(items, store.root / "landing", spec,
-                              EmbedConfig(read_block_rows=64, drill=FailureDrill(victim, str(marker), stage)), version)
+                              EmbedConfig(read_block_rows=64, actors=actors,
+                                          drill=FailureDrill(victim, str(marker), stage)), version)
         assert marker.exists(), f"the {stage} failure was not injected"
         assert drilled["item_id"].to_list() == sorted(items["item_id"].to_list())
         assert np.allclose(np.stack(drilled["image_embedding"].to_numpy()),
                            np.stack(clean["image_embedding"].to_numpy()), atol=1e-5)
+    model = load_model(spec)
+    embedded = clean.filter(pl.col("skip_reason").is_null())
+    sample = embedded.sample(10, seed=int(np.random.default_rng().integers(1 << 30))).sort("item_id")
+    rows = items.filter(pl.col("item_id").is_in(sample["item_id"].implode())).sort("item_id")
+    pixels = np.stack([preprocess_image((store.root / "landing" / p).read_bytes(), 64) for p in rows["thumbnail_path"]])
+    assert np.allclose(np.stack(sample["image_embedding"].to_numpy()), encode_images(model, pixels), atol=1e-5)
+    texts = encode_texts(model, tokenizer(spec)(rows["title"].to_list()).numpy())
+    assert np.allclose(np.stack(sample["text_embedding"].to_numpy()), texts, atol=1e-5)
 
 
 def test_rerunning_a_partition_is_idempotent(lake):

@@ -132,3 +132,35 @@ def test_free_text_tasks_take_text_and_raise_no_disputes(database_url):
     assert state.answers == {"annotator0": "a red teapot", "annotator1": "a teapot, red"}
     assert review.disputes(engine, task) == []
     assert review.task_quality(engine, task).krippendorff_alpha is None  # agreement is for label sets
+
+
+def test_answer_and_next_claim_commit_together_or_not_at_all(database_url):
+    engine = connect(database_url)
+    a, b = ids(engine, make_accounts(engine, 2)["annotator"])
+    task = add_task(engine, SPEC, ["1", "2", "3"])
+    first = queue.serve(engine, task, a)
+    with pytest.raises(ValueError, match="label must be one of"):  # a bad answer claims nothing either
+        queue.answer_and_serve(engine, task, a, first.item_id, "maybe")
+    with engine.begin() as conn:
+        assert conn.execute(select(slots.c.item_id).where(slots.c.holder == a)).scalars().all() == [first.item_id]
+    with pytest.raises(queue.Conflict, match="not assigned to you"):
+        queue.answer_and_serve(engine, task, b, first.item_id, "ok")
+    nxt, retry = queue.answer_and_serve(engine, task, a, first.item_id, "ok")
+    assert not retry and nxt.item_id not in (None, first.item_id)
+    assert queue.serve(engine, task, a).item_id == nxt.item_id  # the next item is held, as serve() holds it
+    states = {s.item_id: s for s in review.item_states(engine, task)}
+    assert states[first.item_id].answers == {"annotator0": "ok"}
+
+
+def test_a_store_made_before_the_serving_index_gets_it(tmp_path):
+    from sqlalchemy import inspect
+
+    from ground_truth.db import ITEMS_BY_PRIORITY
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = connect(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP INDEX {ITEMS_BY_PRIORITY.name}")
+    engine.dispose()
+    engine = connect(url)
+    assert ITEMS_BY_PRIORITY.name in {i["name"] for i in inspect(engine).get_indexes("gt_items")}

@@ -22,20 +22,21 @@ def materialization(result, key: str):
     return result.asset_materializations_for_node(key.replace("/", "__"))[0]
 
 
-def test_training_loss_falls_and_the_gate_holds_the_model_to_popularity(trained):
+def test_training_loss_falls_and_the_model_beats_popularity(trained):
     """A first version has no champion to beat, yet it is promoted only if it beats the popularity
-    baseline on held-out AUC, recall@10 and NDCG@10."""
+    baseline on held-out AUC, recall@10 and NDCG@10: the trained model does, on all three."""
     registry, result, _ = trained
     version = registry.get(MODEL, "1")
     assert registry.by_alias(MODEL, "challenger").version == "1"
     metrics = {k.removeprefix("metric."): float(v) for k, v in version.tags.items() if k.startswith("metric.")}
-    assert metrics["model_auc"] > metrics["popularity_auc"]
-    beats = all(metrics[f"model_{m}"] > metrics[f"popularity_{m}"] for m in ("auc", "recall_at_10", "ndcg_at_10"))
+    for metric in ("auc", "recall_at_10", "ndcg_at_10"):
+        assert metrics[f"model_{metric}"] > metrics[f"popularity_{metric}"], (metric, metrics)
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
-    assert checks == {"beats_champion": True, "beats_baseline": beats}
+    assert checks == {"beats_champion": True, "beats_baseline": True}
     promoted = [e for e in result.get_asset_materialization_events()
                 if e.asset_key == AssetKey(["models", f"{MODEL}_champion"])]
-    assert bool(promoted) == beats and result.success == beats
+    assert promoted and result.success
+    assert registry.by_alias(MODEL, "champion").version == "1"
     curve = materialization(result, "models/personalization").metadata["loss_curve"].value
     losses = [float(line.split("|")[2]) for line in curve.splitlines()[2:]]
     assert len(losses) >= 3 and losses[-1] < losses[0]

@@ -1,0 +1,301 @@
+"""Online accuracy: how served recommendations did on the outcomes that followed them. Plain Python.
+
+A logged answer (engines.prediction_logs) showed the user its top k items at `served_at`; a shown item
+is a hit when the user clicked or played it (warehouse interactions) within `horizon` after the answer.
+Per group of answers (model version, served entry, variant, role):
+- CTR@k = hits / items shown (a ratio over users: its interval is the delta method over users, the
+  unit experiments randomize);
+- NDCG@k with binary relevance, the ideal order being the answer's hits first; averaged over answers;
+- calibration = observed hits / expected hits, expected being sigmoid(score) (the two-tower model is
+  trained with a logistic loss on that score): 1 is calibrated, below 1 over-confident;
+each with a normal interval at `confidence`.
+
+Per experiment (intent to treat: every live answer counts for the variant its user was assigned in
+that experiment, whichever experiment decided who answered): each variant's CTR against the control's
+with a two-sided z-test, and the users per arm a test needs to detect a `minimum_effect` relative lift
+at `alpha` and `power`, with the users still missing.
+
+Shadows are scored counterfactually, on the same outcomes as if they had served: their lists meet what
+the user did after seeing the live answer, so an item the live model did not show rarely counts. The
+estimate favours the live model; a shadow that beats it anyway is strong evidence. Shadow against live
+is a paired comparison on the same requests."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import date, timedelta
+
+import numpy as np
+import polars as pl
+from scipy.stats import norm
+
+from engines.lake import Lake
+from engines.prediction_logs import LIVE, OK, SHADOW
+
+OUTCOMES = ("click", "play")
+ZONE, MODELS_TABLE, COMPARISONS_TABLE = "monitoring", "online_accuracy", "online_comparisons"  # in the lake
+
+
+@dataclass(frozen=True)
+class AccuracySettings:
+    k: int = 10
+    horizon: timedelta = timedelta(hours=1)
+    outcomes: tuple[str, ...] = OUTCOMES
+    confidence: float = 0.95
+    alpha: float = 0.05
+    power: float = 0.8
+    minimum_effect: float = 0.05  # relative CTR lift a test is sized to detect
+
+    @property
+    def z(self) -> float:
+        return float(norm.ppf(1 - (1 - self.confidence) / 2))
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Σ numerator / Σ denominator over units (users), with its delta-method standard error."""
+    value: float
+    se: float
+    units: int
+
+    @classmethod
+    def of(cls, numerators: np.ndarray, denominators: np.ndarray) -> Ratio:
+        units, total = len(numerators), float(np.sum(denominators))
+        if units == 0 or total == 0:
+            return cls(math.nan, math.nan, units)
+        value = float(np.sum(numerators)) / total
+        if units < 2:
+            return cls(value, math.nan, units)
+        residual = numerators - value * denominators
+        se = math.sqrt(float(np.var(residual, ddof=1)) / units) / (total / units)
+        return cls(value, se, units)
+
+    def interval(self, z: float) -> tuple[float, float]:
+        return self.value - z * self.se, self.value + z * self.se
+
+
+# --- per answer ------------------------------------------------------------------------------------------
+def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
+    """One row per recommend answer that succeeded: its hits, items shown, NDCG and expected hits at k."""
+    answers = logs.filter((pl.col("endpoint") == "recommend") & (pl.col("status") == OK)) \
+        .with_row_index("answer")
+    shown = answers.select("answer", "user_id", "served_at", "item_ids", "scores") \
+        .explode("item_ids", "scores").rename({"item_ids": "item_id", "scores": "score"}) \
+        .drop_nulls("item_id") \
+        .with_columns(pl.int_range(1, pl.len() + 1).over("answer").alias("rank")) \
+        .filter(pl.col("rank") <= settings.k)
+    events = interactions.filter(pl.col("event_type").is_in(list(settings.outcomes))) \
+        .select("user_id", "item_id", pl.col("event_timestamp").alias("at"))
+    hits = shown.join(events, on=["user_id", "item_id"]) \
+        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon)) \
+        .select("answer", "rank").unique().with_columns(pl.lit(1).alias("hit"))
+    shown = shown.join(hits, on=["answer", "rank"], how="left").with_columns(pl.col("hit").fill_null(0))
+    per_answer = shown.group_by("answer").agg(
+        pl.col("hit").sum().alias("hits"), pl.len().alias("shown"),
+        (pl.col("hit") / (pl.col("rank") + 1).log(2)).sum().alias("dcg"),
+        (1 / (1 + (-pl.col("score")).exp())).sum().alias("expected"))
+    answers = answers.join(per_answer, on="answer", how="left").with_columns(
+        pl.col("hits").fill_null(0), pl.col("shown").fill_null(0), pl.col("dcg").fill_null(0.0),
+        pl.col("expected").fill_null(0.0))
+    ideal = pl.DataFrame({"hits": range(settings.k + 1),
+                          "idcg": [sum(1 / math.log2(r + 1) for r in range(1, h + 1)) for h in range(settings.k + 1)]},
+                         schema={"hits": answers.schema["hits"], "idcg": pl.Float64})
+    return answers.join(ideal, on="hits", how="left").with_columns(
+        pl.when(pl.col("hits") > 0).then(pl.col("dcg") / pl.col("idcg")).otherwise(0.0).alias("ndcg")).drop("idcg")
+
+
+def _per_user(answers: pl.DataFrame) -> pl.DataFrame:
+    return answers.group_by("user_id").agg(pl.col("hits").sum(), pl.col("shown").sum(), pl.col("ndcg").sum(),
+                                           pl.len().alias("answers"), pl.col("expected").sum())
+
+
+def _metrics(users: pl.DataFrame, settings: AccuracySettings) -> dict:
+    h, n = users["hits"].to_numpy().astype(float), users["shown"].to_numpy().astype(float)
+    ctr = Ratio.of(h, n)
+    ndcg = Ratio.of(users["ndcg"].to_numpy(), users["answers"].to_numpy().astype(float))
+    calibration = Ratio.of(h, users["expected"].to_numpy())
+    row = {"users": users.height, "answers": int(users["answers"].sum()), "shown": int(n.sum()),
+           "hits": int(h.sum())}
+    for name, ratio in (("ctr", ctr), ("ndcg", ndcg), ("calibration", calibration)):
+        low, high = ratio.interval(settings.z)
+        row.update({name: ratio.value, f"{name}_low": low, f"{name}_high": high, f"{name}_se": ratio.se})
+    return row
+
+
+GROUP = ["role", "served_model", "registry_model", "model_version", "variant"]
+
+
+def by_model(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
+    """CTR@k, NDCG@k and calibration with intervals per (role, entry, model version, variant)."""
+    rows = []
+    for key, group in answers.group_by(GROUP, maintain_order=True):
+        metrics = _metrics(_per_user(group), settings)
+        rows.append({**dict(zip(GROUP, key)), "counterfactual": key[0] == SHADOW, **metrics})
+    return pl.DataFrame(rows).sort(GROUP) if rows else pl.DataFrame()
+
+
+# --- experiments -----------------------------------------------------------------------------------------
+def by_experiment(answers: pl.DataFrame, controls: dict[str, str], settings: AccuracySettings) -> pl.DataFrame:
+    """Each experiment's variants against its control on CTR@k (live answers, intent to treat)."""
+    live = answers.filter(pl.col("role") == LIVE)
+    assigned = live.with_columns(pl.col("assignments").map_elements(json.loads, return_dtype=pl.Object)
+                                 .alias("_a")) if live.height else live
+    names = sorted({e for a in (assigned["_a"].to_list() if live.height else []) for e in a})
+    rows = []
+    for experiment in names:
+        arm = live.with_columns(pl.Series("arm", [a.get(experiment) for a in assigned["_a"].to_list()],
+                                          dtype=pl.String)).drop_nulls("arm")
+        arms = {v: arm.filter(pl.col("arm") == v) for v in sorted(set(arm["arm"].to_list()))}
+        control = controls.get(experiment) or ("control" if "control" in arms else min(arms))
+        if control not in arms:
+            continue
+        for variant, group in arms.items():
+            if variant != control:
+                rows.append(compare(experiment, control, arms[control], variant, group, settings))
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def compare(experiment: str, control: str, control_answers: pl.DataFrame, variant: str, answers: pl.DataFrame,
+            settings: AccuracySettings) -> dict:
+    c, t = _per_user(control_answers), _per_user(answers)
+    rc = Ratio.of(c["hits"].to_numpy().astype(float), c["shown"].to_numpy().astype(float))
+    rt = Ratio.of(t["hits"].to_numpy().astype(float), t["shown"].to_numpy().astype(float))
+    se = math.hypot(rc.se, rt.se)
+    return _comparison(experiment, control, variant, rc, rt, rt.value - rc.value, se,
+                       (rc.se ** 2 * rc.units, rt.se ** 2 * rt.units), control_answers, answers, settings, False)
+
+
+def shadow_against_live(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
+    """Each shadow's CTR@k against the live answers of the same requests (paired by request, users as units)."""
+    live = answers.filter(pl.col("role") == LIVE)
+    rows = []
+    for (shadow,), group in answers.filter(pl.col("role") == SHADOW).group_by(["variant"], maintain_order=True):
+        paired = group.select("request_id", "user_id", pl.col("hits").alias("h_s"), pl.col("shown").alias("n_s")) \
+            .join(live.select("request_id", pl.col("hits").alias("h_l"), pl.col("shown").alias("n_l")),
+                  on="request_id")
+        users = paired.group_by("user_id").agg(pl.col("h_s", "n_s", "h_l", "n_l").sum())
+        hs, ns = users["h_s"].to_numpy().astype(float), users["n_s"].to_numpy().astype(float)
+        hl, nl = users["h_l"].to_numpy().astype(float), users["n_l"].to_numpy().astype(float)
+        rs, rl = Ratio.of(hs, ns), Ratio.of(hl, nl)
+        diff = rs.value - rl.value
+        if len(users) > 1 and ns.sum() and nl.sum():  # the paired difference's delta-method residual
+            residual = (hs - rs.value * ns) / ns.mean() - (hl - rl.value * nl) / nl.mean()
+            se = math.sqrt(float(np.var(residual, ddof=1)) / len(users))
+        else:
+            se = math.nan
+        sigma2 = se ** 2 * len(users) / 2
+        rows.append(_comparison(f"shadow:{shadow}", "live", shadow, rl, rs, diff, se, (sigma2, sigma2),
+                                live.join(group.select("request_id"), on="request_id"), group, settings, True))
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def _comparison(experiment: str, control: str, variant: str, rc: Ratio, rt: Ratio, diff: float, se: float,
+                variances: tuple[float, float], control_answers: pl.DataFrame, answers: pl.DataFrame,
+                settings: AccuracySettings, counterfactual: bool) -> dict:
+    z = diff / se if se and not math.isnan(se) else math.nan
+    p = float(2 * norm.sf(abs(z))) if not math.isnan(z) else math.nan
+    effect = settings.minimum_effect * rc.value
+    z_sum = float(norm.ppf(1 - settings.alpha / 2) + norm.ppf(settings.power))
+    needed = math.ceil(z_sum ** 2 * sum(variances) / effect ** 2) if effect and not math.isnan(sum(variances)) \
+        else None
+    return {"experiment": experiment, "control": control, "variant": variant,
+            "control_versions": ",".join(sorted(set(control_answers["model_version"].to_list()))),
+            "variant_versions": ",".join(sorted(set(answers["model_version"].to_list()))),
+            "control_users": rc.units, "variant_users": rt.units, "control_ctr": rc.value, "variant_ctr": rt.value,
+            "difference": diff, "difference_low": diff - settings.z * se, "difference_high": diff + settings.z * se,
+            "p_value": p, "significant": bool(p < settings.alpha) if not math.isnan(p) else False,
+            "users_needed_per_arm": needed,
+            "users_still_needed": max(0, needed - min(rc.units, rt.units)) if needed is not None else None,
+            "counterfactual": counterfactual}
+
+
+# --- latency, time series, drops -------------------------------------------------------------------------
+def latency(logs: pl.DataFrame) -> pl.DataFrame:
+    """Latency percentiles per role, endpoint, served entry and version, from the logs."""
+    return logs.group_by("role", "endpoint", "served_model", "model_version").agg(
+        pl.len().alias("answers"),
+        *[pl.col("latency_ms").quantile(q, "linear").alias(f"p{int(q * 100)}_ms") for q in (0.5, 0.9, 0.99)],
+    ).sort("role", "endpoint", "served_model", "model_version")
+
+
+def ctr_over_time(answers: pl.DataFrame, every: str = "1h") -> pl.DataFrame:
+    """CTR@k per variant (live and shadow) per time bucket."""
+    return answers.sort("served_at").group_by_dynamic("served_at", every=every, group_by=["role", "variant"]).agg(
+        (pl.col("hits").sum() / pl.col("shown").sum()).alias("ctr"), pl.len().alias("answers")) \
+        .sort("role", "variant", "served_at")
+
+
+@dataclass(frozen=True)
+class Drop:
+    served_model: str
+    baseline_ctr: float
+    ctr: float
+    relative_drop: float
+    p_value: float
+
+
+def drops(today: pl.DataFrame, history: pl.DataFrame, threshold: float, alpha: float) -> list[Drop]:
+    """Live entries whose CTR fell more than `threshold` (relative) below their CTR pooled over earlier days
+    (`history`: earlier `by_model` results), beyond noise (one-sided z-test at `alpha`)."""
+    found = []
+    if today.is_empty() or history.is_empty():
+        return found
+
+    def pooled(frame: pl.DataFrame, name: str) -> pl.DataFrame:  # one CTR per entry over its groups
+        return frame.filter(pl.col("role") == LIVE).group_by("served_model").agg(
+            (pl.col("hits").sum() / pl.col("shown").sum()).alias(name),
+            ((pl.col("ctr_se").fill_nan(0.0) * pl.col("shown")) ** 2).sum().sqrt()
+            .truediv(pl.col("shown").sum()).alias(f"{name}_se"))
+
+    for row in pooled(today, "ctr").join(pooled(history, "baseline"), on="served_model").iter_rows(named=True):
+        if not row["baseline"]:
+            continue
+        relative = (row["baseline"] - row["ctr"]) / row["baseline"]
+        se = math.hypot(row["ctr_se"] or 0.0, row["baseline_se"] or 0.0)
+        p = float(norm.sf(relative * row["baseline"] / se)) if se else 0.0
+        if relative > threshold and p < alpha:
+            found.append(Drop(row["served_model"], row["baseline"], row["ctr"], relative, p))
+    return found
+
+
+# --- promotion evidence ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Evidence:
+    passed: bool
+    reason: str
+    source: str = ""  # the experiment or shadow the verdict comes from
+    difference: float = math.nan
+    p_value: float = math.nan
+
+
+def newest_comparisons(lake: Lake, day: date, days: int) -> pl.DataFrame:
+    """The online comparisons (A/B and shadow) of the newest day with any, among `days` days up to `day`."""
+    for back in range(days):
+        path = lake.partition_path(ZONE, COMPARISONS_TABLE, day - timedelta(days=back))
+        if path.exists():
+            return pl.read_parquet(path)
+    return pl.DataFrame()
+
+
+def online_verdict(comparisons: pl.DataFrame, challenger: str, champion: str, margin: float = 0.0) -> Evidence:
+    """Whether an A/B test or shadow shows `challenger` beating `champion` on CTR@k: the comparison with the
+    most users whose treatment served only the challenger and control only the champion; it passes when the
+    difference exceeds `margin` and is significant."""
+    if comparisons.is_empty():
+        return Evidence(False, "no online comparison logged yet")
+    fitting = comparisons.filter((pl.col("variant_versions") == challenger) & (pl.col("control_versions") == champion))
+    if fitting.is_empty():
+        return Evidence(False, f"no A/B test or shadow compared v{challenger} with v{champion} yet")
+    best = fitting.sort(pl.col("variant_users") + pl.col("control_users"), descending=True).row(0, named=True)
+    source = best["experiment"]
+    if not best["significant"]:
+        return Evidence(False, f"{source}: difference {best['difference']:+.4f} not significant "
+                               f"(p={best['p_value']:.3g}; {best['users_still_needed']} more users per arm needed)",
+                        source,
+                        best["difference"], best["p_value"])
+    passed = best["difference"] > margin
+    return Evidence(passed, f"{source}: CTR@k {best['variant_ctr']:.4f} vs {best['control_ctr']:.4f} "
+                            f"(difference {best['difference']:+.4f}, p={best['p_value']:.3g}, margin {margin})",
+                    source, best["difference"], best["p_value"])

@@ -1,0 +1,158 @@
+"""A/B experiments and shadows in the server, from `deploy/experiments.yaml` (engines.experiments).
+
+Every request's user is assigned in every experiment with `Experiment.assign` (sticky: the same user,
+the same variant while the salt stays; independent: each experiment hashes its own salt). Experiments
+on the recommend model decide who answers, in file order: the first experiment that assigns the user
+a variant other than its first (control) variant answers with that variant's model; a user in control
+everywhere gets the first experiment's control. Because assignments are independent, comparing one
+experiment's variants over all its users (intent to treat, as online accuracy does) is unbiased: the
+other experiments' variants are spread alike over its arms. All assignments are logged per answer.
+
+A variant or shadow names an alias or version of the registry model; it is served by the entry that
+already follows it, or by an entry added for it (`<model>@<alias>`, `<model>@v<version>`) and loaded
+before the new file is used.
+
+The file is re-read when it changes; the new configuration is built aside (parsed, its models loaded)
+and swapped in with one reference assignment, so requests in flight finish on the old one and none is
+dropped. A file that does not parse, or names a model that does not load, leaves the running
+configuration in place and `reason` says why (GET /v2/experiments)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engines.experiments import Experiment, ExperimentConfigError, Shadow, load_file
+from serving.models.config import ModelEntry
+from serving.models.recommend import Route
+from serving.models.repository import ModelRepository
+
+log = logging.getLogger("mlplane.models")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One configuration in use; never changed, only replaced."""
+    experiments: tuple[Experiment, ...] = ()
+    routing: tuple[Experiment, ...] = ()  # the experiments on the recommend model, in file order
+    shadows: tuple[Shadow, ...] = ()  # the shadows of the recommend model
+    entries: dict[tuple[str, str], str] = field(default_factory=dict)  # (experiment or "", variant) -> entry
+    digest: str = ""
+
+
+class ExperimentRouter:
+    def __init__(self, path: Path | None, repository: ModelRepository, default_model: str):
+        self.path = path
+        self.repository = repository
+        self.default_model = default_model
+        self.snapshot = Snapshot()
+        self.reason = ""  # why the file on disk is not the configuration in use ("" when it is)
+        self._refused = ""  # the digest of a file refused (re-read only once it changes)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- the request path: one reference read, no lock -----------------------------------------------
+    def choose(self, user_id: int, context: dict) -> Route:
+        snap = self.snapshot
+        assignments = {e.name: e.assign(user_id).name for e in snap.experiments}
+        for experiment in snap.routing:
+            variant = assignments[experiment.name]
+            if variant != experiment.variants[0].name:
+                return Route(snap.entries[(experiment.name, variant)], experiment.name, variant, assignments)
+        if snap.routing:
+            first = snap.routing[0]
+            control = first.variants[0].name
+            return Route(snap.entries[(first.name, control)], first.name, control, assignments)
+        return Route(self.default_model, "", self.default_model, assignments)
+
+    def shadows(self) -> list[tuple[Shadow, str]]:
+        snap = self.snapshot
+        return [(s, snap.entries[("", s.name)]) for s in snap.shadows]
+
+    def describe(self) -> dict:
+        snap = self.snapshot
+        return {"file": str(self.path) if self.path else None, "reason": self.reason, "digest": snap.digest,
+                "experiments": [{"name": e.name, "model": e.model, "routes_recommend": e in snap.routing,
+                                 "variants": [{"name": v.name, "model_ref": v.model_ref, "traffic": v.traffic,
+                                               "served_by": snap.entries.get((e.name, v.name))}
+                                              for v in e.variants]} for e in snap.experiments],
+                "shadows": [{"name": s.name, "model": s.model, "model_ref": s.model_ref,
+                             "served_by": snap.entries[("", s.name)]} for s in snap.shadows]}
+
+    # --- (re)loading ------------------------------------------------------------------------------
+    def reload(self) -> bool:
+        """Use the file if it changed and is valid; True when a new configuration is in use."""
+        if self.path is None:
+            return False
+        with self._lock:
+            try:
+                data = self.path.read_bytes()
+            except OSError as error:
+                return self._refuse(f"experiments file {self.path} unreadable ({error})")
+            digest = hashlib.sha256(data).hexdigest()[:16]
+            if digest in (self.snapshot.digest, self._refused):  # unchanged, or refused already
+                return False
+            try:
+                parsed = load_file(self.path)
+                snapshot = self._build(parsed.experiments, parsed.shadows, digest)
+            except ExperimentConfigError as error:
+                self._refused = digest
+                return self._refuse(str(error))
+            self.snapshot, self.reason = snapshot, ""
+            log.info("experiments: %d in use (%d route recommend), %d shadows, file %s", len(snapshot.experiments),
+                     len(snapshot.routing), len(snapshot.shadows), digest)
+            return True
+
+    def _refuse(self, reason: str) -> bool:
+        if reason != self.reason:
+            log.warning("experiments: keeping the running configuration: %s", reason)
+        self.reason = f"{reason}; the running configuration ({self.snapshot.digest or 'none'}) stays in use"
+        return False
+
+    def _build(self, experiments: tuple[Experiment, ...], shadows: tuple[Shadow, ...], digest: str) -> Snapshot:
+        if self.default_model not in self.repository.states:
+            raise ExperimentConfigError(f"the recommend model {self.default_model!r} is not served here")
+        default = self.repository.states[self.default_model].entry
+        routing = tuple(e for e in experiments if e.model == default.registry_model)
+        mine = tuple(s for s in shadows if s.model == default.registry_model)
+        wanted = {(e.name, v.name): (v.model_alias, v.model_version) for e in routing for v in e.variants}
+        wanted.update({("", s.name): (s.model_alias, s.model_version) for s in mine})
+        entries, added = {}, []
+        for key, (alias, version) in wanted.items():
+            name = self.repository.find(default.registry_model, alias, version)
+            if name is None:
+                name = f"{default.registry_model}@{alias or 'v' + str(version)}"
+                entry = ModelEntry(name=name, registry_model=default.registry_model, kind=default.kind,
+                                   alias=alias, version=version)
+                if name not in self.repository.states:
+                    added.append(name)
+                state = self.repository.ensure(entry)
+            else:
+                state = self.repository.ensure(self.repository.states[name].entry)
+            if state.current is None:
+                for fresh in added:
+                    self.repository.discard(fresh)
+                what = f"experiment {key[0]!r} variant {key[1]!r}" if key[0] else f"shadow {key[1]!r}"
+                raise ExperimentConfigError(f"{what}: model {name!r} does not serve ({state.reason or 'not loaded'})")
+            entries[key] = name
+        return Snapshot(tuple(experiments), routing, mine, entries, digest)
+
+    def start(self, interval_s: float) -> None:
+        def watch() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.reload()
+                except Exception:  # never let the watcher die
+                    log.exception("reloading the experiments failed")
+
+        self._thread = threading.Thread(target=watch, name="experiments-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)

@@ -1,0 +1,116 @@
+"""`serving/prediction_logs` and `monitoring/online_accuracy` through Dagster over a lake holding what the
+model server writes (its prediction log files) and the warehouse interactions that followed: the logs
+pass great-expectations and land as a partition, the accuracy tables match a recomputation from the raw
+rows, and a CTR drop fails the check and reaches a webhook (a local HTTP receiver standing in for the
+chat relay outside the platform)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import polars as pl
+import pytest
+from dagster import DagsterInstance, materialize
+
+from assets.monitoring import COMPARISONS_TABLE, DROP_CHECK, MODELS_TABLE, ZONE, online_accuracy
+from assets.prediction_logs import prediction_logs
+from engines.lake import Lake
+from engines.prediction_logs import LIVE, TABLE, frame
+from engines.prediction_logs import ZONE as LOG_ZONE
+from resources.lake import LakeResource
+from resources.notifications import WebhookNotifier
+from resources.quality import QualityResource
+from serving.models.prediction_log import PredictionLog
+from tests.engines.test_online_accuracy import T0, recompute, simulated
+
+
+@pytest.fixture()
+def webhook():
+    received: list[dict] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server API
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", received
+    server.shutdown()
+
+
+def log_day(lake_root, records) -> None:
+    """The records written as the server writes them (its writer, its files)."""
+    log = PredictionLog(lake_root, lake_root / "spill", flush_interval_s=60)
+    for record in records:
+        log.submit(record)
+    log.close()
+
+
+def run(lake_root, day, url):
+    resources = {"lake": LakeResource(root=str(lake_root)), "quality": QualityResource(lake=LakeResource(
+        root=str(lake_root))), "notifier": WebhookNotifier(url=url)}
+    return materialize([prediction_logs, online_accuracy], resources=resources, partition_key=day.isoformat(),
+                       instance=DagsterInstance.ephemeral(),
+                       raise_on_error=False, run_config={"ops": {"monitoring__online_accuracy": {"config": {
+                           "k": 5, "horizon_minutes": 30}}}})  # as the recomputation
+
+
+def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhook(tmp_path, webhook):
+    url, received = webhook
+    lake = Lake(tmp_path)
+    records, events = simulated(11, users=300)
+    day = T0.date()
+    log_day(tmp_path, records)
+    lake.write_partition("warehouse", "interactions", day, events)
+    first = run(tmp_path, day, url)
+    assert first.success
+    taken_in = lake.read_partition(LOG_ZONE, TABLE, day)
+    assert taken_in.sort("request_id", "role", "variant").equals(
+        frame(records).sort("request_id", "role", "variant"))
+    checks = {e.check_name: e.passed for e in first.get_asset_check_evaluations()}
+    assert checks == {"great_expectations": True, DROP_CHECK: True}  # no earlier day: nothing to drop from
+    stored = lake.read_partition(ZONE, MODELS_TABLE, day)
+    truth = recompute(records, events)
+    for row in stored.filter(pl.col("role") == LIVE).iter_rows(named=True):
+        mine = [t for t in truth if t["record"].role == LIVE and t["record"].model_version == row["model_version"]]
+        assert row["ctr"] == pytest.approx(sum(t["hits"] for t in mine) / sum(t["shown"] for t in mine), rel=1e-9)
+    experiments = lake.read_partition(ZONE, COMPARISONS_TABLE, day)
+    assert {"ab", "other", "shadow:slow"} <= set(experiments["experiment"].to_list())
+    metadata = first.asset_materializations_for_node("monitoring__online_accuracy")[0].metadata
+    assert "<svg" in metadata["ctr_over_time"].value and "live treatment" in metadata["ctr_over_time"].value
+    assert not received
+
+    # the next day: the same traffic, but the users stop clicking
+    next_day = day + timedelta(days=1)
+    later = [dataclasses.replace(r, served_at=r.served_at + timedelta(days=1)) for r in records]
+    log_day(tmp_path, later)
+    lake.write_partition("warehouse", "interactions", next_day, events.filter(pl.col("event_type") == "impression")
+                         .with_columns(pl.col("event_timestamp") + timedelta(days=1)))
+    second = run(tmp_path, next_day, url)
+    checks = {e.check_name: e for e in second.get_asset_check_evaluations()}
+    assert checks["great_expectations"].passed and not checks[DROP_CHECK].passed
+    assert checks[DROP_CHECK].metadata["notified"].value is True
+    assert len(received) == 1 and received[0]["check"] == DROP_CHECK and received[0]["partition"] == str(next_day)
+    assert {d["served_model"] for d in received[0]["drops"]} == {"personalization", "personalization-challenger"}
+
+
+def test_a_log_that_fails_its_expectations_is_not_taken_in(tmp_path, webhook):
+    url, _ = webhook
+    records, events = simulated(12, users=30)
+    broken = [dataclasses.replace(records[0], latency_ms=-1.0), *records[1:]]
+    log_day(tmp_path, broken)
+    result = run(tmp_path, T0.date(), url)
+    assert not result.success
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["great_expectations"] is False
+    assert not Lake(tmp_path).partition_path(LOG_ZONE, TABLE, T0.date()).exists()

@@ -1,0 +1,76 @@
+"""Promotion from evidence: a pipeline built with `promotion_evidence="online"` promotes the challenger that
+beat the champion in an A/B test (monitoring's comparisons, computed by the online-accuracy engine from
+logged answers and outcomes), even when its held-out score is worse, and refuses it when the online
+difference is not significant. The toy training function registers small folders (the gate is under
+test, not a model); Ray is real, as the SDK starts it."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import AssetSelection, DagsterInstance, DailyPartitionsDefinition, materialize
+
+from assets.pipelines import GATE_CHECK, TrainedModel, TrainingRun, training_pipeline
+from engines.lake import Lake
+from engines.online_accuracy import COMPARISONS_TABLE, ZONE, by_experiment, scored_answers
+from engines.prediction_logs import frame
+from engines.registry import ModelRegistry
+from resources.lake import LakeResource
+from resources.ray import RayResource
+from resources.registry import ModelRegistryResource
+from tests.engines.test_online_accuracy import SETTINGS, T0, simulated
+
+pytestmark = pytest.mark.services  # starts Ray
+
+
+@pytest.fixture(scope="module")
+def ray(tmp_path_factory):
+    resource = RayResource(num_cpus=1, object_store_mb=100, temp_dir=str(tmp_path_factory.mktemp("ray")))
+    with resource.session():
+        yield resource
+
+
+def toy(registry_root):
+    @training_pipeline("toy_online", description="A toy model gated on online evidence", deps=[],
+                       partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"),
+                       promotion_evidence="online")
+    def train(run: TrainingRun) -> TrainedModel:
+        folder = run.workdir / "model"
+        folder.mkdir()
+        (folder / "weights.txt").write_text(f"trained for {run.day}")
+        return TrainedModel(folder, {"auc": 0.1}, "auc", evaluate=lambda champion: 0.9,  # worse offline
+                            data_partitions=[str(run.day)], feature_service="personalization_ranking")
+
+    return train
+
+
+def registered(root, tmp_path) -> ModelRegistry:
+    registry = ModelRegistry.local(root)
+    for version, alias in (("1", "champion"), ("2", "challenger")):
+        folder = tmp_path / f"v{version}"
+        folder.mkdir()
+        (folder / "weights.txt").write_text(version)
+        registry.register("toy_online", folder, {}, {"auc": 0.5})
+        registry.set_alias("toy_online", alias, version, who="test", reason="setup")
+    return registry
+
+
+@pytest.mark.parametrize("lift, promoted", [(0.12, True), (0.0, False)])
+def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_lift(tmp_path, ray, lift, promoted):
+    registry = registered(tmp_path / "registry", tmp_path)
+    records, events = simulated(21, users=400, lift=lift)  # control served v1 (champion), treatment v2
+    comparisons = by_experiment(scored_answers(frame(records), events, SETTINGS), {"ab": "control"}, SETTINGS)
+    Lake(tmp_path / "lake").write_partition(ZONE, COMPARISONS_TABLE, T0.date(), comparisons)
+    pipeline = toy(tmp_path / "registry")
+    resources = {"lake": LakeResource(root=str(tmp_path / "lake")),
+                 "model_registry": ModelRegistryResource(root=str(tmp_path / "registry")),
+                 "ray": ray}
+    result = materialize(pipeline.assets, selection=AssetSelection.all(), resources=resources,
+                         partition_key=T0.date().isoformat(), instance=DagsterInstance.ephemeral(),
+                         raise_on_error=False)
+    gate = next(e for e in result.get_asset_check_evaluations() if e.check_name == GATE_CHECK)
+    assert gate.passed is promoted, gate.description
+    assert registry.by_alias("toy_online", "champion").version == ("2" if promoted else "1")
+    assert registry.by_alias("toy_online", "challenger").version == "3"  # the new version is tested next
+    assert gate.metadata["online_source"].value == "ab"
+    if not promoted:
+        assert "not significant" in gate.description

@@ -1,0 +1,203 @@
+"""Online accuracy against an independent recomputation: random prediction logs and interactions, each
+metric recomputed with plain Python loops from the raw rows (hits within the horizon, NDCG, calibration,
+delta-method intervals over users, z-tests, sample sizes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import polars as pl
+import pytest
+
+from engines.online_accuracy import (
+    AccuracySettings,
+    by_experiment,
+    by_model,
+    drops,
+    online_verdict,
+    scored_answers,
+    shadow_against_live,
+)
+from engines.prediction_logs import LIVE, SHADOW, PredictionRecord, frame
+
+T0 = datetime(2026, 3, 2, 8, tzinfo=UTC)
+SETTINGS = AccuracySettings(k=5, horizon=timedelta(minutes=30))
+Z95 = 1.959963984540054
+
+
+def simulated(seed: int, users: int = 300, lift: float = 0.0):
+    """Live answers of an A/B test (control v1, treatment v2), a shadow (v3) beside each, and the clicks
+    and plays that followed (some outside the horizon, some of items never shown, some impressions)."""
+    rng = random.Random(seed)
+    records, events = [], []
+    for n in range(users * 3):
+        user = rng.randrange(users)
+        arm = "treatment" if (user * 7919) % 2 else "control"
+        other = "b" if (user * 104729) % 3 else "a"
+        at = T0 + timedelta(seconds=rng.randrange(6 * 3600))
+        items = rng.sample(range(500), rng.choice([5, 5, 5, 3, 7]))
+        scores = sorted((rng.gauss(-2, 1) for _ in items), reverse=True)
+        request = f"r{n}"
+        assignments = {"ab": arm, "other": other}
+        records.append(PredictionRecord(request, at, LIVE, "recommend", user, "ab", arm, assignments,
+                                        "personalization" if arm == "control" else "personalization-challenger",
+                                        "personalization", "1" if arm == "control" else "2", 5, "0" * 64,
+                                        rng.random() * 10, items, scores))
+        shadow_items = items[:2] + rng.sample(range(500), 3)
+        shadow_scores = sorted((rng.gauss(-2, 1) for _ in range(5)), reverse=True)
+        records.append(PredictionRecord(request, at, SHADOW, "recommend", user, "", "slow", assignments,
+                                        "personalization@slow", "personalization", "3", 5, "0" * 64,
+                                        rng.random() * 20, shadow_items, shadow_scores))
+        p = 0.15 + (lift if arm == "treatment" else 0.0)
+        for rank, item in enumerate(items):
+            if rng.random() < p / (rank + 1) ** 0.5:
+                kind = rng.choice(["click", "play", "impression"])
+                delay = timedelta(minutes=rng.choice([1, 10, 29, 31, 90]))
+                events.append({"user_id": user, "item_id": item, "event_type": kind, "event_timestamp": at + delay})
+        events.append({"user_id": user, "item_id": rng.randrange(500), "event_type": "click",
+                       "event_timestamp": at - timedelta(minutes=5)})  # before the answer: never a hit
+    records.append(PredictionRecord("failed", T0, SHADOW, "recommend", 1, "", "broken", {}, "x", "personalization",
+                                    "", 5, "0" * 64, 1.0, status="error", error="boom"))
+    interactions = pl.DataFrame(events, schema={"user_id": pl.Int64, "item_id": pl.Int64, "event_type": pl.String,
+                                                "event_timestamp": pl.Datetime("us", "UTC")})
+    return records, interactions
+
+
+def recompute(records, interactions):
+    """Per record: hits, shown, NDCG, expected hits at k, from the raw rows with loops."""
+    outcomes = defaultdict(list)
+    for e in interactions.iter_rows(named=True):
+        if e["event_type"] in ("click", "play"):
+            outcomes[(e["user_id"], e["item_id"])].append(e["event_timestamp"])
+    out = []
+    for r in records:
+        if r.status != "ok":
+            continue
+        hits, dcg, expected = [], 0.0, 0.0
+        for rank, (item, score) in enumerate(zip(r.item_ids[:5], r.scores[:5]), start=1):
+            hit = any(r.served_at <= t <= r.served_at + timedelta(minutes=30) for t in outcomes[(r.user_id, item)])
+            hits.append(hit)
+            dcg += hit / math.log2(rank + 1)
+            expected += 1 / (1 + math.exp(-score))
+        ideal = sum(1 / math.log2(i + 1) for i in range(1, sum(hits) + 1))
+        out.append({"record": r, "hits": sum(hits), "shown": len(hits), "ndcg": dcg / ideal if ideal else 0.0,
+                    "expected": expected})
+    return out
+
+
+def ratio_and_se(units: dict) -> tuple[float, float]:
+    """Σa/Σb over units with the delta-method standard error, from (a, b) pairs per unit."""
+    pairs = list(units.values())
+    a, b = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    value, mean_b, u = a / b, b / len(pairs), len(pairs)
+    residuals = [p[0] - value * p[1] for p in pairs]
+    mean_r = sum(residuals) / u
+    variance = sum((r - mean_r) ** 2 for r in residuals) / (u - 1)
+    return value, math.sqrt(variance / u) / mean_b
+
+
+def test_metrics_per_model_version_match_a_recomputation_from_the_raw_rows():
+    records, interactions = simulated(3)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    table = by_model(answers, SETTINGS)
+    truth = recompute(records, interactions)
+    assert table["answers"].sum() == len(truth)
+    for row in table.iter_rows(named=True):
+        mine = [t for t in truth if (t["record"].role, t["record"].model_version, t["record"].variant) ==
+                (row["role"], row["model_version"], row["variant"])]
+        users = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
+        for t in mine:
+            u = users[t["record"].user_id]
+            u[0] += t["hits"]
+            u[1] += t["shown"]
+            u[2] += t["ndcg"]
+            u[3] += 1
+            u[4] += t["expected"]
+        ctr, ctr_se = ratio_and_se({k: (v[0], v[1]) for k, v in users.items()})
+        ndcg, ndcg_se = ratio_and_se({k: (v[2], v[3]) for k, v in users.items()})
+        calibration, calibration_se = ratio_and_se({k: (v[0], v[4]) for k, v in users.items()})
+        assert row["users"] == len(users) and row["hits"] == sum(v[0] for v in users.values())
+        for name, value, se in (("ctr", ctr, ctr_se), ("ndcg", ndcg, ndcg_se),
+                                ("calibration", calibration, calibration_se)):
+            assert row[name] == pytest.approx(value, rel=1e-9)
+            assert row[f"{name}_low"] == pytest.approx(value - Z95 * se, rel=1e-9)
+            assert row[f"{name}_high"] == pytest.approx(value + Z95 * se, rel=1e-9)
+        assert row["counterfactual"] == (row["role"] == SHADOW)
+    assert table.filter(pl.col("variant") == "broken").is_empty()  # a failed shadow showed nothing
+
+
+def test_experiment_differences_tests_and_sample_sizes_match_a_recomputation():
+    records, interactions = simulated(5, users=400, lift=0.1)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    table = by_experiment(answers, {"ab": "control", "other": "a"}, SETTINGS)
+    truth = [t for t in recompute(records, interactions) if t["record"].role == LIVE]
+    assert sorted(table["experiment"].to_list()) == ["ab", "other"]
+    for row in table.iter_rows(named=True):
+        arms = {}
+        for arm in (row["control"], row["variant"]):
+            users = defaultdict(lambda: [0.0, 0.0])
+            for t in truth:
+                if t["record"].assignments[row["experiment"]] == arm:
+                    users[t["record"].user_id][0] += t["hits"]
+                    users[t["record"].user_id][1] += t["shown"]
+            arms[arm] = (*ratio_and_se(users), len(users))
+        (c, c_se, c_n), (v, v_se, v_n) = arms[row["control"]], arms[row["variant"]]
+        se = math.sqrt(c_se ** 2 + v_se ** 2)
+        p = math.erfc(abs(v - c) / se / math.sqrt(2))
+        needed = math.ceil((Z95 + 0.8416212335729143) ** 2 * (c_se ** 2 * c_n + v_se ** 2 * v_n) / (0.05 * c) ** 2)
+        assert (row["control_users"], row["variant_users"]) == (c_n, v_n)
+        assert row["difference"] == pytest.approx(v - c, rel=1e-9)
+        assert row["p_value"] == pytest.approx(p, rel=1e-6, abs=1e-12)
+        assert row["users_needed_per_arm"] == needed
+        assert row["users_still_needed"] == max(0, needed - min(c_n, v_n))
+    ab = table.filter(pl.col("experiment") == "ab").row(0, named=True)
+    assert ab["significant"] and ab["difference"] > 0  # a real lift of 0.1 on 400 users is found
+    assert (ab["control_versions"], ab["variant_versions"]) == ("1", "2")
+
+
+def test_shadow_is_compared_with_live_on_the_same_requests():
+    records, interactions = simulated(7)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    table = shadow_against_live(answers, SETTINGS)
+    truth = {(t["record"].request_id, t["record"].role): t for t in recompute(records, interactions)}
+    row = table.filter(pl.col("variant") == "slow").row(0, named=True)
+    users = defaultdict(lambda: np.zeros(4))
+    for (request, role), t in truth.items():
+        if role == SHADOW and t["record"].variant == "slow":
+            live = truth[(request, LIVE)]
+            users[t["record"].user_id] += [t["hits"], t["shown"], live["hits"], live["shown"]]
+    s = np.array(list(users.values()))
+    rs, rl = s[:, 0].sum() / s[:, 1].sum(), s[:, 2].sum() / s[:, 3].sum()
+    residual = (s[:, 0] - rs * s[:, 1]) / s[:, 1].mean() - (s[:, 2] - rl * s[:, 3]) / s[:, 3].mean()
+    se = residual.std(ddof=1) / math.sqrt(len(s))
+    assert row["difference"] == pytest.approx(rs - rl, rel=1e-9)
+    assert row["p_value"] == pytest.approx(math.erfc(abs(rs - rl) / se / math.sqrt(2)), rel=1e-6)
+    assert row["counterfactual"] and row["variant_versions"] == "3"
+
+
+def test_a_significant_drop_is_found_and_the_verdict_reads_the_comparisons():
+    records, interactions = simulated(9, users=400)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    yesterday = by_model(answers, SETTINGS)
+    worse = [r for r in records]  # the same traffic, but nobody acts on what is shown
+    quiet = interactions.filter(pl.lit(False))
+    today = by_model(scored_answers(frame(worse), quiet, SETTINGS), SETTINGS)
+    found = drops(today, yesterday, threshold=0.2, alpha=0.01)
+    assert {d.served_model for d in found} == {"personalization", "personalization-challenger"}
+    assert not drops(yesterday, yesterday, threshold=0.2, alpha=0.01)
+    comparisons = by_experiment(answers, {"ab": "control"}, SETTINGS)
+    verdict = online_verdict(comparisons, challenger="2", champion="1")
+    assert verdict.source == "ab" and verdict.p_value == comparisons.filter(
+        pl.col("experiment") == "ab")["p_value"][0]
+    assert not online_verdict(comparisons, challenger="7", champion="1").passed
+
+
+def test_assignments_are_read_per_experiment():
+    records, _ = simulated(1, users=20)
+    logged = frame(records)
+    assert {json.loads(a)["ab"] for a in logged["assignments"].to_list() if a != "{}"} == {"control", "treatment"}

@@ -1,0 +1,94 @@
+"""The personalization model's parts on a small made-up frame (fast tier, no Ray): the popularity
+prior, the negatives' features, unseen ids and log-scaled counts, each against a recomputation from
+the rows themselves."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import polars as pl
+import torch
+
+from ml.personalization import (
+    ITEM_INPUTS,
+    UNSEEN,
+    PersonalizationModel,
+    TrainConfig,
+    TwoTower,
+    _daily_catalogues,
+    build_spec,
+    labelled,
+)
+
+POPULAR = "item_popularity__clicks_7d"
+
+
+def frame(rows: int = 400, seed: int = 5) -> pl.DataFrame:
+    """Impressions over three days; an item's clicks_7d grows day by day (null on the first)."""
+    rng = random.Random(seed)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    out = []
+    for _ in range(rows):
+        day, item = rng.randrange(3), rng.randrange(1, 30)
+        out.append({"user_id": rng.randrange(1, 50), "item_id": item,
+                    "event_timestamp": start + timedelta(days=day, seconds=rng.randrange(86_400)),
+                    "label_click": rng.random() < 0.2, "label_play": rng.random() < 0.05,
+                    POPULAR: None if day == 0 else item * 10 * day})
+    return pl.DataFrame(out)
+
+
+def test_the_prior_is_log_one_plus_each_items_positives():
+    rows = labelled(frame())
+    network = TwoTower(build_spec(rows, TrainConfig(dim=4, hidden=8)))
+    network.set_prior(rows)
+    positives: dict[int, int] = {}
+    for item, click, play in rows.select("item_id", "label_click", "label_play").iter_rows():
+        positives[item] = positives.get(item, 0) + int(click or play)
+    for item in random.Random(1).sample(sorted(positives), 10):
+        assert math.isclose(float(network.item_prior[item]), math.log1p(positives[item]), rel_tol=1e-6)
+    assert float(network.item_prior[UNSEEN]) == 0.0
+
+
+def test_negatives_carry_their_days_features():
+    """A negative drawn for a row is an item shown that day, with that day's (first) feature values."""
+    rows = labelled(frame())
+    spec = build_spec(rows, TrainConfig(dim=4, hidden=8))
+    catalogue, first, size = _daily_catalogues(rows, spec.item)
+    days = rows.get_column("event_timestamp").dt.date().to_list()
+    column = spec.item.numeric.index(POPULAR)
+    for row in random.Random(2).sample(range(rows.height), 20):
+        shown = rows.filter(pl.col("event_timestamp").dt.date() == days[row]).sort("event_timestamp")
+        expected = {}
+        for item, value in shown.select("item_id", POPULAR).iter_rows():
+            expected.setdefault(item, value)
+        drawn = range(int(first[row]), int(first[row] + size[row]))
+        assert len(drawn) == len(expected)
+        for index in drawn:
+            item = int(catalogue["ids"][index])
+            raw = expected[item] or 0.0
+            scaled = (math.log1p(raw) - spec.item.means[column]) / spec.item.stds[column]
+            assert math.isclose(float(catalogue["numeric"][index, column]), scaled, rel_tol=1e-5, abs_tol=1e-5)
+
+
+def test_counts_are_log_scaled_and_unseen_ids_share_one_bucket():
+    rows = labelled(frame())
+    spec = build_spec(rows, TrainConfig(dim=4, hidden=8))
+    assert any(i.view == "item_popularity" and i.log_counts for i in ITEM_INPUTS)
+    assert POPULAR in spec.item.log_numeric
+    assert spec.item.buckets(np.array([3, spec.item.id_buckets, 10**9, -1])).tolist() == [3, UNSEEN, UNSEEN, UNSEEN]
+    model = PersonalizationModel(TwoTower(spec))
+    newcomers = pl.DataFrame({"item_id": [10**6, 10**6 + 1], POPULAR: [5, 5]})
+    vectors = model.item_vectors(newcomers)  # two new items with equal features: one vector
+    np.testing.assert_allclose(vectors[0], vectors[1])
+    scores = model.user_vectors(rows.head(3)) @ model.item_vectors(rows.head(3)).T
+    np.testing.assert_allclose(np.diag(scores), model.score(rows.head(3)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_column_constant_in_training_is_left_out():
+    rows = labelled(frame()).with_columns(pl.lit(None, pl.Float64).alias("item_content__price"))
+    spec = build_spec(rows, TrainConfig(dim=4, hidden=8))
+    assert "item_content__price" not in spec.item.numeric and POPULAR in spec.item.numeric
+    assert torch.isfinite(torch.tensor(spec.item.stds)).all()
