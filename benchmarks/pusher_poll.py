@@ -34,8 +34,8 @@ def percentile(values: list[float], q: float) -> float:
 def idle_polls(files: int, repeats: int, root: Path) -> list[float]:
     """Seconds per idle poll with `files` applied result files in every view's sink."""
     spec = flink_job("bench", streaming_plans(catalogue), SourceOptions(path="/unused"), str(root / "sink"))
-    for info in spec.to_dict()["views"].values():
-        sink = Path(info["sink"])
+    for info in spec.views.values():
+        sink = Path(info.sink)
         sink.mkdir(parents=True)
         for i in range(files):
             (sink / f"part-{i:07d}").touch()  # empty files: the cost measured is listing, not reading rows

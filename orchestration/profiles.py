@@ -78,7 +78,6 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             mode="cluster",
             source="kafka",
             kafka_bootstrap_servers=os.environ.get("MLPLANE_KAFKA_BOOTSTRAP_SERVERS", ""),
-            sql_gateway_url=os.environ.get("MLPLANE_FLINK_SQL_GATEWAY_URL", ""),
             rest_url=os.environ.get("MLPLANE_FLINK_REST_URL", ""),
         )
         model_registry = ModelRegistryResource(tracking_uri=EnvVar("MLPLANE_MLFLOW_TRACKING_URI"),

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -17,15 +16,18 @@ from pydantic import Field
 from engines.streaming import (
     DEFAULT_FLINK_PYTHON,
     PROJECT_ROOT,
+    ClusterJob,
     FlinkJob,
-    FlinkSqlGateway,
     JobHealth,
+    PusherConfig,
     SourceOptions,
     StreamingJobError,
     StreamingJobSettings,
+    make_job,
     process_alive,
     terminate_group,
 )
+from engines.streaming.backlog import catch_up, resume
 from resources.feature_store import FeatureStoreResource
 
 
@@ -34,19 +36,19 @@ class FlinkResource(ConfigurableResource):
 
     `mode="local"` (default) runs each job on a PyFlink mini-cluster, a process of .venv-flink
     launched through dagster-pipes, reading the directory the simulator's streaming mode appends
-    to. `mode="cluster"` submits the same SQL to a Flink cluster's SQL Gateway REST endpoint and
-    watches it through the JobManager's REST API, reading Kafka (see README, Streaming features).
+    to. `mode="cluster"` submits the same job to a Flink session cluster (remote execution) and
+    watches it through the JobManager's REST API, reading Kafka (see README, Streaming features);
+    the backfill runs there too. `state_dir` must then be storage the cluster and the pusher share.
     A pusher process applies the job's committed results to the online store.
     """
 
     feature_store: FeatureStoreResource
-    mode: str = Field(default="local", description="'local' (mini-cluster) or 'cluster' (REST)")
+    mode: str = Field(default="local", description="'local' (mini-cluster) or 'cluster' (a session cluster)")
     source: str = Field(default="files", description="'files' (a directory per event source) or 'kafka'")
     events_dir: str | None = Field(default=None, description="files: default <lake>/stream/<source>")
     state_dir: str | None = Field(default=None, description="checkpoints, sinks, status; default <lake>/streaming")
     kafka_bootstrap_servers: str = ""
     kafka_topic_prefix: str = Field(default="mlplane.", description="kafka: topic = prefix + source name")
-    sql_gateway_url: str = Field(default="", description="cluster: Flink SQL Gateway, e.g. http://flink-sql:8083")
     rest_url: str = Field(default="", description="cluster: JobManager REST, e.g. http://flink-jobmanager:8081")
     flink_python: str = str(DEFAULT_FLINK_PYTHON)
     slide_seconds: int = Field(default=60, description="how often windows emit (== window: tumbling)")
@@ -65,28 +67,25 @@ class FlinkResource(ConfigurableResource):
             events = Path(self.events_dir) / source if self.events_dir else lake / "stream" / source
             events.mkdir(parents=True, exist_ok=True)
             options = SourceOptions(path=str(events.resolve()))
-        return FlinkJob(StreamingJobSettings(
+        return make_job(StreamingJobSettings(
             source=source, state_dir=state / source, source_options=options, slide_seconds=self.slide_seconds,
             watermark_delay_seconds=self.watermark_delay_seconds, checkpoint_interval_ms=self.checkpoint_interval_ms,
-            flink_python=Path(self.flink_python)))
+            flink_python=Path(self.flink_python), rest=self._rest()))
 
     def health(self, source: str) -> JobHealth:
-        job = self.job(source)
-        if self.mode == "cluster":
-            return self._gateway().health(job)
-        return job.health()
+        return self.job(source).health()
 
     def launch(self, context, source: str) -> tuple[JobHealth, dict]:
         """Start the job, from its newest checkpoint when it has one; returns its health once it
         runs and what it reported through dagster-pipes. Raises with the cause if it fails."""
         job = self.job(source)
-        if self.mode == "cluster":  # resume from the failed job's newest retained checkpoint, if any
-            gateway = self._gateway()
-            checkpoint = gateway.health(job).checkpoint
-            gateway.submit(job, restore=checkpoint)
-            return gateway.health(job), {"restored_from": checkpoint}
-        checkpoint = job.latest_checkpoint()
+        if isinstance(job, ClusterJob):  # resume from the ended job's newest retained checkpoint, if any
+            checkpoint = resume(job, self.start_timeout_seconds)
+            self.start_pusher(source)
+            return job.health(), {"status": "RUNNING", "job_id": job.status()["job_id"],
+                                  "restored_from": str(checkpoint) if checkpoint else None}
         job.stop()
+        checkpoint = catch_up(job, self.start_timeout_seconds)  # the events that landed while it was down
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),
                                 message_reader=PipesTempFileMessageReader()) as session:
             process = job.start(restore=checkpoint, extra_env=session.get_bootstrap_env_vars())
@@ -108,11 +107,11 @@ class FlinkResource(ConfigurableResource):
         if pid_file.exists() and process_alive(int(pid_file.read_text())):
             return int(pid_file.read_text())
         store = self.feature_store.engine().settings
-        config = {"spec": str(job.write_spec()), "repo_dir": str(store.repo_dir),
-                  "offline_root": str(store.offline_root), "project": store.project,
-                  "online_store": store.online_store, "redis_url": store.redis_url,
-                  "registry_url": store.registry_url}
-        (job.state_dir / "pusher.json").write_text(json.dumps(config))
+        config = PusherConfig(spec=job.write_spec(), store={
+            "repo_dir": str(store.repo_dir), "offline_root": str(store.offline_root), "project": store.project,
+            "online_store": store.online_store, "redis_url": store.redis_url, "registry_url": store.registry_url})
+        config.write(job.state_dir / "pusher.json")
+        job.log_dir.mkdir(parents=True, exist_ok=True)
         with open(job.log_dir / "pusher.log", "ab") as out:
             process = subprocess.Popen([sys.executable, "-m", "engines.streaming", str(job.state_dir / "pusher.json")],
                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=PROJECT_ROOT)
@@ -127,7 +126,11 @@ class FlinkResource(ConfigurableResource):
             terminate_group(int(pid_file.read_text()))
             pid_file.unlink()
 
-    def _gateway(self) -> FlinkSqlGateway:
-        if not (self.sql_gateway_url and self.rest_url):
-            raise StreamingJobError("mode 'cluster' needs sql_gateway_url and rest_url")
-        return FlinkSqlGateway(self.sql_gateway_url, self.rest_url)
+    def _rest(self) -> str:
+        if self.mode == "local":
+            return ""
+        if self.mode != "cluster":
+            raise StreamingJobError(f"mode must be 'local' or 'cluster', not {self.mode!r}")
+        if not self.rest_url:
+            raise StreamingJobError("mode 'cluster' needs rest_url (the JobManager's REST address)")
+        return self.rest_url

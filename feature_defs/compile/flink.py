@@ -61,6 +61,17 @@ class SourceOptions:
 
 
 @dataclass(frozen=True)
+class ViewSink:
+    """Where a view's window results land and how the pusher applies them to the online store."""
+
+    keys: list[str]  # the entity's join keys
+    features: dict[str, str]  # feature -> dtype, in the order of the view's output
+    push_source: str  # the Feast PushSource of the view
+    sink: str  # the folder Flink's filesystem sink commits files to
+    empty: dict  # each feature's value over a window without events
+
+
+@dataclass(frozen=True)
 class FlinkJobSpec:
     """Everything the generic job body (jobs/flink/run_job.py) needs: SQL and settings, no code."""
 
@@ -68,11 +79,15 @@ class FlinkJobSpec:
     mode: Literal["streaming", "batch"]
     statements: list[str]  # DDL, run in order
     inserts: list[str]  # one statement set, one Flink job
-    views: dict[str, dict]  # view -> {"keys": [...], "features": {name: dtype}, "push_source": ...}
+    views: dict[str, ViewSink]
     sink_root: str
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FlinkJobSpec:
+        return cls(**{**data, "views": {name: ViewSink(**view) for name, view in data["views"].items()}})
 
 
 def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink_root: str,
@@ -104,8 +119,9 @@ def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink
         sink = f"sink__{plan.view}"
         statements.append(_view_sink_ddl(sink, plan, sink_root, mode))
         inserts.append(_view_insert(sink, events, plan, slide_seconds))
-        views[plan.view] = {"keys": list(plan.keys), "features": plan.output_types, "push_source": plan.push_source,
-                            "sink": f"{sink_root}/{plan.view}", "empty": empty_values(plan)}
+        views[plan.view] = ViewSink(keys=list(plan.keys), features=dict(plan.output_types),
+                                    push_source=plan.push_source, sink=f"{sink_root}/{plan.view}",
+                                    empty=empty_values(plan))
     return FlinkJobSpec(name=name, mode=mode, statements=statements, inserts=inserts, views=views,
                         sink_root=sink_root)
 
@@ -123,10 +139,19 @@ def _json_value(column: str, dtype: str) -> str:
 
 
 def _timestamp_of(text: str) -> str:
-    # ISO-8601 UTC text ('2026-01-01T10:00:00.123456Z'); cut to milliseconds, Flink's time precision,
-    # so that an event just before a window end never rounds up into the next window.
-    iso = f"REPLACE(REPLACE({text}, 'T', ' '), 'Z', '')"
-    return f"TRY_CAST(SUBSTRING({iso} FROM 1 FOR 23) AS TIMESTAMP(3))"
+    """ISO-8601 text to a UTC TIMESTAMP(3), as polars parses it (engines.ingest): 'T' or a space,
+    optional fractional seconds, and 'Z', a UTC offset ('+02:00', '-0530') or none (UTC). Fractions
+    are cut to milliseconds, Flink's time precision, so that an event just before a window end never
+    rounds up into the next window. Anything else is NULL (malformed)."""
+    iso = f"REPLACE({text}, 'T', ' ')"
+    valid = rf"REGEXP({iso}, '^\d{{4}}-\d{{2}}-\d{{2}} \d{{2}}:\d{{2}}:\d{{2}}(\.\d+)?(Z|[+-]\d{{2}}:?\d{{2}})?$')"
+    millis = rf"RPAD(COALESCE(REGEXP_EXTRACT({iso}, '^.{{19}}\.(\d{{1,3}})', 1), ''), 3, '0')"
+    local = f"TRY_CAST(SUBSTRING({iso} FROM 1 FOR 19) || '.' || {millis} AS TIMESTAMP(3))"
+    zone = rf"REPLACE(REGEXP_EXTRACT({iso}, '[+-]\d{{2}}:?\d{{2}}$', 0), ':', '')"  # '+0200', or NULL
+    hours, minutes = f"CAST(SUBSTRING({zone} FROM 2 FOR 2) AS INT)", f"CAST(SUBSTRING({zone} FROM 4 FOR 2) AS INT)"
+    sign = f"(CASE WHEN SUBSTRING({zone} FROM 1 FOR 1) = '-' THEN -1 ELSE 1 END)"
+    offset = f"COALESCE({sign} * ({hours} * 3600 + {minutes} * 60), 0)"
+    return f"(CASE WHEN {valid} THEN TIMESTAMPADD(SECOND, -{offset}, {local}) END)"
 
 
 def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: str, delay: int) -> str:

@@ -1,14 +1,19 @@
 """The one PyFlink job body: runs a compiled job spec (feature_defs/compile/flink.py) on the local
-mini-cluster, so no feature has hand-written Flink code.
+mini-cluster or submits it to a session cluster, so no feature has hand-written Flink code.
 
 Runs inside .venv-flink (standard library, pyflink and dagster-pipes only):
 
     .venv-flink/bin/python jobs/flink/run_job.py SPEC.json --state-dir DIR [--restore CHECKPOINT]
+        [--rest HOST:PORT --restart-attempts N]
 
-It writes DIR/status.json every second (process, Flink job id and status, restored checkpoint) for
-the platform to watch. Under dagster-pipes (launched by FlinkResource) it reports the job id once
-the job runs and closes the pipe; the job keeps running after that. Restarts are off: a failure
-ends the process with the cause in status.json, so the platform sees and reports it.
+Locally it writes DIR/status.json every second (process, Flink job id and status, restored
+checkpoint) for the platform to watch. Under dagster-pipes (launched by FlinkResource) it reports
+the job id once the job runs and closes the pipe; the job keeps running after that. Restarts are
+off: a failure ends the process with the cause in status.json, so the platform sees and reports it.
+
+With --rest it submits the job to that cluster (remote execution), writes the job id to
+status.json and returns; the cluster runs it, restarting it from its newest checkpoint up to
+--restart-attempts times, and the platform watches it through the JobManager's REST API.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--restore", default=None, help="a retained checkpoint (chk-N folder) to resume from")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=2000)
+    parser.add_argument("--rest", default=None, help="HOST:PORT of a session cluster's JobManager: submit there "
+                        "(execution.target remote), report the job id and return; the cluster runs it")
+    parser.add_argument("--restart-attempts", type=int, default=0,
+                        help="restarts from the newest checkpoint before the job fails (cluster: a lost TaskManager)")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())
     status = StatusFile(args.state_dir / "status.json", spec["name"], spec["mode"], args.restore)
@@ -41,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             status.write("FAILED", error=f"{type(error).__name__}: {error}")
             raise
         job_id = str(client.get_job_id())
+        if args.rest:  # the cluster runs it now; its REST API says how it goes
+            status.write("SUBMITTED", job_id=job_id, rest=args.rest)
+            if pipes:
+                pipes.report_custom_message({"job_id": job_id, "status": "SUBMITTED"})
+            return 0
         state = wait_for(client, status, job_id, until={"RUNNING"} | TERMINAL)
         if pipes:
             pipes.report_custom_message({"job_id": job_id, "status": state})
@@ -67,6 +81,13 @@ def submit(spec: dict, args: argparse.Namespace):
         "restart-strategy.type": "none",
         "table.exec.resource.default-parallelism": "1",
     }
+    if args.restart_attempts:
+        values |= {"restart-strategy.type": "fixed-delay",
+                   "restart-strategy.fixed-delay.attempts": str(args.restart_attempts),
+                   "restart-strategy.fixed-delay.delay": "1s"}
+    if args.rest:
+        host, port = args.rest.rsplit(":", 1)
+        values |= {"execution.target": "remote", "rest.address": host, "rest.port": port}
     if spec["mode"] == "streaming":
         values |= {
             "execution.checkpointing.interval": f"{args.checkpoint_interval_ms}ms",

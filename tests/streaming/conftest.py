@@ -7,12 +7,14 @@ which already holds the batch features."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from datetime import time as day_time
 from pathlib import Path
 
@@ -26,10 +28,12 @@ from engines.simulator import Simulator
 from engines.simulator.stream import EventStream, malformed_lines
 from engines.streaming import (
     WINDOW_END,
+    ClusterSettings,
     FlinkJob,
     JobHealth,
     OnlinePusher,
     SourceOptions,
+    StandaloneCluster,
     StreamingJobSettings,
     read_committed_rows,
 )
@@ -110,37 +114,97 @@ def normalised(values, is_list: bool = False) -> list:
     return [round(v, 9) if isinstance(v, float) else v for v in values]
 
 
-def append_in_chunks(stream: EventStream, job: FlinkJob, table: pa.Table, chunks: int) -> int:
+def append_in_chunks(stream: EventStream, job: FlinkJob, table: pa.Table, chunks: int,
+                     render: Callable[[pa.Table], list[str]] | None = None) -> int:
     """Append `table` in time order, each file once the job has read the previous one: Flink's file
-    source reads a backlog of files newest first, which would make the older ones late."""
+    source reads a backlog of files newest first, which would make the older ones late. `render`
+    writes a chunk's lines (default: as the simulator does)."""
     size = -(-table.num_rows // chunks)
     for start in range(0, table.num_rows, size):
         chunk = table.slice(start, size)
         expected = job.metrics()["records"] + chunk.num_rows
-        stream.append(chunk)
+        stream.append_lines(render(chunk)) if render else stream.append(chunk)
         wait_until(lambda total=expected: job.metrics()["records"] == total, "the job to read the file")
     return table.num_rows
+
+
+TIME_FORMS = 4  # as the simulator writes it; whole seconds at +02:00; whole seconds in UTC ('Z'); -05:30
+
+
+def _form(event_id: str) -> int:
+    return sum(map(ord, event_id)) % TIME_FORMS
+
+
+def with_whole_seconds(table: pa.Table) -> pa.Table:
+    """The events whose lines `varied_time_lines` writes without fractional seconds, cut to them."""
+    times = [t.replace(microsecond=0) if _form(e) in (1, 2) else t
+             for e, t in zip(table["event_id"].to_pylist(), table["event_timestamp"].to_pylist())]
+    return table.set_column(table.column_names.index("event_timestamp"), "event_timestamp",
+                            pa.array(times, table.schema.field("event_timestamp").type))
+
+
+def varied_time_lines(table: pa.Table) -> list[str]:
+    """Event lines whose times are written as different producers write them, each naming the same
+    instant as the table: UTC with microseconds and 'Z', with a UTC offset, without fractional
+    seconds (the events of `with_whole_seconds`)."""
+    forms = [lambda t: t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+             lambda t: t.astimezone(timezone(timedelta(hours=2))).isoformat(),
+             lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ"),
+             lambda t: t.astimezone(timezone(-timedelta(hours=5, minutes=30))).isoformat()]
+    lines = []
+    for row in table.to_pylist():
+        time_ = row["event_timestamp"]
+        assert _form(row["event_id"]) not in (1, 2) or time_.microsecond == 0, "cut it with with_whole_seconds"
+        lines.append(json.dumps({**row, "event_timestamp": forms[_form(row["event_id"])](time_)}))
+    return lines
 
 
 def before(table: pa.Table, moment: datetime) -> pa.Table:
     return table.filter(pc.less(table["event_timestamp"], pa.scalar(moment, pa.timestamp("us", "UTC"))))
 
 
+@dataclass(frozen=True)
+class StreamDays:
+    """The simulated events the streaming tests append (simulating them costs most of a minute)."""
+
+    simulator: Simulator
+    day: pa.Table  # STREAM_DAY's events, in event-time order
+    tail: pa.Table  # the first hours of the next day
+
+
 @pytest.fixture(scope="session")
-def streaming_run(pipeline_dir, tmp_path_factory) -> StreamingRun:
+def stream_days(tmp_path_factory) -> StreamDays:
+    simulator = Simulator(SMALL, tmp_path_factory.mktemp("stream_sim"))
+    stream = EventStream(simulator, tmp_path_factory.mktemp("unused_events"))
+    next_day = STREAM_DAY + timedelta(days=1)
+    return StreamDays(simulator, stream.day_events(STREAM_DAY),
+                      before(stream.day_events(next_day), datetime.combine(next_day, day_time(3), tzinfo=UTC)))
+
+
+@pytest.fixture(scope="session")
+def flink_cluster(tmp_path_factory):
+    """A Flink session cluster: a JobManager and two TaskManagers, each a process of its own."""
+    cluster = StandaloneCluster(ClusterSettings(root=tmp_path_factory.mktemp("flink_cluster")))
+    try:
+        yield cluster.start(timeout=TIMEOUT)
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
     root = tmp_path_factory.mktemp("streaming")
     repo = root / "feature_repo"
     shutil.copytree(pipeline_dir / "feature_repo", repo)  # batch features already online; not shared state
     engine = FeatureStoreEngine(FeatureStoreSettings(repo_dir=repo, offline_root=pipeline_dir / "offline"))
     events_dir = root / "events"
-    stream = EventStream(Simulator(SMALL, root / "sim"), events_dir)
+    stream = EventStream(stream_days.simulator, events_dir)
     job = FlinkJob(StreamingJobSettings(
         "interactions", root / "job", SourceOptions(path=str(events_dir), monitor_seconds=0.5),
         slide_seconds=SLIDE, watermark_delay_seconds=WATERMARK_DELAY, checkpoint_interval_ms=1000))
     pusher = OnlinePusher(engine.store, job.spec())
-    day = stream.day_events(STREAM_DAY)
+    day, tail = stream_days.day, stream_days.tail
     next_day = STREAM_DAY + timedelta(days=1)
-    tail = before(stream.day_events(next_day), datetime.combine(next_day, day_time(3), tzinfo=UTC))
     first_half = before(day, datetime.combine(STREAM_DAY, day_time(12), tzinfo=UTC))
     second_half = day.slice(first_half.num_rows)
     try:

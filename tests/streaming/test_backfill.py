@@ -10,8 +10,9 @@ from datetime import timedelta
 
 import polars as pl
 import pytest
-from dagster import AssetSelection, DagsterInstance
+from dagster import AssetSelection, DagsterInstance, materialize
 
+from assets import all_assets
 from assets.streaming import MATCHES_OFFLINE, history_key
 from engines.feature_tables import OFFLINE_ZONE
 from engines.lake import Lake
@@ -19,7 +20,8 @@ from engines.streaming import HISTORY_ZONE
 from feature_defs import catalogue
 from feature_defs.compile.polars import TIMESTAMP
 from feature_defs.dsl import Aggregation
-from tests.conftest import DAYS, FIRST_DAY, LAST_DAY, run_pipeline
+from orchestration.profiles import resources_for
+from tests.conftest import DAYS, FIRST_DAY, LAST_DAY, TEST_SLIDE_SECONDS, run_pipeline
 from tests.streaming.conftest import WINDOW_END, assert_windows_equal_polars
 
 DAYS_RANGE = [FIRST_DAY + timedelta(days=k) for k in range(DAYS)]
@@ -74,6 +76,33 @@ def test_history_equals_the_polars_plan_window_by_window(first_run, lake_dir, pi
     assert assert_windows_equal_polars(rows.rename({TIMESTAMP: WINDOW_END}), landed, view) > 1000
     [check] = [c for c in first_run.get_asset_check_evaluations() if c.asset_key == history_key(view.name)]
     assert check.check_name == MATCHES_OFFLINE and check.passed
+
+
+def test_the_prod_profile_runs_the_backfill_on_the_cluster_with_the_local_result(first_run, lake_dir, flink_cluster,
+                                                                                 prod_env, monkeypatch, tmp_path):
+    """In the prod profile the Flink resource submits the backfill to the session cluster (the
+    JobManager's REST API shows the batch job) and the history it writes equals the local run's."""
+    day = DAYS_RANGE[1]
+    prod_lake = tmp_path / "lake"
+    for zone in ("landing", OFFLINE_ZONE):
+        shutil.copytree(lake_dir / zone, prod_lake / zone)
+    monkeypatch.setenv("MLPLANE_FLINK_REST_URL", flink_cluster.rest_address)
+    finished_before = _finished_batch_jobs(flink_cluster)
+    result = materialize(all_assets, selection=HISTORY, resources=resources_for("prod", data_dir=str(prod_lake)),
+                         instance=DagsterInstance.ephemeral(), partition_key=day.isoformat(),
+                         run_config={"ops": {"streaming_history_interactions": {
+                             "config": {"slide_seconds": TEST_SLIDE_SECONDS}}}})
+    assert result.success
+    assert _finished_batch_jobs(flink_cluster) == finished_before + 1
+    for view in STREAMING_VIEWS:
+        on_cluster = Lake(prod_lake).read_partition(HISTORY_ZONE, view.name, day)
+        assert on_cluster.height > 0 and on_cluster.equals(Lake(lake_dir).read_partition(HISTORY_ZONE, view.name, day))
+
+
+def _finished_batch_jobs(cluster) -> int:
+    return sum(1 for job in cluster.rest.get("/jobs/overview")["jobs"]
+               if job["name"] == "streaming_features_interactions" and job["jobType"] == "BATCH"
+               and job["state"] == "FINISHED")
 
 
 def test_rerunning_a_day_is_idempotent_and_a_failed_check_writes_nothing(first_run, lake_dir):

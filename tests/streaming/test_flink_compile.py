@@ -23,7 +23,7 @@ def test_one_job_computes_every_streaming_view_of_a_source():
     assert windows == {"_metrics": None, "user_activity_realtime": "HOP(TABLE", "item_trending": "HOP(TABLE",
                        "item_sales_today": "CUMULATE(TABLE"}
     assert "WATERMARK FOR `event_timestamp`" in spec.statements[0]
-    assert spec.views["item_trending"]["push_source"] == "item_trending_push"
+    assert spec.views["item_trending"].push_source == "item_trending_push"
 
 
 def test_batch_mode_has_no_watermark_and_no_directory_monitoring():

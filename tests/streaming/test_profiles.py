@@ -5,19 +5,23 @@ from __future__ import annotations
 import pytest
 from dagster import build_resources
 
-from engines.streaming import StreamingJobError
+from engines.streaming import ClusterJob, StreamingJobError
 from orchestration.profiles import resources_for
 
 
 def test_prod_profile_submits_to_a_cluster_reading_kafka(prod_env, monkeypatch):
     monkeypatch.setenv("MLPLANE_KAFKA_BOOTSTRAP_SERVERS", "kafka.internal:9092")
+    monkeypatch.delenv("MLPLANE_FLINK_REST_URL", raising=False)
     with build_resources(resources_for("prod")) as resources:
-        flink = resources.flink
-        assert flink.mode == "cluster"
-        ddl = flink.job("interactions").spec().statements[0]
+        assert resources.flink.mode == "cluster"
+        with pytest.raises(StreamingJobError, match="needs rest_url"):
+            resources.flink.health("interactions")
+    monkeypatch.setenv("MLPLANE_FLINK_REST_URL", "flink-jobmanager:8081")
+    with build_resources(resources_for("prod")) as resources:
+        job = resources.flink.job("interactions")
+        assert isinstance(job, ClusterJob) and "--rest" in job.command()
+        ddl = job.spec().statements[0]
         assert "'connector' = 'kafka'" in ddl and "kafka.internal:9092" in ddl and "mlplane.interactions" in ddl
-        with pytest.raises(StreamingJobError, match="sql_gateway_url and rest_url"):
-            flink.health("interactions")
 
 
 def test_local_profile_reads_the_simulators_directory(tmp_path):
