@@ -104,6 +104,8 @@ class ModelRepository:
         if (current and current.version == target) or state.failed_version == target:
             return
         with self._lock:
+            if state.unloaded:  # unloaded through the API while the poller asked the registry
+                return
             self._load(state, target)
 
     def _load(self, state: EntryState, version: str) -> None:
