@@ -68,7 +68,8 @@ class Entity:
 
 @dataclass(frozen=True)
 class Source:
-    """A table that mlplane ingests from landing: an event stream or a dimension.
+    """A warehouse table that feature views read: an event stream or a dimension, ingested from landing,
+    or a table mlplane computes itself (`produced_by`: the key of the asset writing it, '/'-separated).
 
     `kind="events"`: append-only rows, aggregated over windows.
     `kind="table"`: a dimension whose changes arrive daily, keyed by `key`.
@@ -80,6 +81,7 @@ class Source:
     schema: dict[str, DType]
     key: str | None = None
     description: str = ""
+    produced_by: str | None = None
 
     def __post_init__(self) -> None:
         where = f"source {self.name!r}"

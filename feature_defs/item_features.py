@@ -2,7 +2,7 @@ from feature_defs.dsl import Feature, FeatureView, count, distinct_count, last_n
 from feature_defs.entities import item
 from feature_defs.expr import col
 from feature_defs.funnel import click, funnel_counts, impression, play, purchase
-from feature_defs.sources import interactions, items
+from feature_defs.sources import interactions, item_geometry, items
 
 item_popularity = FeatureView(
     name="item_popularity",
@@ -58,11 +58,28 @@ item_content = FeatureView(
         Feature("category", transform("category")),
         Feature("price", transform("price")),
         Feature("log_price", transform(col("price").log1p())),
-        Feature("vertex_count", transform("vertex_count")),
-        Feature("face_count", transform("face_count")),
-        Feature("bbox_volume", transform(col("bbox_x") * col("bbox_y") * col("bbox_z"))),
-        Feature("is_high_poly", transform(col("vertex_count") > 20_000), "More than 20k vertices"),
         Feature("title_length", transform(col("title").str_len())),
         Feature("description_length", transform(col("description").str_len())),
+    ],
+)
+
+item_geometry_view = FeatureView(
+    name="item_geometry",
+    entities=[item],
+    source=item_geometry,
+    description="Geometry of an item's 3D mesh, measured from the mesh file (null where the mesh is broken)",
+    features=[
+        Feature("vertex_count", transform("vertex_count")),
+        Feature("face_count", transform("face_count")),
+        Feature("surface_area", transform("surface_area"), "Square metres"),
+        Feature("volume", transform("volume"), "Cubic metres; null unless the mesh is watertight"),
+        Feature("is_watertight", transform("is_watertight")),
+        Feature("bbox_volume", transform(col("bbox_x") * col("bbox_y") * col("bbox_z")), "Bounding box, cubic metres"),
+        Feature("convex_hull_ratio", transform("convex_hull_ratio"), "Volume over convex hull volume (solidity)"),
+        Feature("symmetry_score", transform("symmetry_score"), "Mirror symmetry of the silhouette from above, 0-1"),
+        Feature("silhouette_fill_top", transform("silhouette_fill_top"), "Share of its box the top view fills"),
+        Feature("silhouette_fill_front", transform("silhouette_fill_front")),
+        Feature("silhouette_fill_side", transform("silhouette_fill_side")),
+        Feature("is_broken", transform(col("mesh_error").is_not_null()), "The mesh could not be measured"),
     ],
 )

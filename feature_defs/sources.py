@@ -66,12 +66,8 @@ items = Source(
         "title": "string",
         "description": "string",
         "price": "float64",
-        "vertex_count": "int64",
-        "face_count": "int64",
-        "bbox_x": "float64",
-        "bbox_y": "float64",
-        "bbox_z": "float64",
         "thumbnail_path": "string",
+        "mesh_path": "string",
         "created_at": "timestamp",
         "updated_at": "timestamp",
     },
@@ -110,6 +106,34 @@ creators = Source(
     description="Creator accounts that publish items",
 )
 
+item_geometry = Source(
+    "item_geometry",
+    kind="table",
+    timestamp_field="updated_at",
+    key="item_id",
+    schema={
+        "item_id": "int64",
+        "updated_at": "timestamp",  # the catalogue row's, so versions line up with item_content
+        "vertex_count": "int64",
+        "face_count": "int64",
+        "surface_area": "float64",
+        "volume": "float64",
+        "is_watertight": "bool",
+        "bbox_x": "float64",
+        "bbox_y": "float64",
+        "bbox_z": "float64",
+        "convex_hull_ratio": "float64",
+        "symmetry_score": "float64",
+        "silhouette_fill_top": "float64",
+        "silhouette_fill_front": "float64",
+        "silhouette_fill_side": "float64",
+        "mesh_error": "string",
+    },
+    description="Geometry of each new or changed item's mesh, measured by the geometry job (Ray Data, trimesh)",
+    produced_by="geometry/items",
+)
+
 event_sources = (interactions, chat_messages, abuse_reports)
 dimension_sources = (items, users, creators)
-all_sources = event_sources + dimension_sources
+all_sources = event_sources + dimension_sources  # ingested from landing
+derived_sources = (item_geometry,)  # computed by mlplane into the warehouse

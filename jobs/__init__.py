@@ -10,7 +10,7 @@ from assets.partitions import daily_partitions
 CPU_POOL = {"mlplane/pool": "cpu"}
 GPU_POOL = {"mlplane/pool": "gpu"}
 
-daily_assets = AssetSelection.groups("ingestion", "features") | AssetSelection.assets("online_features")
+daily_assets = AssetSelection.groups("ingestion", "geometry", "features") | AssetSelection.assets("online_features")
 # A day's training set labels its late impressions with the next day's first minutes, so it is built
 # once the next day is ingested, together with the streaming history its streaming features come from.
 training_data_assets = AssetSelection.groups("streaming_history", "datasets")
@@ -19,7 +19,8 @@ daily_pipeline = define_asset_job(
     "daily_pipeline",
     selection=daily_assets,
     partitions_def=daily_partitions,
-    description="Ingest a day from landing, build its feature tables and load the online store.",
+    description="Ingest a day from landing, measure its new and changed items' meshes (Ray), build its feature "
+                "tables and load the online store.",
     tags=CPU_POOL,
 )
 

@@ -18,11 +18,14 @@ import click
 @click.option("--price-max", type=float, default=None)
 @click.option("--using", type=click.Choice(["image", "text"]), default="image", show_default=True,
               help="Compare the query with item thumbnails or item titles.")
+@click.option("--max-faces", type=int, default=None, help="Only items whose mesh has at most this many faces.")
+@click.option("--watertight", is_flag=True, help="Only items with a watertight mesh.")
 @click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
 def search(text: str | None, image: Path | None, k: int, category: tuple[str, ...], price_min: float | None,
-           price_max: float | None, using: str, data_dir: str | None) -> None:
+           price_max: float | None, using: str, max_faces: int | None, watertight: bool, data_dir: str | None) -> None:
     """Top-k catalogue items for a TEXT query (or --image PATH), with optional filters."""
     from engines.embeddings import current_model
+    from engines.geometry_job import current_geometry
     from engines.search import ItemSearch
     from orchestration.profiles import open_resource
 
@@ -32,8 +35,10 @@ def search(text: str | None, image: Path | None, k: int, category: tuple[str, ..
         spec, _ = current_model(lake.lake())
         with vectors.open() as store:
             try:
-                hits = ItemSearch(store, spec).search(text=text, image=image, k=k, category=list(category) or None,
-                                                      price_min=price_min, price_max=price_max, using=using)
+                search = ItemSearch(store, spec, current_geometry(lake.lake()))
+                hits = search.search(text=text, image=image, k=k, category=list(category) or None,
+                                     price_min=price_min, price_max=price_max, using=using, max_faces=max_faces,
+                                     watertight=watertight)
             except (ValueError, KeyError) as error:
                 raise click.ClickException(str(error)) from error
     for hit in hits:

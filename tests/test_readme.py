@@ -60,6 +60,7 @@ WAYS = {
                                                                  "--data-dir data --repeat 20"}),
     ".venv/bin/python benchmarks/embeddings.py": Way(small={"embeddings.py": "embeddings.py --images 64 "
                                                             "--vit-images 0"}),
+    ".venv/bin/python benchmarks/geometry.py": Way(small={"--items 2000 --repeat 5": "--items 40 --repeat 1"}),
     ".venv/bin/python benchmarks/pusher_poll.py": Way(small={"pusher_poll.py": "pusher_poll.py --files 50 "
                                                              "--repeats 2"}),
     ".venv/bin/python benchmarks/streaming_freshness.py": Way(small={"streaming_freshness.py": "streaming_"

@@ -15,6 +15,7 @@ SERVICE_FIXTURES = frozenset({
     "pipeline_dir",  # the daily pipeline end to end (Feast, great-expectations) over three days
     "ray_compute", "trained",  # Ray, Ray Train
     "lake",  # tests/assets/test_embeddings.py: CLIP trained on Ray, Ray Data, Qdrant
+    "geometry_ray",  # tests/engines/test_geometry_ray.py: the geometry job on Ray Data
     "streaming_run", "first_run", "lake_dir",  # Flink
     "gateway_llm_path", "vllm_backends", "v2_backend", "gateway", "prod_gateways", "prod_state",  # vLLM, gateway
     "registry_db", "postgres_registry", "prod_home", "redis_store",  # PostgreSQL, Redis

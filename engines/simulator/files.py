@@ -29,9 +29,8 @@ SCHEMAS = {
     "items": pa.schema([
         ("item_id", pa.int64()), ("creator_id", pa.int64()), ("category", pa.string()),
         ("title", pa.string()), ("description", pa.string()), ("price", pa.float64()),
-        ("vertex_count", pa.int64()), ("face_count", pa.int64()), ("bbox_x", pa.float64()),
-        ("bbox_y", pa.float64()), ("bbox_z", pa.float64()), ("thumbnail_path", pa.string()),
-        ("created_at", TIMESTAMP), ("updated_at", TIMESTAMP),
+        ("thumbnail_path", pa.string()), ("mesh_path", pa.string()), ("created_at", TIMESTAMP),
+        ("updated_at", TIMESTAMP),
     ]),
     "users": pa.schema([
         ("user_id", pa.int64()), ("country", pa.string()), ("region", pa.string()),

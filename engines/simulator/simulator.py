@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import thumbnails
+from . import meshes, thumbnails
 from .config import SimulatorConfig
 from .events import DayEvents, generate_day_events
 from .files import DIMENSIONS, EVENT_STREAMS, SCHEMAS, frame_to_table, to_jsonl, write_bytes, write_table
@@ -23,6 +23,10 @@ TRUTH_SCHEMAS = {
     "items": pa.schema([("item_id", pa.int64()), ("is_violation", pa.bool_()),
                         ("reference_item_id", pa.int64()), ("is_reference", pa.bool_())]),
     "users": pa.schema([("user_id", pa.int64()), ("taste_cluster", pa.int64()), ("is_abuser", pa.bool_())]),
+    # the geometry of each new item's mesh from its parts' formulas; null measures where it is broken
+    "meshes": pa.schema([("item_id", pa.int64()), ("mesh_defect", pa.string()), ("vertex_count", pa.int64()),
+                         ("face_count", pa.int64()), ("surface_area", pa.float64()), ("volume", pa.float64()),
+                         ("bbox_x", pa.float64()), ("bbox_y", pa.float64()), ("bbox_z", pa.float64())]),
 }
 LATE_VOLUME = 0.05  # a late file holds about 5% of a normal day
 
@@ -73,8 +77,10 @@ class Simulator:
         start = day_start_us(day)
         new_items = changed.items if index == 0 else changed.items[changed.items.created_at >= start]
         new_users = changed.users if index == 0 else changed.users[changed.users.signup_at >= start]
+        mesh_truth = []
         for item in new_items.itertuples():
             self._write_thumbnail(item)
+            mesh_truth.append(self.write_mesh(item))
 
         events = self.events(day)
         for stream in EVENT_STREAMS:
@@ -82,8 +88,10 @@ class Simulator:
             files[stream] = str(self._write(table, stream, day, "part-0000"))
             rows[stream] = table.num_rows
         self._write_truth(day, new_items, new_users, events.chat_truth)
+        self._write_truth_table(pa.Table.from_pylist(mesh_truth, TRUTH_SCHEMAS["meshes"]), "meshes", day, "part-0000")
 
-        summary = {"date": day.isoformat(), "files": files, "rows": rows, "thumbnails": len(new_items)}
+        summary = {"date": day.isoformat(), "files": files, "rows": rows, "thumbnails": len(new_items),
+                   "meshes": len(new_items)}
         if self._progress:
             self._progress(f"{day}: " + ", ".join(f"{k}={v}" for k, v in rows.items()))
         return summary
@@ -97,6 +105,7 @@ class Simulator:
             "dates": [s["date"] for s in summaries],
             "files_written": sum(len(s["files"]) for s in summaries),
             "thumbnails_written": sum(s["thumbnails"] for s in summaries),
+            "meshes_written": sum(s["meshes"] for s in summaries),
             "rows": totals,
             "days": summaries,
         }
@@ -160,6 +169,22 @@ class Simulator:
         if item.perturb_seed >= 0:
             image = thumbnails.perturb(image, item.perturb_seed)
         write_bytes(self.landing / item.thumbnail_path, thumbnails.to_png(image))
+
+    def write_mesh(self, item) -> dict:
+        """The item's mesh file (broken for a share of items) and its answer-key row."""
+        spec = meshes.mesh_spec(item.category, (item.bbox_x, item.bbox_y, item.bbox_z), item.mesh_sections,
+                                item.render_seed, item.mesh_fill)
+        vertices, faces = spec.build()
+        fmt = item.mesh_path.rsplit(".", 1)[1]
+        defect = meshes.defect_for(self.config.seed, item.item_id)
+        data = meshes.broken_file(defect, vertices, faces, fmt) if defect else meshes.encode(vertices, faces, fmt)
+        write_bytes(self.landing / item.mesh_path, data)
+        if defect:
+            return {"item_id": item.item_id, "mesh_defect": defect}
+        truth = spec.truth()
+        return {"item_id": item.item_id, "mesh_defect": None, "vertex_count": truth.vertex_count,
+                "face_count": truth.face_count, "surface_area": truth.surface_area, "volume": truth.volume,
+                **dict(zip(("bbox_x", "bbox_y", "bbox_z"), truth.bbox))}
 
     def _write_truth_table(self, table: pa.Table, name: str, day: date, stem: str) -> None:
         write_table(table, _day_folder(self.truth, name, day) / f"{stem}.parquet")

@@ -5,7 +5,8 @@ function of the config: it is rebuilt by replaying the (cheap) dimension changes
 never by reading files, and does not depend on which days were written before.
 
 Ids are contiguous from 1, so the row position of an id in the state tables is `id - 1`.
-Columns beyond the landing contract (taste_cluster, pop_z, render_seed, ...) are hidden truth.
+Columns beyond the landing contract (taste_cluster, pop_z, render_seed, mesh_sections, bbox_x, ...) are
+hidden truth.
 """
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .config import SimulatorConfig
+from .meshes import mesh_file_name, mesh_vertex_count, sections_for
 from .vocabulary import (
     ADJECTIVE_SYNONYMS,
     ADJECTIVES,
@@ -117,7 +119,7 @@ def _make_items(rng, first_id: int, creator_ids: np.ndarray, created_at: np.ndar
     material = MATERIALS[rng.integers(0, len(MATERIALS), n)]
     adjective = ADJECTIVES[rng.integers(0, len(ADJECTIVES), n)]
     vertices = np.array([c.median_vertices for c in CATEGORIES])[category] * rng.lognormal(0, 0.4, n)
-    vertex_count = np.round(vertices).astype(np.int64)
+    sections = np.array([sections_for(v) for v in vertices], dtype=np.int64)
     bbox = np.array([c.bbox for c in CATEGORIES])[category] * rng.lognormal(0, 0.15, (n, 3))
     price = _price(np.array([c.base_price for c in CATEGORIES])[category] * rng.lognormal(0, 0.5, n))
     return pd.DataFrame({
@@ -128,11 +130,14 @@ def _make_items(rng, first_id: int, creator_ids: np.ndarray, created_at: np.ndar
         "description": [
             f"A {a} {c} {w} for your {CATEGORY_NAMES[k]} collection. {MATERIAL_SENTENCES[m]} "
             f"Game-ready, {v} vertices."
-            for a, c, w, k, m, v in zip(adjective, colour, noun, category, material, vertex_count)
+            for a, c, w, k, m, v in zip(adjective, colour, noun, category, material,
+                                        mesh_vertex_count(CATEGORY_NAMES[category], sections))
         ],
         "price": price,
-        "vertex_count": vertex_count,
-        "face_count": np.round(vertex_count * rng.uniform(1.8, 2.1, n)).astype(np.int64),
+        "mesh_path": [mesh_file_name(i) for i in ids],
+        # hidden: the mesh's detail, how much of its box the parts fill, and its size in metres
+        "mesh_sections": sections,
+        "mesh_fill": rng.uniform(0.85, 1.0, n),
         "bbox_x": np.round(bbox[:, 0], 3),
         "bbox_y": np.round(bbox[:, 1], 3),
         "bbox_z": np.round(bbox[:, 2], 3),
@@ -172,19 +177,19 @@ def _make_variants(rng, items: pd.DataFrame, rows: np.ndarray, references: pd.Da
             f"{ref.colour.capitalize()} {noun} ({adjective}, {ref.material} pattern)",
             f"{ref.material.capitalize()} {ref.colour} {adjective} {noun} remake",
         )
-        vertex_count = int(round(ref.vertex_count * rng.uniform(0.98, 1.02)))
+        fill = min(1.0, ref.mesh_fill * rng.uniform(0.98, 1.02))  # a near-copy of the mesh too
         values = {
             "title": templates[rng.integers(0, len(templates))],
             "description": f"{ref.colour.capitalize()} {noun} with a {ref.material} look, "
                            f"great for any {ref.category} fan.",
-            "vertex_count": vertex_count,
-            "face_count": int(round(vertex_count * ref.face_count / ref.vertex_count)),
+            "mesh_fill": fill,
             "price": _price(ref.price * rng.uniform(0.4, 0.9)),  # knock-offs undercut the original
             "perturb_seed": int(rng.integers(0, 2**31)),
             "is_violation": True,
             "reference_item_id": int(ref.item_id),
         }
-        for column in ("category", "category_idx", "noun", "adjective", "colour", "material", "render_seed"):
+        for column in ("category", "category_idx", "noun", "adjective", "colour", "material", "render_seed",
+                       "mesh_sections"):
             values[column] = ref[column]  # same look as the reference: the thumbnail is a near-copy
         for axis in ("bbox_x", "bbox_y", "bbox_z"):
             values[axis] = round(ref[axis] * rng.uniform(0.97, 1.03), 3)

@@ -8,7 +8,7 @@ from feature_defs import catalogue
 from feature_defs.dsl import Catalogue, Feature, FeatureDefinitionError, FeatureView, Source, count, mean, ratio, sum_
 from feature_defs.entities import item, user
 from feature_defs.expr import col
-from feature_defs.sources import interactions, items
+from feature_defs.sources import interactions, item_geometry, items
 
 
 def test_catalogue_is_realistic():
@@ -92,15 +92,22 @@ def test_table_views_transform_rows():
     view = catalogue.view("item_content")
     ts = datetime(2026, 1, 1, 10, tzinfo=UTC)
     changes = pl.DataFrame({c: [None] for c in items.columns}, schema={c: _pl(t) for c, t in items.schema.items()})
-    changes = changes.with_columns(item_id=pl.lit(5, pl.Int64), price=pl.lit(9.0),
-                                   vertex_count=pl.lit(30_000, pl.Int64),
-                                   bbox_x=pl.lit(2.0), bbox_y=pl.lit(3.0), bbox_z=pl.lit(4.0), title=pl.lit("Red car"),
+    changes = changes.with_columns(item_id=pl.lit(5, pl.Int64), price=pl.lit(9.0), title=pl.lit("Red car"),
                                    updated_at=pl.lit(ts))
     row = build_table_rows(view, changes.lazy()).collect().row(0, named=True)
-    assert row["item_id"] == 5 and row["event_timestamp"] == ts
-    assert row["bbox_volume"] == 24.0 and row["is_high_poly"] is True and row["title_length"] == 7
+    assert row["item_id"] == 5 and row["event_timestamp"] == ts and row["title_length"] == 7
     assert row["log_price"] == pytest.approx(2.302585, rel=1e-5)
     assert date(2026, 1, 1) == row["event_timestamp"].date()
+
+    geometry = catalogue.view("item_geometry")
+    measured = pl.DataFrame({c: [None, None] for c in item_geometry.columns},
+                            schema={c: _pl(t) for c, t in item_geometry.schema.items()})
+    measured = measured.with_columns(item_id=pl.Series([6, 7]), updated_at=pl.lit(ts), bbox_x=pl.Series([2.0, None]),
+                                     bbox_y=pl.lit(3.0), bbox_z=pl.lit(4.0),
+                                     mesh_error=pl.Series([None, "empty mesh: no faces"]))
+    rows = build_table_rows(geometry, measured.lazy()).collect().rows(named=True)
+    assert rows[0]["bbox_volume"] == 24.0 and rows[0]["is_broken"] is False
+    assert rows[1]["bbox_volume"] is None and rows[1]["is_broken"] is True
 
 
 def _pl(t):
