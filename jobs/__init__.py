@@ -70,8 +70,18 @@ streaming_backfill = define_asset_job(
 
 gateway_llm_training = define_asset_job(
     "gateway_llm_training",
-    selection=AssetSelection.assets(["models", "gateway_llm"]),
-    description="Train the small language model that the ML gateway's vLLM backends serve.",
+    selection=AssetSelection.assets(["models", "gateway_llm"], ["models", "gateway_llm_draft"]),
+    description="Train the small language model that the ML gateway's vLLM backends serve and its draft model "
+                "for speculative decoding; both registered in MLflow with their lineage.",
+    tags=CPU_POOL,
+)
+
+llm_batch_daily = define_asset_job(
+    "llm_batch_daily",
+    selection=AssetSelection.assets(["llm", "item_descriptions"]),
+    partitions_def=daily_partitions,
+    description="Batch LLM inference: descriptions for the day's items whose description is empty, through the "
+                "ML gateway (service key MLPLANE_GATEWAY_KEY).",
     tags=CPU_POOL,
 )
 

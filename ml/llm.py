@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,16 +68,25 @@ def train_tokenizer(documents: list[str], vocab_size: int):
     return fast
 
 
-def train_llm(documents: list[str], out_dir: str | Path, config: LlmConfig = LlmConfig(), log=print) -> dict:
-    """Train tokenizer and model, save both to `out_dir` (Hugging Face format); returns metrics."""
+# The draft model for speculative decoding: one layer, half the width, the target's tokenizer.
+DRAFT_CONFIG = LlmConfig(hidden_size=64, layers=1, heads=1, intermediate_size=172)
+
+
+def train_llm(documents: list[str], out_dir: str | Path, config: LlmConfig = LlmConfig(), log=print,
+              tokenizer_dir: str | Path | None = None) -> dict:
+    """Train tokenizer and model, save both to `out_dir` (Hugging Face format); returns metrics. With
+    `tokenizer_dir`, the tokenizer saved there is reused (a draft model must share its target's)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     started = time.perf_counter()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
-    tokenizer = train_tokenizer(documents, config.vocab_size)
+    if tokenizer_dir is not None:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    else:
+        tokenizer = train_tokenizer(documents, config.vocab_size)
     ids: list[int] = []
     for document in documents:
         ids.extend([tokenizer.bos_token_id, *tokenizer.encode(document, add_special_tokens=False),
@@ -125,6 +135,10 @@ def train_llm(documents: list[str], out_dir: str | Path, config: LlmConfig = Llm
     model.generation_config.max_length = config.context * 4
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    if tokenizer_dir is not None:  # byte-identical tokenizer files, so the hashes prove the match
+        for file in Path(tokenizer_dir).iterdir():
+            if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                shutil.copy2(file, out / file.name)
     metrics = {
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
@@ -135,10 +149,18 @@ def train_llm(documents: list[str], out_dir: str | Path, config: LlmConfig = Llm
         "held_out_perplexity": math.exp(eval_loss),
         "unigram_perplexity": _unigram_perplexity(train, held_out if len(held_out) else train),
         "train_seconds": time.perf_counter() - started,
+        "tokenizer_sha256": tokenizer_sha256(out),
         "config": asdict(config),
     }
     (out / "mlplane_training.json").write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+def tokenizer_sha256(model_dir: str | Path) -> str:
+    """The identity of a tokenizer: the hash of its tokenizer.json (a draft model and its target must match)."""
+    import hashlib
+
+    return hashlib.sha256((Path(model_dir) / "tokenizer.json").read_bytes()).hexdigest()
 
 
 def _unigram_perplexity(train, held_out) -> float:

@@ -28,6 +28,22 @@ class GatewayResource(ConfigurableResource):
             raise GatewayError(f"gateway {path} answered {response.status_code}: {response.text[:500]}")
         return response.json()
 
+    def call(self, body: dict, path: str = "/v1/chat/completions") -> tuple[int, dict, object]:
+        """(status, lower-cased headers, JSON body) of one call, errors included: for callers with their
+        own retry policy (429s carry Retry-After)."""
+        if not self.api_key:
+            raise GatewayError("GatewayResource.api_key is not set (MLPLANE_GATEWAY_KEY)")
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        if self.region:
+            headers["X-Mlplane-Region"] = self.region
+        response = httpx.post(f"{self.url.rstrip('/')}{path}", json=body, headers=headers,
+                              timeout=self.timeout_seconds)
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"error": {"message": response.text[:500]}}
+        return response.status_code, {k.lower(): v for k, v in response.headers.items()}, payload
+
     def chat(self, model: str, messages: list[dict], **options) -> dict:
         """The whole chat completion response (choices, usage)."""
         return self._post("/v1/chat/completions", {"model": model, "messages": messages, **options})

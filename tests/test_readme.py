@@ -73,6 +73,11 @@ WAYS = {
     ".venv/bin/mlplane labeling serve": Way(serves=8700),
     ".venv/bin/mlplane serve models": Way(serves=8500),
     ".venv/bin/python benchmarks/online_serving.py": Way(small={"online_serving.py": "online_serving.py --help"}),
+    ".venv/bin/mlplane gateway rollout": Way(covered_by="tests/serving/test_llm_rollout.py"),
+    ".venv/bin/python benchmarks/speculative.py": Way(small={"speculative.py --requests 16 --max-tokens 64 "
+                                                             "--repeats 3": "speculative.py --help"}),
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    "--select llm/item_descriptions": Way(covered_by="tests/serving/test_llm_batch_asset.py"),
 }
 
 

@@ -17,7 +17,9 @@ SERVICE_FIXTURES = frozenset({
     "lake",  # tests/assets/test_embeddings.py: CLIP trained on Ray, Ray Data, Qdrant
     "geometry_ray",  # tests/engines/test_geometry_ray.py: the geometry job on Ray Data
     "streaming_run", "first_run", "lake_dir",  # Flink
-    "gateway_llm_path", "vllm_backends", "v2_backend", "gateway", "prod_gateways", "prod_state",  # vLLM, gateway
+    "gateway_llm_lake", "gateway_llm_path", "gateway_llm_draft_path",  # LLMs trained by their assets
+    "llm_registry", "llm_deployments",  # the rollout controller and its vLLM servers
+    "vllm_backends", "v2_backend", "gateway", "prod_gateways", "prod_state",  # vLLM, gateway
     "registry_db", "postgres_registry", "prod_home", "redis_store",  # PostgreSQL, Redis
     "chromium",  # a browser
 })

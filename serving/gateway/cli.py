@@ -84,6 +84,36 @@ def serve() -> None:
     serve_command(prog_name="python -m serving.gateway")
 
 
+@gateway.command("rollout")
+@click.option("--config", "config", envvar=CONFIG_ENV, required=True, help="Gateway YAML with `deployments`.")
+@click.option("--registry-root", envvar="MLPLANE_REGISTRY_ROOT", default="data/registry", show_default=True)
+@click.option("--tracking-uri", envvar="MLPLANE_MLFLOW_TRACKING_URI", default=None, help="Overrides the root.")
+@click.option("--cache-dir", default="data/gateway/models", show_default=True, help="Downloaded versions, logs.")
+@click.option("--gateway", "gateways", multiple=True, help="A gateway URL to reload at once (repeat); without "
+                                                            "any, each replica's file watch picks changes up.")
+@click.option("--poll", default=5.0, show_default=True, help="Seconds between registry checks.")
+@click.option("--once", is_flag=True, help="Bring every deployment up to date, then exit (servers keep running).")
+def rollout_command(config, registry_root, tracking_uri, cache_dir, gateways, poll, once) -> None:
+    """Run vLLM for the config's registry deployments and roll them when an alias moves."""
+    import logging
+
+    from serving.gateway.config import ConfigError, load_config
+    from serving.gateway.rollout import Rollout, admin_key_of, registry_from
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        parsed = load_config(config)
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
+    controller = Rollout(config, registry_from(None if tracking_uri else registry_root, tracking_uri), cache_dir,
+                         gateways, admin_key_of(parsed))
+    if once:
+        for event in controller.step():
+            click.echo(json.dumps(event))
+        return
+    controller.run_forever(poll)  # servers outlive the controller; a restarted one adopts them
+
+
 @gateway.group()
 def keys() -> None:
     """Create, list, revoke and rotate API keys (stored hashed)."""

@@ -47,6 +47,10 @@ class BackendSpec(BaseModel):
     kind: Literal["openai", "v2"] = "openai"
     tokenizer: str | None = None
     max_tokens: int = Field(default=256, gt=0)
+    vision: bool = False  # accepts image_url parts (serving/gateway/images.py)
+    # set by `mlplane gateway rollout` on the backends it runs: the deployment and registry version
+    deployment: str | None = None
+    registry_version: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -74,6 +78,10 @@ class Settings(BaseModel):
     redis_timeout_s: float = Field(default=0.5, gt=0)
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     max_json_depth: int = Field(default=32, gt=1)
+    # image_url parts (data URLs only): decoded bytes per image, images per request, pixels per image
+    max_image_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_images: int = Field(default=8, ge=0)
+    max_image_pixels: int = Field(default=4096 * 4096, gt=0)
     request_timeout_s: float = Field(default=120.0, gt=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)
@@ -98,21 +106,72 @@ class Settings(BaseModel):
         return value
 
 
+class Speculation(BaseModel):
+    """vLLM speculative decoding for a deployment: a registered draft model or prompt n-grams."""
+
+    model_config = STRICT
+
+    method: Literal["draft_model", "ngram"]
+    draft: str | None = None  # registry reference of the draft model (draft_model only)
+    num_speculative_tokens: int = Field(default=3, gt=0, le=16)
+    prompt_lookup_max: int = Field(default=3, gt=0)
+    prompt_lookup_min: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _draft(self):
+        if (self.method == "draft_model") != (self.draft is not None):
+            raise ValueError("'draft' (a registry reference) is needed with method draft_model, and only there")
+        return self
+
+
+class Deployment(BaseModel):
+    """A model group served from a registry version: `mlplane gateway rollout` resolves `registry`
+    (NAME@ALIAS or NAME/VERSION) to a local folder, runs vLLM on it and keeps this file's model_list
+    pointing at the running backends, rolling them when the alias moves."""
+
+    model_config = STRICT
+
+    model_name: str = Field(min_length=1)
+    registry: str = Field(pattern=r"^[A-Za-z0-9_.-]+(@[A-Za-z0-9_-]+|/\d+)$")
+    name: str = ""  # unique; default model_name@region
+    region: str = "default"
+    replicas: int = Field(default=1, gt=0)
+    weight: float = Field(default=1.0, gt=0)
+    capacity: int = Field(default=32, gt=0)
+    max_tokens: int = Field(default=256, gt=0)
+    vision: bool = False
+    speculative: Speculation | None = None
+    vllm_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name(cls, values):
+        if isinstance(values, dict) and not values.get("name") and isinstance(values.get("model_name"), str):
+            values = {**values, "name": f"{values['model_name']}@{values.get('region', 'default')}"}
+        return values
+
+
 class GatewayConfig(BaseModel):
     model_config = STRICT
 
-    model_list: tuple[BackendSpec, ...] = Field(min_length=1)
+    model_list: tuple[BackendSpec, ...] = ()
+    deployments: tuple[Deployment, ...] = ()
     settings: Settings = Field(default_factory=Settings)
 
-    @field_validator("model_list", mode="before")
+    @field_validator("model_list", "deployments", mode="before")
     @classmethod
     def _list(cls, value):
         if not isinstance(value, list | tuple):
-            raise ValueError("must be a non-empty list of backends")
+            raise ValueError("must be a list")
         return tuple(value)
 
     @model_validator(mode="after")
     def _unique(self):
+        if not self.model_list and not self.deployments:
+            raise ValueError("model_list must name at least one backend (or deployments one model)")
+        names = [d.name for d in self.deployments]
+        if len(set(names)) != len(names):
+            raise ValueError(f"deployments named twice: {sorted({n for n in names if names.count(n) > 1})}")
         ids = [b.id for b in self.model_list]
         duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:

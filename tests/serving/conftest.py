@@ -24,9 +24,11 @@ from dagster import AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
 from assets.ingestion import warehouse_key
-from assets.llm import GATEWAY_LLM, gateway_llm_dir
+from assets.llm import GATEWAY_LLM, GATEWAY_LLM_DRAFT, gateway_llm_dir, gateway_llm_draft_dir
+from engines.registry import ModelRegistry
 from feature_defs.sources import chat_messages, items
 from orchestration.profiles import PROJECT_ROOT, resources_for
+from serving.gateway.rollout import Rollout
 from serving.gateway.store import GatewayStore
 from tests.conftest import FIRST_DAY, run_pipeline, simulate
 
@@ -69,19 +71,75 @@ def stop_process(process: subprocess.Popen, timeout: float = 60) -> int:
 
 
 @pytest.fixture(scope="session")
-def gateway_llm_path(tmp_path_factory) -> Path:
-    """The gateway LLM asset materialized through Dagster on two simulated days (few steps: tests need a
-    real model in Hugging Face format, not a good one)."""
+def gateway_llm_lake(tmp_path_factory) -> Path:
+    """A lake with the gateway LLM asset materialized through Dagster on two simulated days (few steps:
+    tests need a real model in Hugging Face format, not a good one); registered in its registry."""
     data_dir = tmp_path_factory.mktemp("llm_lake")
     simulate(data_dir, days=2)
     run_pipeline(data_dir, FIRST_DAY, FIRST_DAY.replace(day=FIRST_DAY.day + 1),
                  AssetSelection.assets(warehouse_key(chat_messages), warehouse_key(items)))
-    result = materialize(all_assets, selection=AssetSelection.assets(GATEWAY_LLM),
+    materialize_llm_assets(data_dir, GATEWAY_LLM)
+    return data_dir
+
+
+def materialize_llm_assets(data_dir: Path, *keys, steps: int = 40) -> None:
+    config = {"config": {"steps": steps, "context": 64}}
+    ops = {"models__gateway_llm": config, "models__gateway_llm_draft": config}
+    result = materialize(all_assets, selection=AssetSelection.assets(*keys),
                          resources=resources_for("local", data_dir=str(data_dir)),
                          instance=DagsterInstance.ephemeral(),
-                         run_config={"ops": {"models__gateway_llm": {"config": {"steps": 40, "context": 64}}}})
+                         run_config={"ops": {k.to_python_identifier(): ops[k.to_python_identifier()] for k in keys}})
     assert result.success
-    return gateway_llm_dir(data_dir)
+
+
+@pytest.fixture(scope="session")
+def gateway_llm_path(gateway_llm_lake) -> Path:
+    return gateway_llm_dir(gateway_llm_lake)
+
+
+@pytest.fixture(scope="session")
+def gateway_llm_draft_path(gateway_llm_lake) -> Path:
+    """The draft model, trained by its asset on the same lake after the target."""
+    materialize_llm_assets(gateway_llm_lake, GATEWAY_LLM_DRAFT)
+    return gateway_llm_draft_dir(gateway_llm_lake)
+
+
+ROLLED, DRAFTED, NGRAM = "llm-rolled", "llm-draft-spec", "llm-ngram-spec"
+
+
+@pytest.fixture(scope="session")
+def llm_registry(gateway_llm_lake, gateway_llm_draft_path) -> ModelRegistry:
+    registry = ModelRegistry.local(gateway_llm_lake / "registry")
+    # pin the aliases the deployments follow: the promotion under test moves them, not the training checks
+    registry.set_alias("gateway_llm", "champion", "1", who="test", reason="deployment under test")
+    registry.set_alias("gateway_llm_draft", "champion", "1", who="test", reason="deployment under test")
+    return registry
+
+
+@pytest.fixture(scope="session")
+def llm_deployments(llm_registry, gateway_llm_lake, tmp_path_factory):
+    """A gateway whose model_list only the rollout controller fills: the rolled model (alias champion)
+    and the same version with a draft model and with n-gram speculation."""
+    workdir = tmp_path_factory.mktemp("rollout")
+    args = ["--max-model-len", "256"]
+    config = {"deployments": [
+        {"model_name": ROLLED, "registry": "gateway_llm@champion", "region": "eu", "capacity": 64,
+         "max_tokens": 16, "vllm_args": args},
+        {"model_name": DRAFTED, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
+         "speculative": {"method": "draft_model", "draft": "gateway_llm_draft@champion", "num_speculative_tokens": 3}},
+        {"model_name": NGRAM, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
+         "speculative": {"method": "ngram", "num_speculative_tokens": 3}},
+    ], "settings": {"store": f"sqlite:///{workdir}/gateway.db", "key_cache_s": 0, "health_interval_s": 1,
+                    "reload_interval_s": 0.5, "connect_timeout_s": 2}}
+    gateway = GatewayProcess(config, workdir)
+    controller = Rollout(gateway.config_path, llm_registry, workdir / "models", (gateway.url,), ADMIN_KEY)
+    try:
+        events = controller.step()
+        assert [e["action"] for e in events] == ["rolled"] * 3, events
+        yield gateway, controller
+    finally:
+        controller.close()
+        gateway.stop()
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from serving.gateway.errors import from_validation, read_json
 from serving.gateway.exchange import CLIENT_GONE, Exchange
+from serving.gateway.images import admit_images, has_images
 from serving.gateway.routes.deps import CallerDep, gateway_in, region_of
 from serving.gateway.schemas import (
     ChatCompletion,
@@ -89,6 +90,9 @@ async def generate(request: Request, gateway: Gateway, who: Caller, endpoint: st
             raise from_validation(error) from None
         group = gateway.group_for(who, spec.model, "openai")
         prompt = await prompt_tokens(group, endpoint, body, size)
+        if endpoint == "chat" and has_images(body):
+            group, image_tokens = await admit_images(group, body, settings, off_loop=size > OFF_LOOP_BYTES)
+            prompt += image_tokens
         await exchange.admit(prompt + completion_cap(group, endpoint, spec, body))
         region = region_of(request)
         if endpoint != "embeddings" and spec.stream:
