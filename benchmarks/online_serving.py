@@ -37,18 +37,41 @@ def kserve_installed() -> bool:
                                                      capture_output=True).returncode == 0
 
 
+def spec_frame(data_dir: Path):
+    """Rows with the towers' columns for `build_spec`: the training set where the lake has one, else each
+    tower view's rows of every day side by side (weights are random: speed needs the columns, not labels).
+    The daily pipeline alone writes no training set (it needs the streaming history, a Flink backfill)."""
+    import polars as pl
+
+    from ml.personalization import ITEM_VIEWS, LABEL, USER_VIEWS, labelled
+
+    if list(data_dir.glob("datasets/*/*/*.parquet")):
+        return labelled(pl.read_parquet(data_dir / "datasets" / "*" / "*" / "*.parquet"))
+
+    def rows(views: tuple[str, ...], key: str) -> pl.DataFrame:
+        frame = None
+        for view in views:
+            table = pl.read_parquet(data_dir / "offline" / view / "*" / "*.parquet").drop("event_timestamp")
+            table = table.unique(key, keep="last").rename({c: f"{view}__{c}" for c in table.columns if c != key})
+            frame = table if frame is None else frame.join(table, on=key, how="left")
+        return frame
+
+    users, items = rows(USER_VIEWS, "user_id"), rows(ITEM_VIEWS, "item_id")
+    n = min(users.height, items.height)
+    return pl.concat([users.head(n), items.head(n)], how="horizontal").with_columns(pl.lit(0.0).alias(LABEL))
+
+
 def register_model(data_dir: Path) -> Path:
     """The personalization towers over the lake's training-set columns, random weights, as champion."""
-    import polars as pl
     import torch
 
     from engines.registry import ModelRegistry
-    from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec, labelled
+    from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec
 
     registry = ModelRegistry.local(data_dir / "bench_registry")
     folder = data_dir / "bench_model"
     if registry.by_alias("personalization", "champion") is None:
-        frame = labelled(pl.read_parquet(data_dir / "datasets" / "*" / "*" / "*.parquet"))
+        frame = spec_frame(data_dir)
         torch.manual_seed(0)
         PersonalizationModel(TwoTower(build_spec(frame, TrainConfig()))).save(folder)
         version = registry.register("personalization", folder, {"mlplane.feature_service": "personalization_ranking"},

@@ -5,9 +5,10 @@ Handlers use it as `async with`: leaving the block by an exception closes it wit
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
-import uuid
 
 import anyio
 from starlette.requests import ClientDisconnect
@@ -18,12 +19,16 @@ from serving.gateway.limits import LimiterUnavailable, Rejection, Reservation, l
 
 log = logging.getLogger("mlplane.gateway")
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection
+# request ids: a random prefix per process and a counter (unique across replicas and workers without a
+# uuid4 per request, whose os.urandom call costs more than the rest of the id)
+_ID_PREFIX = f"req-{os.urandom(8).hex()}-"
+_ids = itertools.count(1)
 
 
 class Exchange:
     def __init__(self, gateway, caller, endpoint: str, model: str):
         self.gateway, self.caller, self.endpoint, self.model = gateway, caller, endpoint, model
-        self.request_id = f"req-{uuid.uuid4().hex}"
+        self.request_id = f"{_ID_PREFIX}{next(_ids):x}"
         self.started = time.perf_counter()
         self.reservation: Reservation | None = None
         self.reserved = 0
@@ -50,7 +55,8 @@ class Exchange:
                 from error
         if isinstance(outcome, Rejection):
             limit = outcome.limit
-            gateway.metrics.rate_limited.labels(limit.scope.split(":")[0], limit.unit, limit.period).inc()
+            metrics = gateway.metrics
+            metrics.child(metrics.rate_limited, limit.scope.split(":")[0], limit.unit, limit.period).inc()
             raise GatewayError(429, outcome.message(), "rate_limit_exceeded",
                                f"{limit.unit}_per_{limit.period}_exceeded",
                                headers={"Retry-After": str(outcome.retry_after_s)})
@@ -72,24 +78,30 @@ class Exchange:
         else:
             settings = self.gateway.settings
             state.finish(ok, latency_s, ttft_s, settings.circuit_failures, settings.circuit_open_s)
-            self.gateway.metrics.backend_requests.labels(state.spec.url, state.spec.region,
-                                                         "ok" if ok else "failure").inc()
+            metrics = self.gateway.metrics
+            metrics.child(metrics.backend_requests, state.spec.url, state.spec.region, "ok" if ok else "failure").inc()
         if ok:
             self.backend = state
 
     # the end
     async def finish(self, status: int, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
-        """Closes the exchange once: later calls do nothing. Shielded, so a cancelled client cannot cut it
-        short between the settlement and the record."""
+        """Closes the exchange once: later calls do nothing. A cancelled client cannot cut it short between
+        the settlement and the record: a settlement that waits (Redis) is shielded; one that cannot wait
+        (in memory, or nothing to settle) has no point at which a cancellation could land."""
         if self.closed:
             return
         self.closed = True
-        with anyio.CancelScope(shield=True):
-            self.release(None)
-            if self.upstream is not None:
-                self.upstream.close()
-            await self._settle(prompt_tokens + completion_tokens)
-            self._record(status, prompt_tokens, completion_tokens)
+        self.release(None)
+        if self.upstream is not None:
+            self.upstream.close()
+        used = prompt_tokens + completion_tokens
+        metered = self.reservation is not None and self.reservation.metered
+        if metered and getattr(self.gateway.limiter, "settle_waits", True):
+            with anyio.CancelScope(shield=True):
+                await self._settle(used)
+        else:
+            await self._settle(used)
+        self._record(status, prompt_tokens, completion_tokens)
 
     async def _settle(self, used: int) -> None:
         if self.reservation is None or not self.reservation.metered:
@@ -104,12 +116,12 @@ class Exchange:
         gateway, key, state = self.gateway, self.caller.key, self.backend
         latency = time.perf_counter() - self.started
         metrics = gateway.metrics
-        metrics.requests.labels(self.model, self.endpoint, str(status)).inc()
-        metrics.latency.labels(self.model, self.endpoint).observe(latency)
+        metrics.child(metrics.requests, self.model, self.endpoint, str(status)).inc()
+        metrics.child(metrics.latency, self.model, self.endpoint).observe(latency)
         if prompt_tokens:
-            metrics.tokens.labels(self.model, "prompt").inc(prompt_tokens)
+            metrics.child(metrics.tokens, self.model, "prompt").inc(prompt_tokens)
         if completion_tokens:
-            metrics.tokens.labels(self.model, "completion").inc(completion_tokens)
+            metrics.child(metrics.tokens, self.model, "completion").inc(completion_tokens)
         gateway.usage.record({
             "request_id": self.request_id, "ts": time.time(), "key_id": key.key_id, "team": key.team,
             "model": self.model, "backend": state.spec.url if state else None,

@@ -99,6 +99,8 @@ def retry_after(limit: Limit, live: dict[int, int], now: float, cost: int) -> in
 class MemoryLimiter:
     """In-process buckets. Check and add run without an await between them: atomic on the event loop."""
 
+    settle_waits = False  # settle() never suspends: nothing to shield it from
+
     def __init__(self, prefix: str = "mlplane:gateway", clock=time.time):
         self.prefix, self.clock = prefix, clock
         self.counters: dict[str, dict[int, int]] = {}
@@ -180,6 +182,8 @@ return 0
 class RedisLimiter:
     """Buckets in Redis shared by every gateway replica and worker. Every call is bounded by
     `timeout_s` (socket timeouts plus an overall deadline); a failure raises LimiterUnavailable."""
+
+    settle_waits = True
 
     def __init__(self, url: str, prefix: str = "mlplane:gateway", timeout_s: float = 0.5):
         import redis.asyncio as aioredis

@@ -35,6 +35,18 @@ class GatewayMetrics:
                                      labels, registry=r)
         self.backend_ttft = Gauge("mlplane_gateway_backend_ttft_ewma_seconds", "Moving time-to-first-token estimate",
                                   labels, registry=r)
+        self._children: dict[tuple, object] = {}
+
+    def child(self, metric, *labels: str):
+        """`metric.labels(*labels)`, looked up once: prometheus_client validates and locks on every call,
+        several microseconds a request on the hot path."""
+        key = (metric._name, labels)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) > 100_000:  # bounded: statuses and models are few, but never trust that
+                self._children.clear()
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def observe_backends(self, groups: dict) -> None:
         for model, states in groups.items():

@@ -73,7 +73,7 @@ class Gateway:
         self.usage = UsageWriter(self.store)
         self.key_cache: dict[str, tuple[Caller | None, float]] = {}
         self.store_version: tuple | None = None
-        self.session = None  # the aiohttp session to backends, made on the running loop by start()
+        self.session = None  # the connection pool to backends (http1.Pool), made on the running loop by start()
         # probes open a fresh connection each time: a pooled one could hide a backend that stopped accepting
         self.health_client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
                                                timeout=settings.connect_timeout_s + 1)

@@ -5,6 +5,7 @@ tensors, the model repository extension), `POST /recommend`, Feast's `POST /get-
 from __future__ import annotations
 
 import json
+import re
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from serving.models import binary
 from serving.models.protocol import (
@@ -53,6 +55,32 @@ class RecommendResponse(BaseModel):
     timings_ms: dict[str, float]
 
 
+INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")  # the infer routes' paths
+
+
+class ModelServerApp(FastAPI):
+    """FastAPI with a direct path for `POST .../infer`: the same handler, without the middleware stack,
+    route matching and parameter solving (a third of the server's CPU per inference). Everything else
+    takes FastAPI's path; the routes stay declared there for the OpenAPI document."""
+
+    infer_handler = None  # set by create_app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.root_path and \
+                not scope.get("root_path"):
+            match = INFER_PATH.match(scope["path"])
+            if match is not None:
+                scope["app"] = self
+                try:
+                    response = await self.infer_handler(match.group(1), Request(scope, receive), match.group(2))
+                except ProtocolError as error:
+                    response = JSONResponse({"error": error.message}, status_code=error.status)
+                except ClientDisconnect:
+                    return
+                return await response(scope, receive, send)
+        await super().__call__(scope, receive, send)
+
+
 def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = None,
                grpc_host: str = "127.0.0.1") -> FastAPI:
     """The REST app; its lifespan loads the models, follows the aliases and, with `grpc_port`, runs the
@@ -73,10 +101,11 @@ def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = 
         if start:
             server.close()
 
-    app = FastAPI(title="mlplane model server", version=SERVER_VERSION, lifespan=lifespan,
+    app = ModelServerApp(title="mlplane model server", version=SERVER_VERSION, lifespan=lifespan,
                   description="Open Inference Protocol v2 over the platform's registry models, real-time "
                               "recommendations and online features.")
     app.state.server = server
+    app.infer_handler = _infer(server)
 
     @app.exception_handler(ProtocolError)
     async def protocol_error(request: Request, error: ProtocolError):

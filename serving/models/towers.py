@@ -13,12 +13,15 @@ import torch
 
 from engines.batch_inference import entity_features
 from engines.lake import Lake
-from ml.personalization import PersonalizationModel, TowerSpec
+from ml.personalization import PersonalizationModel, TowerSpec, TwoTower
 from serving.models.base import ServedModel
 from serving.models.protocol import ProtocolError, TensorSpec
 
 HISTORY_PAD = -1  # histories travel as (N, L) INT64 padded with -1
 HISTORY_LENGTH = 10  # the newest ids of a history the tower reads (ml.personalization._padded_ids)
+# a request of up to this many input values is answered on the event loop: the numpy tower takes
+# tens of microseconds there, less than the hop to a worker thread and back; larger ones go to a thread
+INLINE_VALUES = 2048
 
 
 @dataclass
@@ -43,9 +46,9 @@ class ItemIndex:
 
 
 class UserEncoder:
-    """The user tower's inputs straight from column values (what TowerSpec.encode computes from a polars
-    frame, without a frame: the per-column polars calls cost ~1 ms each on the request path). The
-    protocol tests compare the two paths' vectors."""
+    """The user tower's inputs straight from column values, as numpy arrays (what TowerSpec.encode
+    computes from a polars frame, without a frame: the per-column polars calls cost ~1 ms each on the
+    request path). The protocol tests compare the two paths' vectors."""
 
     def __init__(self, spec: TowerSpec):
         self.spec = spec
@@ -53,7 +56,7 @@ class UserEncoder:
         self.stds = np.asarray(spec.stds, np.float64)
         self.indexes = {c: {v: k + 1 for k, v in enumerate(values)} for c, values in spec.categorical.items()}
 
-    def encode(self, columns: dict[str, list]) -> dict[str, torch.Tensor]:
+    def encode(self, columns: dict[str, list]) -> dict[str, np.ndarray]:
         spec = self.spec
         ids = spec.buckets(np.asarray(columns[spec.id_column], dtype=np.int64))
         rows = len(ids)
@@ -69,16 +72,50 @@ class UserEncoder:
         for i, column in enumerate(spec.categorical):
             index = self.indexes[column]
             categorical[:, i] = [0 if v is None else index.get(str(v), 0) for v in columns[column]]
-        inputs = {"ids": torch.from_numpy(ids), "numeric": torch.from_numpy(numeric),
-                  "categorical": torch.from_numpy(categorical)}
+        inputs = {"ids": ids, "numeric": numeric, "categorical": categorical}
         for i, column in enumerate(spec.histories):
             matrix = np.zeros((rows, HISTORY_LENGTH), np.int64)
             for row, items in enumerate(columns[column]):
                 if items:
                     items = list(items)[-HISTORY_LENGTH:]
                     matrix[row, :len(items)] = np.asarray(items, np.int64) + 1
-            inputs[f"history{i}"] = torch.from_numpy(matrix)
+            inputs[f"history{i}"] = matrix
         return inputs
+
+
+class UserTowerKernel:
+    """The user tower's forward pass (ml.personalization.Tower, then TwoTower.user_vectors' constant 1)
+    in numpy over the version's own weights: for the few rows of a request, torch's per-operation
+    dispatch costs several times the arithmetic. Same float32 operations in the same order; the tests
+    compare it with the torch network."""
+
+    def __init__(self, network: TwoTower):
+        tower = network.user_tower
+
+        def weights(module) -> np.ndarray:
+            return module.weight.detach().cpu().numpy().astype(np.float32)
+
+        self.ids = weights(tower.ids)
+        self.categories = [weights(e) for e in tower.categories]
+        self.histories = tower.histories
+        self.items = weights(tower.item_ids) if tower.histories else None
+        first, second = tower.mlp[0], tower.mlp[2]
+        self.w1, self.b1 = np.ascontiguousarray(weights(first).T), first.bias.detach().cpu().numpy()
+        self.w2, self.b2 = np.ascontiguousarray(weights(second).T), second.bias.detach().cpu().numpy()
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        parts = [self.ids[inputs["ids"]], inputs["numeric"]]
+        parts += [table[inputs["categorical"][:, i]] for i, table in enumerate(self.categories)]
+        for i in range(self.histories):
+            ids = inputs[f"history{i}"]  # item id + 1, 0 pads
+            present = (ids > 0)[..., None].astype(np.float32)
+            vectors = self.items[np.maximum(ids - 1, 0) % len(self.items)] * present
+            parts.append(vectors.sum(axis=1) / np.maximum(present.sum(axis=1), 1.0))
+        if "embedding" in inputs:
+            parts.append(inputs["embedding"])
+        hidden = np.maximum(np.concatenate(parts, axis=1) @ self.w1 + self.b1, 0.0)
+        out = hidden @ self.w2 + self.b2
+        return np.concatenate([out, np.ones((len(out), 1), np.float32)], axis=1)
 
 
 class TwoTowerModel(ServedModel):
@@ -89,6 +126,7 @@ class TwoTowerModel(ServedModel):
         self.items = items
         self.feature_service = feature_service
         self.encoder = UserEncoder(model.spec.user)
+        self.kernel = UserTowerKernel(model.network)
         spec = model.spec.user
         self.inputs = [TensorSpec(spec.id_column, "INT64", (-1,)),
                        *[TensorSpec(c, "FP64", (-1,)) for c in spec.numeric],
@@ -101,6 +139,11 @@ class TwoTowerModel(ServedModel):
     def parameters(self) -> dict:
         return {"feature_service": self.feature_service,
                 "catalogue_items": 0 if self.items is None else len(self.items.item_ids)}
+
+    async def infer_async(self, inputs: dict[str, np.ndarray], parameters: dict) -> dict[str, np.ndarray]:
+        if sum(a.size for a in inputs.values()) <= INLINE_VALUES:
+            return self.infer(inputs, parameters)
+        return await super().infer_async(inputs, parameters)
 
     def infer(self, inputs: dict[str, np.ndarray], parameters: dict) -> dict[str, np.ndarray]:
         spec = self.model.spec.user
@@ -124,8 +167,15 @@ class TwoTowerModel(ServedModel):
         """User vectors from column -> values (a column absent is all missing)."""
         rows = len(columns[self.model.spec.user.id_column])
         full = {c: columns.get(c, [None] * rows) for c in self.model.spec.user.columns}
-        with torch.no_grad():
-            return self.model.network.user_vectors(self.encoder.encode(full)).numpy().astype(np.float32)
+        return self.kernel(self.encoder.encode(full)).astype(np.float32, copy=False)
+
+    def torch_user_vectors(self, columns: dict[str, list]) -> np.ndarray:
+        """The same through the torch network (what the kernel is checked against)."""
+        rows = len(columns[self.model.spec.user.id_column])
+        full = {c: columns.get(c, [None] * rows) for c in self.model.spec.user.columns}
+        inputs = {name: torch.from_numpy(array) for name, array in self.encoder.encode(full).items()}
+        with torch.inference_mode():
+            return self.model.network.user_vectors(inputs).numpy().astype(np.float32)
 
     def item_scores(self, user_vectors: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
         if self.items is None:

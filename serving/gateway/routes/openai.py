@@ -38,6 +38,7 @@ ENDPOINTS: dict[str, tuple[str, type[BaseModel]]] = {
     "completions": ("/v1/completions", CompletionRequest),
     "embeddings": ("/v1/embeddings", EmbeddingRequest),
 }
+PATHS = {path: endpoint for endpoint, (path, _) in ENDPOINTS.items()}  # GatewayApp's direct path
 OFF_LOOP_BYTES = 16_384  # bodies larger than this are tokenized in a thread, not on the event loop
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 422, 429, 502, 503)}
 
@@ -141,7 +142,7 @@ async def stream(gateway: Gateway, exchange: Exchange, group: ModelGroup, body: 
         await exchange.finish(status)
         return Response(first, status_code=status, media_type="application/json")
     ttft = time.perf_counter() - opened
-    gateway.metrics.ttft.labels(group.name).observe(ttft)
+    gateway.metrics.child(gateway.metrics.ttft, group.name).observe(ttft)
     tally = StreamTally(prompt)
     return StreamingExchange(exchange, events(exchange, relay(first, lines, tally, group.name, pass_usage),
                                               tally, opened, ttft))
