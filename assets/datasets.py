@@ -81,7 +81,7 @@ def _previous_day(key: AssetKey) -> AssetDep:
                  AssetCheckSpec(SKEW_CHECK, asset=KEY, blocking=True, description=SKEW_DESCRIPTION)],
 )
 def personalization_training_set(context, lake: LakeResource, flink: FlinkResource, quality: QualityResource):
-    the_lake, days = lake.lake(), partition_days(context)
+    the_lake, days = lake.get_client(), partition_days(context)
     ingested = set(the_lake.partition_days("warehouse", interactions.name))
     waiting = [d for d in days if d + timedelta(days=1) not in ingested]
     if waiting:

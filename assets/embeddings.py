@@ -73,7 +73,7 @@ class ClipModelConfig(Config):
     tags={"domain": "models"},
 )
 def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayResource) -> MaterializeResult:
-    store = lake.lake()
+    store = lake.get_client()
     catalogue = current_catalogue(store)
     if catalogue.is_empty():
         raise ValueError("no items in warehouse/items: ingest the catalogue before training CLIP")
@@ -140,7 +140,7 @@ class ItemEmbeddingsConfig(Config):
     tags={"domain": "embeddings"},
 )
 def item_embeddings(context, config: ItemEmbeddingsConfig, lake: LakeResource, ray: RayResource):
-    store = lake.lake()
+    store = lake.get_client()
     spec, version = current_model(store)
     ray.ensure_started()
     embed_config = EmbedConfig(batch_size=config.batch_size, actors=config.actors, device=config.device,
@@ -191,7 +191,7 @@ class ViolationConfig(Config):
     tags={"domain": "embeddings"},
 )
 def content_violation_flags(context, config: ViolationConfig, lake: LakeResource):
-    store = lake.lake()
+    store = lake.get_client()
     latest = latest_item_embeddings(store.root)
     if "skip_reason" in latest.columns:
         latest = latest.filter(pl.col("skip_reason").is_null())
@@ -243,7 +243,7 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
     tags={"domain": "embeddings"},
 )
 def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource):
-    store = lake.lake()
+    store = lake.get_client()
     days = partition_days(context)
     # the newest catalogue row and the newest embedding of each item embedded on these days, so that
     # re-running an old day neither brings back old vectors nor drops items added since
@@ -256,7 +256,7 @@ def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource)
                for d in days if store.partition_path("embeddings", "items", d).exists()]
     embeddings = latest_item_embeddings(store.root).filter(pl.col("item_id").is_in(pl.concat(touched).implode())) \
         if touched else pl.DataFrame()
-    with vector_store.open() as vectors:
+    with vector_store.get_client() as vectors:
         result = sync_vector_store(vectors, embeddings, catalogue, flags)
         count = vectors.count("items") if embeddings.height else 0
     context.log.info(f"vectors/items: {result}, {count} points")

@@ -1,6 +1,5 @@
 """Offline comparison reports of the A/B experiments in deploy/experiments.yaml: one asset per experiment."""
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -18,8 +17,9 @@ from ml import personalization as model_code
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
 
-EXPERIMENTS_FILE = Path(os.environ.get("MLPLANE_EXPERIMENTS",
-                                       Path(__file__).resolve().parents[1] / "deploy" / "experiments.yaml"))
+# The experiments are declared in the repository like the feature catalogue: one report asset each.
+# (The model server can follow another file at run time: `mlplane serve models --experiments`.)
+EXPERIMENTS_FILE = Path(__file__).resolve().parents[1] / "deploy" / "experiments.yaml"
 RANK_K = 10
 
 
@@ -39,7 +39,7 @@ def experiment_report(experiment: Experiment):
     )
     def report(context, lake: LakeResource, model_registry: ModelRegistryResource):
         (day,) = partition_days(context)
-        the_lake = lake.lake()
+        the_lake = lake.get_client()
         days = [d for d in the_lake.partition_days(DATASETS_ZONE, TRAINING_SET) if d <= day]
         if len(days) < 2 or days[-1] != day:
             raise Failure(f"{experiment.name}: needs {TRAINING_SET} for {day} and an earlier day, found {days}")
@@ -49,7 +49,7 @@ def experiment_report(experiment: Experiment):
         held_out = with_embeddings_as_of(the_lake, the_lake.read_partition(DATASETS_ZONE, TRAINING_SET, day))
         assigned = held_out.get_column("user_id").map_elements(lambda u: experiment.assign(u).name,
                                                                return_dtype=str)
-        registry = model_registry.registry()
+        registry = model_registry.get_client()
         embeddings = clip_image_vectors(the_lake, day_end(days[-2]))
         rows = []
         with tempfile.TemporaryDirectory(prefix="experiment-") as work:

@@ -71,11 +71,11 @@ def feature_table_asset(view: FeatureView) -> AssetsDefinition:
     def _feature_table(context, lake: LakeResource, quality: QualityResource):
         days, frames = partition_days(context), []
         for day in days:
-            frames.append(build_view_day(lake.lake(), view, day))
+            frames.append(build_view_day(lake.get_client(), view, day))
             context.log.info(f"{view.name} {day}: {frames[-1].height} rows")
         yield from quality_gate(quality, suite, dict(zip(days, frames)), f"feature table {view.name}")
         for day, day_frame in zip(days, frames):
-            lake.lake().write_partition(OFFLINE_ZONE, view.name, day, day_frame)
+            lake.get_client().write_partition(OFFLINE_ZONE, view.name, day, day_frame)
         yield MaterializeResult(metadata={
             **frame_metadata(pl.concat(frames), TIMESTAMP),
             "rows_per_day": table([{"day": d.isoformat(), "rows": f.height} for d, f in zip(days, frames)]),
@@ -95,7 +95,7 @@ feature_table_assets = [feature_table_asset(v) for v in catalogue.views]
     owners=["team:ml-platform"],
 )
 def feature_registry(feature_store: FeatureStoreResource) -> MaterializeResult:
-    engine = feature_store.engine()
+    engine = feature_store.get_client()
     engine.apply()
     return MaterializeResult(metadata={
         "feature_views": table([
@@ -128,11 +128,11 @@ ONLINE_CHECK = "online_matches_definition"
                                             "value was replaced by an older batch row")],
 )
 def online_features(context, lake: LakeResource, feature_store: FeatureStoreResource):
-    engine = feature_store.engine()
+    engine = feature_store.get_client()
     engine.ensure_registry()
-    days, root = partition_days(context), lake.lake().root
+    days, root = partition_days(context), lake.get_client().root
     # Re-running an old day must not put old values online: load through the newest built day.
-    newest = max(d for v in catalogue.views for d in lake.lake().partition_days(OFFLINE_ZONE, v.name))
+    newest = max(d for v in catalogue.views for d in lake.get_client().partition_days(OFFLINE_ZONE, v.name))
     until = max(days[-1], newest)
     before = streaming_snapshot(engine, root, until)
     engine.materialize_days(days[0], until)
@@ -145,7 +145,7 @@ def online_features(context, lake: LakeResource, feature_store: FeatureStoreReso
         "per_view": table([v.to_row() for v in views]),
         "streaming_values_replaced_by_older": table([{"view": v, "entities": n} for v, n in regressions.items()])})
     rows = [{"day": day.isoformat(), "view": view.name,
-             "rows": lake.lake().read_partition(OFFLINE_ZONE, view.name, day).height}
+             "rows": lake.get_client().read_partition(OFFLINE_ZONE, view.name, day).height}
             for day in days for view in catalogue.views]
     yield MaterializeResult(metadata={"offline_rows": table(rows), "online_store": feature_store.online_store})
 

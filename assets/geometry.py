@@ -55,7 +55,7 @@ class ItemGeometryConfig(Config):
 )
 def item_geometry_asset(context, config: ItemGeometryConfig, lake: LakeResource, ray: RayResource,
                         quality: QualityResource):
-    store = lake.lake()
+    store = lake.get_client()
     ray.ensure_started()
     job = GeometryConfig(block_rows=config.block_rows, resolution=config.resolution)
     days, frames, started = partition_days(context), [], time.perf_counter()

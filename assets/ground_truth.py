@@ -59,7 +59,7 @@ class ViolationQueueConfig(Config):
 )
 def content_violation_queue(context, config: ViolationQueueConfig, lake: LakeResource,
                             labels: LabelStoreResource) -> MaterializeResult:
-    store, engine = lake.lake(), labels.engine()
+    store, engine = lake.get_client(), labels.get_client()
     task = queue.create_task(engine, CONTENT_VIOLATION)
     rows, missing_flags = [], []
     for day in partition_days(context):
@@ -101,7 +101,7 @@ class ModelQueueConfig(Config):
 )
 def recommendation_queue(context, config: ModelQueueConfig, lake: LakeResource, labels: LabelStoreResource,
                          model_registry: ModelRegistryResource) -> MaterializeResult:
-    registry, store = model_registry.registry(), lake.lake()
+    registry, store = model_registry.get_client(), lake.get_client()
     champion, challenger = registry.by_alias(MODEL, "champion"), registry.by_alias(MODEL, "challenger")
     if champion is None or challenger is None or champion.version == challenger.version:
         why = (f"no champion of {MODEL!r}" if champion is None else
@@ -112,7 +112,7 @@ def recommendation_queue(context, config: ModelQueueConfig, lake: LakeResource, 
     with tempfile.TemporaryDirectory(prefix="gt-models-") as work:
         for alias, version in (("champion", champion), ("challenger", challenger)):
             models[alias] = PersonalizationModel.load(registry.load(MODEL, version.version, Path(work) / alias))
-    engine = labels.engine()
+    engine = labels.get_client()
     task = queue.create_task(engine, RECOMMENDATION_RELEVANCE)
     days = []
     for day in partition_days(context):
@@ -176,7 +176,7 @@ def release_asset(spec: TaskSpec):
     )
     def _release(context, config: ReleaseConfig, lake: LakeResource, labels: LabelStoreResource,
                  quality: QualityResource):
-        engine = labels.engine()
+        engine = labels.get_client()
         task = queue.get_task(engine, spec.name)
         states = review.item_states(engine, task)
         found = rel.candidate(task, states, review.task_quality(engine, task, states))

@@ -73,8 +73,8 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
                                     model_registry: ModelRegistryResource, vector_store: VectorStoreResource,
                                     feature_store: FeatureStoreResource, flink: FlinkResource):
     (day,) = partition_days(context)
-    the_lake = lake.lake()
-    registry = model_registry.registry()
+    the_lake = lake.get_client()
+    registry = model_registry.get_client()
     champion = registry.by_alias(MODEL, "champion")
     if champion is None:
         raise Failure(f"no champion of {MODEL!r} in the registry yet: train and promote one first")
@@ -92,7 +92,7 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
     users, item_rows = users.frame, items.frame
     if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them as of the day
         item_rows = item_embeddings_as_of(the_lake.root, item_rows)
-    with vector_store.open() as store:
+    with vector_store.get_client() as store:
         radius = engine.index_items(store, model, item_rows, champion.version)
         recommendations = engine.recommend(users, store, model, champion.version, radius, config.k,
                                            engine="ray", workers=config.workers, batch_size=config.batch_size)
@@ -126,7 +126,7 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
     # re-running an older day must not replace newer lists online
     newest = day >= max(the_lake.partition_days(engine.ZONE, engine.TABLE))
     if newest:
-        store = feature_store.engine()
+        store = feature_store.get_client()
         store.ensure_registry()
         store.load_online(user_recommendations.name, served.to_pandas())
     scores = frame.get_column("score")

@@ -84,7 +84,7 @@ def ingestion_asset(source: Source) -> AssetsDefinition:
     def _ingest(context, lake: LakeResource, quality: QualityResource):
         days, frames, reports = partition_days(context), [], []
         for day in days:
-            frame, report = load_day(lake.lake(), source, day)
+            frame, report = load_day(lake.get_client(), source, day)
             for name, problem in report.quarantined.items():
                 context.log.error(f"quarantined landing/{source.name}/date={day}/{name}: {problem}")
             context.log.info(f"{source.name} {day}: {report.rows} rows from {len(report.files_loaded)} file(s)")
@@ -92,7 +92,7 @@ def ingestion_asset(source: Source) -> AssetsDefinition:
             reports.append(report)
         yield from quality_gate(quality, suite, dict(zip(days, frames)), source.name)
         for day, day_frame in zip(days, frames):
-            write_day(lake.lake(), source, day, day_frame)
+            write_day(lake.get_client(), source, day, day_frame)
         quarantined = [{"day": r.day.isoformat(), "file": f, "problem": p}
                        for r in reports for f, p in r.quarantined.items()]
         yield MaterializeResult(metadata={

@@ -79,7 +79,7 @@ def lake_corpus(lake) -> list[str]:
                                 description="Held-out perplexity is below that of token frequencies alone")],
 )
 def gateway_llm(context, config: GatewayLlmConfig, lake: LakeResource, model_registry: ModelRegistryResource):
-    source = lake.lake()
+    source = lake.get_client()
     documents = lake_corpus(source)
     target = gateway_llm_dir(lake.root)
     metrics = _train_into(target, lambda staging: train_llm(
@@ -118,7 +118,7 @@ def gateway_llm(context, config: GatewayLlmConfig, lake: LakeResource, model_reg
 )
 def gateway_llm_draft(context, config: GatewayLlmConfig, lake: LakeResource,
                       model_registry: ModelRegistryResource):
-    source = lake.lake()
+    source = lake.get_client()
     documents = lake_corpus(source)
     target_dir = gateway_llm_dir(lake.root)
     draft = gateway_llm_draft_dir(lake.root)
@@ -126,7 +126,7 @@ def gateway_llm_draft(context, config: GatewayLlmConfig, lake: LakeResource,
     metrics = _train_into(draft, lambda staging: train_llm(
         documents, staging, replace(DRAFT_CONFIG, steps=config.steps, context=config.context),
         log=context.log.info, tokenizer_dir=target_dir))
-    registry = model_registry.registry()
+    registry = model_registry.get_client()
     target_version = next((v for v in reversed(registry.versions(REGISTERED_NAME))
                            if v.tags.get("mlplane.tokenizer_sha256") == metrics["tokenizer_sha256"]), None)
     smaller = metrics["parameters"] < target_metrics["parameters"]
@@ -170,7 +170,7 @@ def _train_into(target: Path, train) -> dict:
 
 def _register(context, model_registry: ModelRegistryResource, name: str, model_dir: Path, metrics: dict,
               partitions: dict, promote: bool, role: str = "target", draft_for: str | None = None):
-    registry = model_registry.registry()
+    registry = model_registry.get_client()
     who = f"dagster run {context.run.run_id}"
     lineage = LlmLineage(partitions, metrics["tokenizer_sha256"], code_version(),
                          f"{who}, asset {context.asset_key.to_user_string()}", role, draft_for)

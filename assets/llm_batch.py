@@ -71,7 +71,7 @@ def items_without_description(frame: pl.DataFrame) -> pl.DataFrame:
                                             "with a non-empty description and no error")],
 )
 def item_descriptions(context, config: ItemDescriptionsConfig, lake: LakeResource, gateway: GatewayResource):
-    source = lake.lake()
+    source = lake.get_client()
     spec = BatchSpec(config.model, config.max_tokens, config.min_tokens, 0.0, config.concurrency,
                      CallRetry(config.max_attempts, 0.5, config.max_delay_s))
     summary, problems = [], []

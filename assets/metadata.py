@@ -38,7 +38,7 @@ def frame_metadata(frame: pl.DataFrame, timestamp_column: str | None = None) -> 
 def quality_gate(quality: QualityResource, suite: Suite, frames: dict[date, pl.DataFrame], what: str):
     """Validate each day's frame and yield the `great_expectations` check result. On failure, raise
     before the caller writes anything: earlier partitions stay and nothing downstream runs."""
-    engine = quality.engine()  # one GX context for all days
+    engine = quality.get_client()  # one GX context for all days
     summaries = [engine.validate(suite, frame, run_name=f"{suite.name} {day}") for day, frame in frames.items()]
     passed = all(s.success for s in summaries)
     yield AssetCheckResult(check_name="great_expectations", passed=passed, metadata={

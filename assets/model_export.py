@@ -4,7 +4,6 @@ a rollback, a new CLIP): the Triton model repository and the KServe manifests, b
 checkout holds what they are validated against). The `model_export_sensor` (orchestration/sensors.py)
 watches the registry's aliases and runs this asset when one moves."""
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,18 +17,18 @@ from engines import kserve
 from engines.model_export import EXPORTED_KINDS, TRITON_REPOSITORY, ExportTarget, export_target, publish
 from engines.registry import CHECKSUM_TAG, ModelRegistry
 from resources.lake import LakeResource
+from resources.model_server import ModelServerResource
 from resources.registry import ModelRegistryResource
 
 MODEL_EXPORT = AssetKey(["deploy", "model_export"])
 TRITON_CHECK = "triton_export_matches_registry"
 KSERVE_CHECK = "kserve_manifests_valid"
 TRITON_MANIFEST = "mlplane-triton.yaml"
-SERVER_CONFIG_ENV = "MLPLANE_MODEL_SERVER_CONFIG"  # the server's own setting (serving/models/cli.py)
 
 
 class ModelExportConfig(Config):
-    server_config: str | None = Field(default=None, description=f"The model server's YAML; default "
-                                                                 f"${SERVER_CONFIG_ENV}, else the local server")
+    server_config: str | None = Field(default=None, description="The model server's YAML; default: the "
+                                                                 "model_server resource's, else the local server")
     image: str = Field(default=kserve.KServeSettings.image, description="The serving/models container image")
     namespace: str = kserve.KServeSettings.namespace
     lake_pvc: str = Field(default=kserve.KServeSettings.lake_pvc, description="PVC holding the lake in the cluster")
@@ -49,7 +48,6 @@ def server_config(path: str | None, lake_root: Path):
     """The model server's configuration: what it serves is what gets exported."""
     from serving.models.config import ServerConfig
 
-    path = path or os.environ.get(SERVER_CONFIG_ENV)
     return ServerConfig.from_yaml(path) if path else ServerConfig.local(lake_root)
 
 
@@ -86,12 +84,13 @@ def served_versions(path: str | None, lake_root: Path, registry: ModelRegistry) 
                     AssetCheckSpec(KSERVE_CHECK, asset=MODEL_EXPORT, blocking=True,
                                    description="Every manifest validates against KServe's v1beta1 InferenceService "
                                                "(and core v1 ConfigMap) fields")])
-def model_export(context, config: ModelExportConfig, lake: LakeResource, model_registry: ModelRegistryResource):
+def model_export(context, config: ModelExportConfig, lake: LakeResource, model_registry: ModelRegistryResource,
+                 model_server: ModelServerResource):
     from serving.models.export_check import compare_export
 
-    root = lake.lake().root
-    server = server_config(config.server_config, root)
-    registry = model_registry.registry()
+    root = lake.get_client().root
+    server = server_config(config.server_config or model_server.config_path, root)
+    registry = model_registry.get_client()
     targets, skipped = resolve_targets(server.models, registry)
     repository = root / TRITON_REPOSITORY
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=_parent(repository)))

@@ -121,7 +121,7 @@ def rounded(frame: pl.DataFrame) -> list[dict]:
 )
 def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, notifier: WebhookNotifier):
     (day,) = partition_days(context)
-    the_lake, settings = lake.lake(), settings_of(config)
+    the_lake, settings = lake.get_client(), settings_of(config)
     logged = the_lake.read_partition(logs.ZONE, logs.TABLE, day)
     answers = accuracy.scored_answers(logged, read_interactions(the_lake, day), settings)
     models = accuracy.by_model(answers, settings)

@@ -1,10 +1,10 @@
-import os
 from datetime import date
 
 from dagster import DailyPartitionsDefinition
 
-# The marketplace's history starts here; set MLPLANE_START_DATE to move it.
-START_DATE = os.environ.get("MLPLANE_START_DATE", "2026-01-01")
+# The marketplace's history starts here. A constant, not a setting: the partition set is part of the
+# asset graph's definition (environment variables are read only in orchestration/profiles.py).
+START_DATE = "2026-01-01"
 
 daily_partitions = DailyPartitionsDefinition(start_date=START_DATE, timezone="UTC")
 

@@ -166,11 +166,11 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             resources = context.resources
             day = date.fromisoformat(context.partition_keys[-1])
             registry_resource = resources.model_registry
-            registry = registry_resource.registry()
+            registry = registry_resource.get_client()
             resources.ray.ensure_started()
             under_test = registry.by_alias(model_name, "challenger")  # the online gate judges this one
             with tempfile.TemporaryDirectory(prefix=f"train-{model_name}-") as work:
-                run = TrainingRun(day, resources.lake.lake(), Path(work), config.num_workers,
+                run = TrainingRun(day, resources.lake.get_client(), Path(work), config.num_workers,
                                   config.use_gpu or gpus > 0, config.training_days, context.log.info)
                 trained = fn(run)
                 lineage = {
@@ -244,7 +244,7 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             required_resource_keys={"model_registry"},
         )
         def promote(context):
-            registry = context.resources.model_registry.registry()
+            registry = context.resources.model_registry.get_client()
             challenger = registry.by_alias(model_name, APPROVED_ALIAS) or registry.by_alias(model_name, "challenger")
             if challenger is None:
                 raise ValueError(f"{model_name!r} has no challenger to promote")

@@ -66,7 +66,7 @@ def latency_table(frame: pl.DataFrame) -> list[dict]:
                                 description=f"great-expectations suite {suite.name}")],
 )
 def prediction_logs(context, lake: LakeResource, quality: QualityResource):
-    the_lake, days = lake.lake(), partition_days(context)
+    the_lake, days = lake.get_client(), partition_days(context)
     frames = {day: logs.read_spool(the_lake.root, day).sort("served_at", "request_id", "role", "variant")
               for day in days}
     if all(f.is_empty() for f in frames.values()):

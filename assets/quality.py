@@ -15,7 +15,7 @@ from resources.quality import QualityResource
     owners=["team:data-platform"],
 )
 def data_quality_report(quality: QualityResource) -> MaterializeResult:
-    engine = quality.engine()
+    engine = quality.get_client()
     index = engine.build_docs()
     latest = engine.latest_results()
     return MaterializeResult(metadata={

@@ -41,11 +41,11 @@ TOLERANCE = 1e-6
        description="The clip_model asset's weights registered in MLflow as `clip` (checksummed) with the alias "
                    "`champion`, for the online model server; a version already registered is not added again.")
 def clip_registered(context, lake: LakeResource, model_registry: ModelRegistryResource) -> MaterializeResult:
-    spec, clip_version = current_model(lake.lake())
+    spec, clip_version = current_model(lake.get_client())
     if not spec.checkpoint:
         raise Failure("clip_model chose no weights file (random weights cannot be served): train it or configure "
                       "a checkpoint")
-    registry = model_registry.registry()
+    registry = model_registry.get_client()
     existing = next((v for v in registry.versions(CLIP_MODEL_NAME) if v.tags.get(CLIP_VERSION_TAG) == clip_version),
                     None)
     if existing is None:
@@ -96,7 +96,7 @@ def same_value(served, offline) -> bool:
                                    description="Every sampled served feature value equals its offline "
                                                "point-in-time value")])
 def served_features(context, lake: LakeResource, flink: FlinkResource):
-    the_lake = lake.lake()
+    the_lake = lake.get_client()
     files = sorted((the_lake.root / SERVED_LOG).glob("date=*/part-*.parquet"))
     if not files:
         raise Failure(f"no served features logged under {the_lake.root / SERVED_LOG}: is the server sampling?")

@@ -145,7 +145,7 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
         if 86400 % slide:
             raise Failure(f"slide_seconds={slide} does not divide a day: no window would end at "
                           "midnight, where the history is checked against the offline features")
-        days, the_lake = partition_days(context), lake.lake()
+        days, the_lake = partition_days(context), lake.get_client()
         for view in views:
             missing = sorted(set(days) - set(the_lake.partition_days(OFFLINE_ZONE, view.name)))
             if missing:

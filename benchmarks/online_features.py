@@ -84,7 +84,7 @@ def main() -> None:
     from orchestration.profiles import resources_for
 
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="mlplane-bench-"))
-    engine = resources_for("local", data_dir=str(data_dir))["feature_store"].engine()
+    engine = resources_for("local", data_dir=str(data_dir))["feature_store"].get_client()
     if not (data_dir / "feature_repo" / "online_store.db").exists():
         build_lake(data_dir)
     engine.write_repo()

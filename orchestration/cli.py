@@ -211,7 +211,7 @@ def features_get(service: str, entities: tuple[str, ...]) -> None:
 
     row = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (e.split("=", 1) for e in entities)}
     with open_resource("feature_store") as feature_store:
-        values = feature_store.engine().online_features(service, [row])
+        values = feature_store.get_client().online_features(service, [row])
     click.echo(json.dumps({k: v[0] for k, v in values.items()}, indent=2, default=str))
 
 

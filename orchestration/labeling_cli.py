@@ -51,7 +51,7 @@ def add_account(username: str, role: str, password: str | None, data_dir: str | 
         click.prompt("password", hide_input=True, confirmation_prompt=True)
     with _store(data_dir) as labels:
         try:
-            accounts.create_account(labels.engine(), username, password, accounts.Role(role))
+            accounts.create_account(labels.get_client(), username, password, accounts.Role(role))
         except ValueError as error:
             raise click.ClickException(str(error)) from error
     click.echo(f"created {role} {username}")
@@ -64,7 +64,7 @@ def tasks(data_dir: str | None) -> None:
     from ground_truth import queue, review
 
     with _store(data_dir) as labels:
-        engine = labels.engine()
+        engine = labels.get_client()
         for task in queue.list_tasks(engine):
             quality = review.task_quality(engine, task)
             click.echo(json.dumps({"task": task.spec.name, "items": quality.items, "complete": quality.complete,
@@ -95,7 +95,7 @@ def simulate_annotators(task: str, url: str, annotators: int, accuracy: float, d
     password = os.environ.get("MLPLANE_LABELING_PASSWORD", "simulated-pass")
     names = [f"sim-ann{i}" for i in range(annotators)]
     with _store(data_dir) as labels:
-        engine = labels.engine()
+        engine = labels.get_client()
         known = {a.username for a in accounts.list_accounts(engine)}
         for name in [*names, "sim-rev0"]:
             if name not in known:

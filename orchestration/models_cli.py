@@ -15,7 +15,7 @@ def open_registry(data_dir: str | None):
     with open_resource("model_registry", data_dir) as resource:
         if not resource.tracking_uri and not (Path(resource.root) / "mlflow.db").exists():
             raise click.ClickException(f"no model registry at {resource.root}: train a model first")
-        return resource.registry()
+        return resource.get_client()
 
 
 @click.group()

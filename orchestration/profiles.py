@@ -59,7 +59,8 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         gateway = GatewayResource(url=os.environ.get("MLPLANE_GATEWAY_URL", "http://127.0.0.1:4000"),
                                   api_key=os.environ.get("MLPLANE_GATEWAY_KEY"))
         labels = LabelStoreResource(lake=lake)
-        model_server = ModelServerResource()  # `mlplane serve models` on localhost
+        # `mlplane serve models` on localhost
+        model_server = ModelServerResource(config_path=os.environ.get("MLPLANE_MODEL_SERVER_CONFIG"))
     elif profile == "prod":
         lake = LakeResource(root=data_dir or EnvVar("MLPLANE_DATA_DIR"))
         feature_store = FeatureStoreResource(
@@ -84,7 +85,8 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
                                                artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
         gateway = GatewayResource(url=EnvVar("MLPLANE_GATEWAY_URL"), api_key=EnvVar("MLPLANE_GATEWAY_KEY"))
         labels = LabelStoreResource(lake=lake, url=EnvVar("MLPLANE_LABELS_DB_URL"))
-        model_server = ModelServerResource(url=EnvVar("MLPLANE_MODEL_SERVER_URL"))
+        model_server = ModelServerResource(url=EnvVar("MLPLANE_MODEL_SERVER_URL"),
+                                           config_path=os.environ.get("MLPLANE_MODEL_SERVER_CONFIG"))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {

@@ -32,10 +32,10 @@ def search(text: str | None, image: Path | None, k: int, category: tuple[str, ..
     if (text is None) == (image is None):
         raise click.UsageError("give a TEXT query or --image PATH (not both)")
     with open_resource("lake", data_dir) as lake, open_resource("vector_store", data_dir) as vectors:
-        spec, _ = current_model(lake.lake())
-        with vectors.open() as store:
+        spec, _ = current_model(lake.get_client())
+        with vectors.get_client() as store:
             try:
-                search = ItemSearch(store, spec, current_geometry(lake.lake()))
+                search = ItemSearch(store, spec, current_geometry(lake.get_client()))
                 hits = search.search(text=text, image=image, k=k, category=list(category) or None,
                                      price_min=price_min, price_max=price_max, using=using, max_faces=max_faces,
                                      watertight=watertight)

@@ -28,6 +28,7 @@ from engines.lake import Lake
 from feature_defs.sources import all_sources
 from jobs import daily_pipeline, model_export
 from resources.lake import LakeResource
+from resources.model_server import ModelServerResource
 from resources.notifications import WebhookNotifier
 from resources.registry import ModelRegistryResource
 
@@ -64,7 +65,7 @@ def landing_cursor(lake: Lake, days: list[date]) -> str:
 def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     valid_keys = set(daily_partitions.get_partition_keys())
-    current = {day: fp for day, fp in landing_fingerprints(lake.lake()).items() if day in valid_keys}
+    current = {day: fp for day, fp in landing_fingerprints(lake.get_client()).items() if day in valid_keys}
     changed = sorted(day for day, fp in current.items() if seen.get(day) != fp)
     if not changed:
         return SkipReason("no new or changed landing files")
@@ -115,8 +116,9 @@ freshness_sensor = build_sensor_for_freshness_checks(
     description="Exports the served models for KServe and Triton (deploy/model_export) when the registry version "
                 "a served model follows changes: a promotion, a rollback (`mlplane models rollback`), a new CLIP.",
 )
-def model_export_sensor(context: SensorEvaluationContext, lake: LakeResource, model_registry: ModelRegistryResource):
-    versions = served_versions(None, lake.lake().root, model_registry.registry())
+def model_export_sensor(context: SensorEvaluationContext, lake: LakeResource, model_registry: ModelRegistryResource,
+                        model_server: ModelServerResource):
+    versions = served_versions(model_server.config_path, lake.get_client().root, model_registry.get_client())
     if not versions:
         return SkipReason("no served model has a registry version yet")
     cursor = json.dumps(versions, sort_keys=True)

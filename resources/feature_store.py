@@ -16,7 +16,7 @@ class FeatureStoreResource(ConfigurableResource):
     redis_url: str = Field(default="localhost:6379", description="Feast Redis connection string")
     registry_url: str | None = Field(default=None, description="SQLAlchemy URL of a SQL registry")
 
-    def engine(self) -> FeatureStoreEngine:
+    def get_client(self) -> FeatureStoreEngine:
         root = Path(self.lake.root)
         return FeatureStoreEngine(FeatureStoreSettings(
             repo_dir=root / "feature_repo",

@@ -106,7 +106,7 @@ class FlinkResource(ConfigurableResource):
         pid_file = job.state_dir / "pusher.pid"
         if pid_file.exists() and process_alive(int(pid_file.read_text())):
             return int(pid_file.read_text())
-        store = self.feature_store.engine().settings
+        store = self.feature_store.get_client().settings
         config = PusherConfig(spec=job.write_spec(), store={
             "repo_dir": str(store.repo_dir), "offline_root": str(store.offline_root), "project": store.project,
             "online_store": store.online_store, "redis_url": store.redis_url, "registry_url": store.registry_url})

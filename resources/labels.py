@@ -23,5 +23,5 @@ class LabelStoreResource(ConfigurableResource):
         folder.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{folder / 'labels.db'}"
 
-    def engine(self) -> Engine:
+    def get_client(self) -> Engine:
         return connect(self.database_url())

@@ -11,5 +11,5 @@ class LakeResource(ConfigurableResource):
 
     root: str = Field(description="Folder (or mount) holding every zone of the lake")
 
-    def lake(self) -> Lake:
+    def get_client(self) -> Lake:
         return Lake(Path(self.root))

@@ -11,5 +11,5 @@ class QualityResource(ConfigurableResource):
 
     lake: LakeResource
 
-    def engine(self) -> QualityEngine:
+    def get_client(self) -> QualityEngine:
         return QualityEngine(Path(self.lake.root) / "quality")

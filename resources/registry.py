@@ -16,7 +16,7 @@ class ModelRegistryResource(ConfigurableResource):
     promotion_margin: float = Field(default=0.0, description="How much better (held-out AUC) a challenger must "
                                                              "score than the champion to be promoted")
 
-    def registry(self) -> ModelRegistry:
+    def get_client(self) -> ModelRegistry:
         if self.tracking_uri:
             return ModelRegistry(self.tracking_uri, self.artifact_root)
         if not self.root:

@@ -10,6 +10,6 @@ class VectorStoreResource(ConfigurableResource):
 
     location: str = Field(description="A local folder (embedded Qdrant Edge) or an http(s):// Qdrant server URL")
 
-    def open(self) -> VectorStore:
+    def get_client(self) -> VectorStore:
         """Open the store; close it (or use `with`) when done: a local folder is one process's at a time."""
         return VectorStore.open(self.location)

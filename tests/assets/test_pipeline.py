@@ -59,7 +59,7 @@ def events(pipeline_dir):
 
 @pytest.fixture(scope="module")
 def store(pipeline_dir):
-    return resources_for("local", data_dir=str(pipeline_dir))["feature_store"].engine()
+    return resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
 
 
 def sample_users(events, n=25, seed=0):

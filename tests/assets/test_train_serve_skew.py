@@ -130,12 +130,12 @@ def test_online_check_catches_a_redis_store_that_keeps_old_values(lake_copy, mon
         monkeypatch.undo()  # the fix: the same re-run now overwrites
         assert check(run(lake_copy, ONLINE, store), ONLINE_CHECK).passed
     finally:
-        store.engine().store.teardown()
+        store.get_client().store.teardown()
 
 
 def test_batch_never_replaces_a_newer_streaming_value(lake_copy, monkeypatch):
     """Defect 4: the daily materialization wrote the streaming views' daily rows over fresher values."""
-    engine = local_resources(lake_copy)["feature_store"].engine()
+    engine = local_resources(lake_copy)["feature_store"].get_client()
     view = catalogue.view("item_sales_today")
     rows = Lake(lake_copy).read_partition("offline", view.name, LAST_DAY).to_pandas()
     pushed = rows.assign(event_timestamp=pd.Timestamp(day_end(LAST_DAY) + timedelta(minutes=5)),
@@ -159,7 +159,7 @@ def test_batch_never_replaces_a_newer_streaming_value(lake_copy, monkeypatch):
 
 
 def test_the_batch_fills_streaming_entities_the_stream_has_not_seen(lake_copy):
-    engine = local_resources(lake_copy)["feature_store"].engine()
+    engine = local_resources(lake_copy)["feature_store"].get_client()
     engine.ensure_registry()
     view = catalogue.view("item_trending")
     offline = Lake(lake_copy).read_partition("offline", view.name, LAST_DAY)

@@ -22,7 +22,7 @@ def test_a_relative_data_dir_gives_a_repo_the_feast_cli_reads_from_anywhere(tmp_
     work.mkdir()
     elsewhere.mkdir()
     monkeypatch.chdir(work)  # as `benchmarks/online_features.py --data-dir data` typed in `work`
-    engine = FeatureStoreResource(lake=LakeResource(root="data")).engine()
+    engine = FeatureStoreResource(lake=LakeResource(root="data")).get_client()
     engine.apply()
     repo = work / "data" / "feature_repo"
 

@@ -30,7 +30,7 @@ def test_redis_online_store_and_postgres_registry_serve_what_sqlite_serves(pipel
     prod = FeatureStoreEngine(FeatureStoreSettings(
         repo_dir=tmp_path / "repo", offline_root=pipeline_dir / "offline", project=project,
         online_store="redis", redis_url=REDIS, registry_url=registry_db))
-    local = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].engine()
+    local = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
     client = redis_client()
     try:
         prod.apply()
@@ -50,7 +50,7 @@ def test_redis_online_store_and_postgres_registry_serve_what_sqlite_serves(pipel
 
 
 def test_feast_cli_works_on_the_generated_repo(pipeline_dir):
-    engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].engine()
+    engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
     engine.write_repo()
     feast = Path(sys.executable).with_name("feast")
     out = subprocess.run([str(feast), "-c", str(engine.settings.repo_dir), "feature-services", "list"],
@@ -68,7 +68,7 @@ def test_online_reader_returns_what_feast_returns(pipeline_dir):
     """mlplane's read path against Feast's generic SDK path, on every view of every service."""
     import polars as pl
 
-    engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].engine()
+    engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
     pairs = pl.read_parquet(pipeline_dir / "offline" / "user_item_affinity" / "*" / "*.parquet")
     rows = [{"user_id": u, "item_id": i} for u, i in pairs.select("user_id", "item_id").unique().sort("user_id")
             .head(150).rows()]

@@ -73,7 +73,7 @@ def login(base_url: str, username: str) -> Iterator[httpx.Client]:
 def label_everything(lake: Path, k_people: dict[str, float] = ACCURACY):
     """Simulated annotators label the content_violation task of the lake's label store through the app,
     then a simulated reviewer settles every dispute."""
-    engine = resources_for("local", data_dir=str(lake))["labels"].engine()
+    engine = resources_for("local", data_dir=str(lake))["labels"].get_client()
     for name in [*k_people, "rev0"]:
         if name not in {a.username for a in accounts.list_accounts(engine)}:
             accounts.create_account(engine, name, PASSWORD, Role.reviewer if name == "rev0" else Role.annotator)

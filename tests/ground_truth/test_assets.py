@@ -71,7 +71,7 @@ def test_queues_fill_from_real_sources_idempotently(lake):
     first = run(lake, QUEUE)
     meta = metadata(first, "ground_truth", "content_violation", "queue")
     assert meta["days_without_flags"].value == f"{FIRST_DAY}, {LAST_DAY}"
-    engine = resources_for("local", data_dir=str(lake))["labels"].engine()
+    engine = resources_for("local", data_dir=str(lake))["labels"].get_client()
     task = queue.get_task(engine, "content_violation")
     sources = {s.key: set(s.queues) for s in review.item_states(engine, task)}
     flagged = {k for k, q in sources.items() if "detector_flagged" in q}

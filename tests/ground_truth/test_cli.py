@@ -15,7 +15,7 @@ def test_add_account_and_tasks(tmp_path):
     created = runner.invoke(main, ["labeling", "add-account", "alice", "--role", "reviewer", "--password",
                                    "long enough", "--data-dir", str(tmp_path)])
     assert created.exit_code == 0, created.output
-    engine = resources_for("local", data_dir=str(tmp_path))["labels"].engine()
+    engine = resources_for("local", data_dir=str(tmp_path))["labels"].get_client()
     assert accounts.sign_in(engine, "alice", "long enough") is not None
     again = runner.invoke(main, ["labeling", "add-account", "alice", "--role", "admin", "--password", "long enough",
                                  "--data-dir", str(tmp_path)])

@@ -93,7 +93,7 @@ def test_queue_holds_the_pairs_the_two_registered_models_disagree_on_most(lake):
     meta = next(e.materialization for e in result.get_asset_materialization_events()
                 if e.asset_key == AssetKey(["ground_truth", "recommendation_relevance", "queue"])).metadata
     assert (meta["champion"].value, meta["challenger"].value) == ("1", "2")
-    engine = resources_for("local", data_dir=str(lake))["labels"].engine()
+    engine = resources_for("local", data_dir=str(lake))["labels"].get_client()
     task = queue.get_task(engine, "recommendation_relevance")
     with engine.connect() as conn:
         queued = {r.key: r for r in conn.execute(

@@ -47,7 +47,7 @@ def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipel
     assert written.get_column("model_version").unique().to_list() == ["1"]
 
     # served online next to the features, best first
-    store = resources["feature_store"].engine()
+    store = resources["feature_store"].get_client()
     sample = active[:20]
     online = store.online_features("recommendations", [{"user_id": u} for u in sample])
     expected = {u: (g.sort("rank").get_column("item_id").to_list(), g.sort("rank").get_column("score").to_list())

@@ -78,7 +78,7 @@ def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypa
     from orchestration.profiles import resources_for
 
     with build_resources(resources_for("prod")) as resources:
-        config = resources.feature_store.engine().settings.config_dict()
+        config = resources.feature_store.get_client().settings.config_dict()
         assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379",
                                           "skip_dedup": True}
         assert config["registry"]["path"] == "postgresql+psycopg2://feast@db/feast"
@@ -86,7 +86,7 @@ def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypa
         assert resources.notifier.url == "https://hooks.example/mlplane"
         assert resources.vector_store.location == "http://qdrant.internal:6333"
         assert resources.ray.address == "ray://ray-head.internal:10001"
-        assert resources.model_registry.registry().tracking_uri == "http://mlflow.internal:5000"
+        assert resources.model_registry.get_client().tracking_uri == "http://mlflow.internal:5000"
         assert resources.model_registry.artifact_root == "s3://models/mlplane"
         assert (resources.gateway.url, resources.gateway.api_key) == ("http://gateway.internal:4000", "sk-mlp-service")
         assert resources.labels.database_url() == "postgresql+psycopg2://labels@db/labels"

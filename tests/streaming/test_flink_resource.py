@@ -84,7 +84,7 @@ def test_asset_runs_the_job_and_the_sensor_restarts_it_after_a_kill(pipeline_dir
         wait_until(lambda: job.metrics()["records"] == 1, "the job to read its first file")
         stream.live(rate_per_second=20, seconds=12, day=STREAM_DAY,
                     on_file=lambda path, at, rows: users.update(rows["user_id"].to_pylist()))
-        engine = resources["feature_store"].engine()
+        engine = resources["feature_store"].get_client()
         rows = [{"user_id": u, "item_id": 1} for u in sorted(users)[:10]]
         online = wait_until(lambda: (r := engine.online_features("personalization_ranking", rows))
                             and all(v is not None for v in r["user_activity_realtime__impressions_1h"]) and r,
