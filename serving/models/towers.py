@@ -13,7 +13,7 @@ import torch
 
 from engines.batch_inference import entity_features
 from engines.lake import Lake
-from ml.personalization import PersonalizationModel, TowerSpec, TwoTower
+from ml.personalization import UNSEEN, PersonalizationModel, TowerSpec, TwoTower
 from serving.models.base import ServedModel
 from serving.models.protocol import ProtocolError, TensorSpec
 
@@ -102,6 +102,7 @@ class UserTowerKernel:
         first, second = tower.mlp[0], tower.mlp[2]
         self.w1, self.b1 = np.ascontiguousarray(weights(first).T), first.bias.detach().cpu().numpy()
         self.w2, self.b2 = np.ascontiguousarray(weights(second).T), second.bias.detach().cpu().numpy()
+        self.direct = weights(tower.direct)  # each id's own output vector, added after the MLP
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         parts = [self.ids[inputs["ids"]], inputs["numeric"]]
@@ -109,12 +110,13 @@ class UserTowerKernel:
         for i in range(self.histories):
             ids = inputs[f"history{i}"]  # item id + 1, 0 pads
             present = (ids > 0)[..., None].astype(np.float32)
-            vectors = self.items[np.maximum(ids - 1, 0) % len(self.items)] * present
+            known = (ids > 0) & (ids < len(self.items) + 1)  # else the unseen bucket, as in training
+            vectors = self.items[np.where(known, ids - 1, UNSEEN)] * present
             parts.append(vectors.sum(axis=1) / np.maximum(present.sum(axis=1), 1.0))
         if "embedding" in inputs:
             parts.append(inputs["embedding"])
         hidden = np.maximum(np.concatenate(parts, axis=1) @ self.w1 + self.b1, 0.0)
-        out = hidden @ self.w2 + self.b2
+        out = hidden @ self.w2 + self.b2 + self.direct[inputs["ids"]]
         return np.concatenate([out, np.ones((len(out), 1), np.float32)], axis=1)
 
 
