@@ -16,7 +16,7 @@ from jobs import daily_assets, training_data_assets
 from orchestration.profiles import resources_for
 from resources.flink import FlinkResource
 
-pytest_plugins = ["tests.tiers", "tests.ray_cluster"]  # the `services` tier; the two-node Ray cluster
+pytest_plugins = ["tests.tiers"]  # the `services` tier
 
 FIRST_DAY = date(2026, 1, 1)
 DAYS = 3

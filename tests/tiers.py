@@ -14,7 +14,6 @@ import pytest
 SERVICE_FIXTURES = frozenset({
     "pipeline_dir",  # the daily pipeline end to end (Feast, great-expectations) over three days
     "ray_compute", "trained",  # Ray, Ray Train
-    "ray_cluster",  # a two-node Ray cluster (tests/ray_cluster.py)
     "lake",  # tests/assets/test_embeddings.py: CLIP trained on Ray, Ray Data, Qdrant
     "geometry_ray",  # tests/engines/test_geometry_ray.py: the geometry job on Ray Data
     "streaming_run", "first_run", "lake_dir", "stream_days", "flink_cluster", "cluster_run",  # Flink
