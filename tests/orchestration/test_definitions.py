@@ -51,7 +51,8 @@ def test_three_day_backfill_with_the_dagster_cli(tmp_path):
     simulate(data_dir, days=4)  # the third day's labels look past its midnight
     env = {**os.environ, "MLPLANE_DATA_DIR": str(data_dir), "DAGSTER_HOME": str(home),
            "MLPLANE_STREAMING_SLIDE_SECONDS": "3600"}
-    for selection, days in (("group:ingestion,group:geometry,group:features,online_features", "2026-01-01...2026-01-04"),
+    daily = "group:ingestion,group:geometry,group:features,online_features"
+    for selection, days in ((daily, "2026-01-01...2026-01-04"),
                             ("group:streaming_history,group:datasets", "2026-01-01...2026-01-03")):
         out = subprocess.run(
             [str(BIN / "dagster"), "asset", "materialize", "-m", "orchestration.definitions", "--select", selection,
