@@ -21,7 +21,7 @@ from engines.lake import Lake
 from engines.registry import ModelRegistry
 from feature_defs import personalization_ranking
 from ml.personalization import PersonalizationModel
-from orchestration.profiles import resources_for
+from tests.conftest import local_resources
 
 USER_VIEWS = [v for v in personalization_ranking.views if v.join_keys == ["user_id"]]
 PLAYED = "user_activity_realtime__last_played_items_1h"
@@ -170,7 +170,7 @@ def test_clip_encoders_batch_and_match_the_model(platform_server, served_lake, t
 
 def run_skew_check(lake) -> dict:
     result = materialize(all_assets, selection=AssetSelection.assets(SERVED_FEATURES),
-                         resources=resources_for("local", data_dir=str(lake)), instance=DagsterInstance.ephemeral())
+                         resources=local_resources(lake), instance=DagsterInstance.ephemeral())
     (check,) = result.get_asset_check_evaluations()
     assert check.check_name == SKEW_CHECK
     return {"passed": check.passed, **{k: v.value for k, v in check.metadata.items()}}
