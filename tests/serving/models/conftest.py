@@ -44,11 +44,7 @@ def tiny_two_tower(seed: int) -> PersonalizationModel:
         "label": [1.0, 0.0, 1.0, 0.0],
     })
     torch.manual_seed(seed)
-    network = TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=16)))
-    with torch.no_grad():  # every weight random, the per-id terms too (training starts those at zero)
-        for parameter in network.parameters():
-            parameter.normal_(0.0, 0.5)
-    return PersonalizationModel(network)
+    return PersonalizationModel(TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=16))))
 
 
 def register_two_tower(registry: ModelRegistry, folder: Path, seed: int, alias: str | None = None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from serving.models.towers import TwoTowerModel
 from tests.serving.models.conftest import tiny_two_tower
@@ -28,7 +29,11 @@ def random_columns(spec, rows: int, rng: np.random.Generator) -> dict[str, list]
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_numpy_kernel_gives_the_torch_networks_vectors(seed):
-    served = TwoTowerModel(tiny_two_tower(seed), None, "personalization_ranking")
+    model = tiny_two_tower(seed)
+    with torch.no_grad():  # every weight random, the per-id terms too (training starts those at zero)
+        for parameter in model.network.parameters():
+            parameter.normal_(0.0, 0.5)
+    served = TwoTowerModel(model, None, "personalization_ranking")
     rng = np.random.default_rng(seed)
     for rows in (1, 2, 7, 64):
         columns = random_columns(served.model.spec.user, rows, rng)
