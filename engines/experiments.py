@@ -23,16 +23,23 @@ class ExperimentConfigError(ValueError):
     """An experiments file that cannot be used, with the experiment and field named."""
 
 
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    traffic: float
-    model_alias: str | None = None
-    model_version: str | None = None
+class ModelReference:
+    """A registry alias or version of the experiment's model (set by the dataclasses below)."""
+
+    model_alias: str | None
+    model_version: str | None
 
     @property
     def model_ref(self) -> str:
         return f"@{self.model_alias}" if self.model_alias else f"v{self.model_version}"
+
+
+@dataclass(frozen=True)
+class Variant(ModelReference):
+    name: str
+    traffic: float
+    model_alias: str | None = None
+    model_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,17 +107,13 @@ def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
 
 
 @dataclass(frozen=True)
-class Shadow:
+class Shadow(ModelReference):
     """A model version that gets a copy of every request to `model` off the response path: its answers
     are logged beside the live ones and never served."""
     name: str
     model: str
     model_alias: str | None = None
     model_version: str | None = None
-
-    @property
-    def model_ref(self) -> str:
-        return f"@{self.model_alias}" if self.model_alias else f"v{self.model_version}"
 
 
 @dataclass(frozen=True)

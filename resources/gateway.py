@@ -16,14 +16,16 @@ class GatewayResource(ConfigurableResource):
     region: str | None = Field(default=None, description="Preferred backend region")
     timeout_seconds: float = 120.0
 
-    def _post(self, path: str, body: dict) -> dict:
+    def _send(self, path: str, body: dict) -> httpx.Response:
         if not self.api_key:
             raise GatewayError("GatewayResource.api_key is not set (MLPLANE_GATEWAY_KEY)")
         headers = {"Authorization": f"Bearer {self.api_key}"}
         if self.region:
             headers["X-Mlplane-Region"] = self.region
-        response = httpx.post(f"{self.url.rstrip('/')}{path}", json=body, headers=headers,
-                              timeout=self.timeout_seconds)
+        return httpx.post(f"{self.url.rstrip('/')}{path}", json=body, headers=headers, timeout=self.timeout_seconds)
+
+    def _post(self, path: str, body: dict) -> dict:
+        response = self._send(path, body)
         if response.status_code >= 400:
             raise GatewayError(f"gateway {path} answered {response.status_code}: {response.text[:500]}")
         return response.json()
@@ -31,13 +33,7 @@ class GatewayResource(ConfigurableResource):
     def call(self, body: dict, path: str = "/v1/chat/completions") -> tuple[int, dict, object]:
         """(status, lower-cased headers, JSON body) of one call, errors included: for callers with their
         own retry policy (429s carry Retry-After)."""
-        if not self.api_key:
-            raise GatewayError("GatewayResource.api_key is not set (MLPLANE_GATEWAY_KEY)")
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        if self.region:
-            headers["X-Mlplane-Region"] = self.region
-        response = httpx.post(f"{self.url.rstrip('/')}{path}", json=body, headers=headers,
-                              timeout=self.timeout_seconds)
+        response = self._send(path, body)
         try:
             payload = response.json()
         except ValueError:
