@@ -314,6 +314,10 @@ class StandaloneCluster:
             # a killed TaskManager is noticed within seconds (its connection drops); a slow one on a
             # busy machine is given time rather than declared lost
             "heartbeat.interval": 2000, "heartbeat.timeout": 30000, "pekko.ask.timeout": "60 s",
+            # a batch backfill runs its stages in one slot, each blocking result needing its sort-shuffle
+            # minimum (512 buffers by default): 64 each and 128 MB of buffers let a whole job fit
+            "taskmanager.network.sort-shuffle.min-buffers": 64,
+            "taskmanager.memory.network.min": "128m", "taskmanager.memory.network.max": "128m",
         }
         for key, value in overrides.items():
             _set(conf, key.split("."), value)

@@ -181,14 +181,15 @@ class Recommender:
     @staticmethod
     def rerank(served: TwoTowerModel, vector: np.ndarray, found: list[int], exclude: set[int],
                k: int) -> tuple[list[int], list[float]]:
-        """The candidates by the model's own score (inner product), best first, exclusions dropped."""
+        """The candidates by the model's own score (inner product), best first, exclusions dropped; equal
+        scores (items with the same features, common among new ones) by item id, so answers are stable."""
         if served.items is None:
             raise ProtocolError(503, "this version has no item catalogue to recommend from")
         keep = np.array([i for i in found if i not in exclude and i in served.items.row_of], dtype=np.int64)
         if not len(keep):
             return [], []
         scores = served.items.vectors[served.items.rows(keep)] @ vector
-        order = np.argsort(-scores, kind="stable")[:k]
+        order = np.lexsort((keep, -scores))[:k]
         return keep[order].tolist(), scores[order].astype(float).tolist()
 
 

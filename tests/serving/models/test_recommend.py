@@ -48,7 +48,7 @@ def expected_top_k(lake_root, tmp_path, features: dict, k: int, exclude: set[int
     scores = model.item_vectors(items) @ model.user_vectors(user)[0]
     ids = items["item_id"].to_numpy()
     keep = ~np.isin(ids, list(exclude))
-    order = np.argsort(-scores[keep], kind="stable")[:k]
+    order = np.lexsort((ids[keep], -scores[keep]))[:k]  # the server's tie-break: item id
     return ids[keep][order].tolist(), scores[keep][order]
 
 

@@ -27,7 +27,8 @@ from tests.serving.models.conftest import TOWER_ENTRIES, register_two_tower, sta
 from tests.serving.models.test_hot_swap import wait_for
 
 ITEMS = pl.DataFrame({"item_id": list(range(100, 160)),
-                      "item_content__price": [float((i * 7) % 11) for i in range(60)],
+                      # a price of its own per item: no two items tie, whatever the matrix kernel's rounding
+                      "item_content__price": [float(i * 7 % 60) for i in range(60)],
                       "item_content__category": [["art", "game", "toy"][i % 3] for i in range(60)]})
 AB = {"name": "ab", "model": "personalization", "salt": "ab-shadow", "variants": [
     {"name": "control", "model_alias": "champion", "traffic": 0.5},
@@ -67,7 +68,7 @@ def brute_force_top_k(served: TwoTowerModel, features: dict, k: int) -> tuple[li
     """Every catalogue item scored with the model's own towers (no vector database), best k."""
     user = pl.DataFrame({c: [features.get(c)] for c in served.model.spec.user.columns})
     scores = served.model.item_vectors(ITEMS) @ served.model.user_vectors(user)[0]
-    order = np.argsort(-scores, kind="stable")[:k]
+    order = np.lexsort((ITEMS["item_id"].to_numpy(), -scores))[:k]  # the server's tie-break: item id
     return ITEMS["item_id"].to_numpy()[order].tolist(), scores[order]
 
 
