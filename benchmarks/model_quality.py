@@ -36,31 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 K = 10
 
 
-def oracle(config, lake_day_index: int):
-    """The simulator's answer key as two scorers: P(click | shown) logits for (user, item) pairs and
-    expected clicks (exposure x click probability) for ranking a user's candidates."""
-    from engines.simulator.events import IMPRESSION_AFFINITY
-    from engines.simulator.world import World
-
-    world = World(config)
-    state, _ = world.at(lake_day_index)
-    cluster = dict(zip(state.users.user_id.tolist(), state.users.taste_cluster.tolist()))
-    items = state.items
-    pop = dict(zip(items.item_id.tolist(), items.pop_z.tolist()))
-    category = dict(zip(items.item_id.tolist(), items.category_idx.tolist()))
-    log_affinity = np.log(world.cluster_affinity)
-
-    def click_logit(user: int, item: int) -> float:
-        return -3.3 + 0.8 * log_affinity[cluster[user], category[item]] + 0.3 * pop[item]
-
-    def expected_clicks(user: int, item: int) -> float:
-        taste = log_affinity[cluster[user], category[item]]
-        exposure = math.exp(1.5 * pop[item] + IMPRESSION_AFFINITY * taste)
-        return exposure / (1 + math.exp(-click_logit(user, item)))
-
-    return click_logit, expected_clicks
-
-
 def lists_metrics(lists: dict[int, list[int]], clicks: dict[int, set[int]], k: int = K) -> dict[str, float]:
     """Hit rate@k and NDCG@k of users' lists against their clicks, over users with clicks and a list."""
     hits, ndcgs = [], []
@@ -75,17 +50,17 @@ def lists_metrics(lists: dict[int, list[int]], clicks: dict[int, set[int]], k: i
     return {"users": len(hits), f"hit_rate@{k}": float(np.mean(hits)), f"ndcg@{k}": float(np.mean(ndcgs))}
 
 
-def held_out_oracle(train_rows: pl.DataFrame, held_out: pl.DataFrame, click_logit, expected_clicks) -> dict:
+def held_out_oracle(train_rows: pl.DataFrame, held_out: pl.DataFrame, key) -> dict:
     from ml.evaluation import auc, ranking_metrics
     from ml.personalization import LABEL, labelled
 
     rows = labelled(held_out)
     labels = rows.get_column(LABEL).to_numpy() > 0
-    scores = np.array([click_logit(u, i) for u, i in rows.select("user_id", "item_id").iter_rows()])
+    scores = np.array([key.click_logit(u, i) for u, i in rows.select("user_id", "item_id").iter_rows()])
     candidates = sorted(set(train_rows["item_id"].to_list()) | set(held_out["item_id"].to_list()))
     positives = rows.filter(pl.col(LABEL) > 0).group_by("user_id").agg(pl.col("item_id").unique())
     relevant = {u: set(i) for u, i in positives.iter_rows()}
-    ranked = {u: sorted(candidates, key=lambda i: -expected_clicks(u, i))[:K] for u in relevant}
+    ranked = {u: sorted(candidates, key=lambda i: -key.expected_clicks(u, i))[:K] for u in relevant}
     return {"auc": auc(labels, scores), **ranking_metrics(ranked, relevant, K)}
 
 
@@ -118,6 +93,7 @@ def main() -> None:
     from benchmarks.lake import FIRST_DAY, build_lake
     from engines.lake import Lake
     from engines.simulator import SimulatorConfig
+    from engines.simulator.answer_key import AnswerKey
     from ml.evaluation import evaluate, split_held_out
     from ml.personalization import TrainConfig, train
 
@@ -132,13 +108,14 @@ def main() -> None:
     train_rows, held_out = split_held_out(frame)
     last = days[-1]
 
-    ray.init(num_cpus=2, object_store_memory=400 * 1024 * 1024, include_dashboard=False,
-             _temp_dir=str(Path(tempfile.gettempdir()) / "bench-ray"), log_to_driver=False)
+    if not ray.is_initialized():  # the pipeline's Ray steps (geometry) may have started it in this process
+        ray.init(num_cpus=2, object_store_memory=400 * 1024 * 1024, include_dashboard=False,
+                 _temp_dir=str(Path(tempfile.gettempdir()) / "bench-ray"), log_to_driver=False)
     model = train(train_rows, TrainConfig(), scratch / "ray").model
     scores = evaluate(model, train_rows, held_out, K)
     config = SimulatorConfig(seed=args.seed, start_date=FIRST_DAY).scaled(args.scale)
-    click_logit, expected_clicks = oracle(config, (last - FIRST_DAY).days + 1)
-    scores["oracle"] = held_out_oracle(train_rows, held_out, click_logit, expected_clicks)
+    key = AnswerKey.on(config, last + timedelta(days=1))
+    scores["oracle"] = held_out_oracle(train_rows, held_out, key)
 
     next_day = lake.read_partition("warehouse", "interactions", last + timedelta(days=1))
     clicked = next_day.filter(pl.col("event_type") == "click").group_by("user_id").agg(pl.col("item_id").unique())
@@ -151,7 +128,7 @@ def main() -> None:
     lists = {
         "model": model_lists,
         "popularity": {u: popular.to_list() for u in model_lists},
-        "oracle": {u: sorted(catalogue, key=lambda i: -expected_clicks(u, i))[:K] for u in model_lists},
+        "oracle": {u: sorted(catalogue, key=lambda i: -key.expected_clicks(u, i))[:K] for u in model_lists},
     }
     print(f"\nheld-out day {last} ({held_out.height} impressions), trained on {days[0]}..{days[-2]} "
           f"({train_rows.height} rows)")

@@ -7,10 +7,12 @@ registers them). Steps:
 1. starts the model server in this process over the lake with an experiments file: `champion` against
    `challenger` 50/50, and version 1 as a shadow;
 2. sends `--requests` recommend requests for random users of the lake;
-3. stops the server (every answer is in the prediction log) and SIMULATES what the users did next:
-   each shown item is clicked with a probability falling with its rank, some clicks are followed by a
-   play. The outcomes are synthetic (nobody uses the demo's server); they are written as the day's
-   warehouse interactions, so a day that already has interactions is refused;
+3. stops the server (every answer is in the prediction log) and SIMULATES what the users did next with
+   the simulator's own users (`engines.simulator.answer_key`): a user looks at the item at rank r with
+   probability 1/log2(r + 1) and clicks it with the probability the simulator gives that user and item,
+   then may play it. Nobody else uses the demo's server, so the outcomes are synthetic, but a variant
+   whose lists suit the users' tastes better gets more clicks. They are written as the day's warehouse
+   interactions, so a day that already has interactions is refused;
 4. materializes `serving/prediction_logs` and `monitoring/online_accuracy` for today with Dagster and
    prints the tables the asset's metadata carries.
 """
@@ -18,6 +20,7 @@ registers them). Steps:
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import time
@@ -32,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.lake import Lake  # noqa: E402
 from engines.prediction_logs import read_spool  # noqa: E402
+from engines.simulator import SimulatorConfig  # noqa: E402
+from engines.simulator.answer_key import AnswerKey  # noqa: E402
 from orchestration.profiles import local_data_dir  # noqa: E402
 
 EXPERIMENTS = {
@@ -69,17 +74,18 @@ def start_server(data_dir: Path, experiments: Path):
     return runner, thread, f"http://127.0.0.1:{port}"
 
 
-def simulate_outcomes(answers: pl.DataFrame, seed: int) -> pl.DataFrame:
-    """Synthetic clicks and plays after each live answer (see the module's docstring)."""
+def simulate_outcomes(answers: pl.DataFrame, key: AnswerKey, seed: int) -> pl.DataFrame:
+    """Clicks and plays of the simulated users after each live answer (see the module's docstring)."""
     rng, rows = random.Random(seed), []
     for answer in answers.iter_rows(named=True):
+        user = answer["user_id"]
         for rank, item in enumerate(answer["item_ids"], start=1):
-            if rng.random() < 0.25 / rank ** 0.7:
+            if rng.random() < key.click_probability(user, item) / math.log2(rank + 1):
                 at = answer["served_at"] + timedelta(minutes=rng.uniform(0.5, 20))
                 rows.append({"event_id": f"demo-{len(rows)}", "event_timestamp": at, "user_id": answer["user_id"],
                              "item_id": item, "event_type": "click", "session_id": answer["request_id"],
                              "device": "web", "play_seconds": None, "amount": None})
-                if rng.random() < 0.5:
+                if rng.random() < key.play_probability(user, item):
                     rows.append({**rows[-1], "event_id": f"demo-{len(rows)}", "event_type": "play",
                                  "event_timestamp": at + timedelta(seconds=5), "play_seconds": 30.0})
     return pl.DataFrame(rows, schema={"event_id": pl.String, "event_timestamp": pl.Datetime("us", "UTC"),
@@ -133,7 +139,8 @@ def main() -> None:
     thread.join(60)  # a clean stop: shadows finish, the prediction log is written
     print(f"2/3 {args.requests} answers by variant {variants}; shadow answers logged beside them")
     logged = read_spool(data_dir, today).filter(pl.col("role") == "live")
-    lake.write_partition("warehouse", "interactions", today, simulate_outcomes(logged, args.seed))
+    key = AnswerKey.on(SimulatorConfig.load(data_dir / "sim_truth" / "simulator_config.json"), today)
+    lake.write_partition("warehouse", "interactions", today, simulate_outcomes(logged, key, args.seed))
     print("3/3 simulated outcomes written; materializing serving/prediction_logs and monitoring/online_accuracy")
     materialize_today(data_dir, today)
     pl.Config.set_tbl_cols(20)

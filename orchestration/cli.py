@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import click
 
+from orchestration.demo import DEMO_DAYS
 from orchestration.home import ensure_dagster_home, environment_executable
 from orchestration.labeling_cli import labeling
 from orchestration.models_cli import models
@@ -58,9 +58,7 @@ def inject(fault: str, day, stream: str, kind: str, data_dir: str | None) -> Non
     saved = root / SIMULATOR_CONFIG
     if not saved.exists():
         raise click.ClickException(f"{saved} not found: run `mlplane simulate` on this data dir first")
-    config = json.loads(saved.read_text())
-    config["start_date"] = date.fromisoformat(config["start_date"])
-    simulator = Simulator(SimulatorConfig(**config), root)
+    simulator = Simulator(SimulatorConfig.load(saved), root)
     if fault == "late":
         path = simulator.write_late_file(day.date(), stream)
     elif fault == "duplicate":
@@ -75,105 +73,32 @@ SIMULATOR_CONFIG = Path("sim_truth") / "simulator_config.json"
 
 def run_simulation(data_dir: Path, days: int, first: date, seed: int, scale: float, file_format: str) -> dict:
     """Simulate, and keep the configuration so `mlplane inject` can add files for the same world."""
-    from dataclasses import asdict
-
     from engines.simulator import Simulator, SimulatorConfig
 
     config = SimulatorConfig(seed=seed, start_date=first, file_format=file_format).scaled(scale)
     summary = Simulator(config, data_dir, click.echo).run(days)
-    (data_dir / SIMULATOR_CONFIG).write_text(json.dumps(asdict(config), default=str, indent=2))
+    config.save(data_dir / SIMULATOR_CONFIG)
     return summary
 
 
 @main.command()
-@click.option("--days", default=3, show_default=True, help="Days to simulate and process.")
+@click.option("--days", default=DEMO_DAYS, show_default=True, help="Days to simulate and process.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--scale", default=1.0, show_default=True)
 def demo(days: int, seed: int, scale: float) -> None:
-    """Simulate DAYS days, run the daily pipeline and the streaming backfill over them on the embedded default,
-    and say what came out."""
+    """Simulate DAYS days and run the platform over them on the embedded default: the daily pipeline, the
+    streaming backfill, training sets, the personalization model and its gate, batch inference and a live
+    recommendation; then say what came out."""
+    from orchestration.demo import run_demo
+
     ensure_dagster_home()
     data_dir = Path(local_data_dir())
     first = default_start(days)
-    last = first + timedelta(days=days - 1)
-    started = time.monotonic()
-    click.echo(f"1/3 simulating {days} days ({first} .. {last}) into {data_dir}/landing")
-    run_simulation(data_dir, days, first, seed, scale, "parquet")
-    click.echo("2/3 materializing the asset graph (Dagster runs, visible in the UI)")
-    materialize_everything(first, last)
-    remember_landed_days(data_dir, first, last)
-    click.echo(f"3/3 done in {time.monotonic() - started:.0f} s\n")
-    print_summary(data_dir, first, last)
+    run_demo(data_dir, first, days, lambda: run_simulation(data_dir, days, first, seed, scale, "parquet"))
 
 
 def default_start(days: int) -> date:
     return datetime.now(UTC).date() - timedelta(days=days)
-
-
-def materialize_everything(first: date, last: date) -> None:
-    """The registry, then every daily asset over the range in one run, the streaming views' windows over the
-    same days (one Flink batch job), the training sets of the days whose next day is there (a day's labels
-    look past its midnight; the last day's waits for the next day's interactions), then the data-quality
-    report."""
-    from dagster import AssetKey, DagsterInstance
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-
-    from orchestration.definitions import defs
-
-    instance = DagsterInstance.get()
-    days = {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()}
-    labelled = {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
-                ASSET_PARTITION_RANGE_END_TAG: (last - timedelta(days=1)).isoformat()}
-    steps = [
-        ("feature_store_refresh", ["feature_registry"], {}),
-        ("daily_pipeline", None, days),
-        ("streaming_backfill", None, days),
-        *([("training_data", ["datasets/personalization_training"], labelled)] if last > first else []),
-        ("feature_store_refresh", ["data_quality_report"], {}),
-    ]
-    for job_name, selection, tags in steps:
-        job = defs.resolve_job_def(job_name)
-        keys = [AssetKey(k.split("/")) for k in selection] if selection else None
-        click.echo(f"   running {job_name}{' ' + ', '.join(selection) if selection else ''} ...")
-        result = job.execute_in_process(instance=instance, tags=tags, asset_selection=keys, raise_on_error=False,
-                                        run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}})
-        if not result.success:
-            raise click.ClickException(f"run {result.run_id} of {job_name} failed; see `mlplane ui`")
-
-
-def remember_landed_days(data_dir: Path, first: date, last: date) -> None:
-    """Leave the landing sensor's cursor at the days just run, so `mlplane ui` does not run them again."""
-    from dagster import DagsterInstance
-
-    from engines.lake import Lake
-    from orchestration.home import set_sensor_cursor
-    from orchestration.sensors import landing_cursor, landing_sensor
-
-    days = [first + timedelta(days=n) for n in range((last - first).days + 1)]
-    with DagsterInstance.get() as instance:
-        set_sensor_cursor(instance, landing_sensor.name, landing_cursor(Lake(data_dir), days))
-
-
-def print_summary(data_dir: Path, first: date, last: date) -> None:
-    import polars as pl
-
-    from engines.quality import QualityEngine
-
-    click.echo("What was produced:")
-    for zone in ("warehouse", "offline", "datasets", "streaming_history"):
-        for table_dir in sorted((data_dir / zone).glob("*")):
-            files = sorted(table_dir.glob("date=*/part-0.parquet"))
-            rows = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in files)
-            click.echo(f"  {zone + '/' + table_dir.name:<42} {len(files):>3} partitions {rows:>10,} rows")
-    click.echo(f"  feature store: Feast repo in {data_dir / 'feature_repo'} (feast -c {data_dir / 'feature_repo'} "
-               "feature-views list)")
-    quality = QualityEngine(data_dir / "quality")
-    latest = quality.latest_results()
-    failing = [r["suite"] for r in latest if not r["success"]]
-    listed = f": {', '.join(failing)}" if failing else ""
-    click.echo(f"\nData quality: {len(latest)} suites, {len(failing)} failing{listed}")
-    click.echo(f"Data-quality report: {quality.docs_index_path}")
-    click.echo(f"Dagster UI: .venv/bin/mlplane ui, then http://127.0.0.1:3000 (runs for {first} .. {last} are there)")
 
 
 @main.command()

@@ -1,7 +1,9 @@
 """Simulator parameters."""
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import asdict, dataclass, replace
 from datetime import date
+from pathlib import Path
 
 FILE_FORMATS = ("parquet", "jsonl")
 
@@ -40,6 +42,14 @@ class SimulatorConfig:
             raise ValueError("need 0 < n_reference_items <= n_items / 4")
         if self.seed < 0:
             raise ValueError("seed must be >= 0")
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), default=str, indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> "SimulatorConfig":
+        saved = json.loads(path.read_text())
+        return cls(**{**saved, "start_date": date.fromisoformat(saved["start_date"])})
 
     def scaled(self, scale: float) -> "SimulatorConfig":
         """The same marketplace with `scale` times the users, creators and items (rates unchanged)."""

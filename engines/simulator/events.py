@@ -38,6 +38,17 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 
 
+def click_logit(log_affinity, pop_z):
+    """The simulated users' click model: P(click | shown) = sigmoid(click_logit), from the taste of the
+    user's cluster for the item's category and the item's latent popularity."""
+    return -3.3 + 0.8 * log_affinity + 0.3 * pop_z
+
+
+def play_logit(log_affinity):
+    """P(play | clicked) = sigmoid(play_logit): a user plays what matches their taste more often."""
+    return -0.4 + 0.6 * log_affinity
+
+
 def _seconds(rng, low: float, high: float, n: int) -> np.ndarray:
     """Random durations in microseconds."""
     return rng.integers(int(low * US_PER_SECOND), int(high * US_PER_SECOND), n)
@@ -83,9 +94,9 @@ def _interactions(rng, state: Tables, affinity, imp: dict, prefix: str) -> pa.Ta
     log_affinity = np.log(affinity[imp["cluster"], items.category_idx.to_numpy()[imp["item"]]])
     pop_z = items.pop_z.to_numpy()[imp["item"]]
 
-    clicks = np.flatnonzero(rng.random(n) < _sigmoid(-3.3 + 0.8 * log_affinity + 0.3 * pop_z))
+    clicks = np.flatnonzero(rng.random(n) < _sigmoid(click_logit(log_affinity, pop_z)))
     click_ts = imp["ts"][clicks] + _seconds(rng, 1, 20, len(clicks))
-    played = rng.random(len(clicks)) < _sigmoid(-0.4 + 0.6 * log_affinity[clicks])
+    played = rng.random(len(clicks)) < _sigmoid(play_logit(log_affinity[clicks]))
     plays, play_ts = clicks[played], click_ts[played] + _seconds(rng, 2, 30, int(played.sum()))
     play_seconds = np.round(np.clip(rng.lognormal(np.log(90), 1.0, len(plays)), 1, MAX_PLAY_S), 3)
     bought = rng.random(len(plays)) < _sigmoid(-2.3 + 0.6 * log_affinity[plays])

@@ -107,7 +107,7 @@ def test_the_demo_leaves_the_landing_sensor_at_the_days_it_ran(tmp_path, monkeyp
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
 
-    from orchestration.cli import remember_landed_days
+    from orchestration.demo import remember_landed_days
     from orchestration.profiles import PROJECT_ROOT
 
     lake_dir, home = tmp_path / "lake", tmp_path / "home"

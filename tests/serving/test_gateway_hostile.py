@@ -255,8 +255,9 @@ def test_a_client_disconnecting_at_every_stage_leaks_nothing(gateway):
         next(response.iter_lines())  # after the first event
     assert_untouched(gateway, before)
     rows = my_rows(gateway, key, 4)
-    # the one answered without a stream is a 200, or a 499 when the hang-up cancels it at the backend
-    assert sum(r["requests"] for r in rows.values()) == 4 and set(rows) <= {200, 499} and rows[499]["requests"] >= 3
+    # the hang-up mid-body is a 499 (never admitted); each of the others is a 499 when the hang-up reaches
+    # the backend in time and a 200 when the tiny model had already answered (on a busy machine, often)
+    assert sum(r["requests"] for r in rows.values()) == 4 and set(rows) <= {200, 499} and rows[499]["requests"] >= 1
     # every reservation was settled to what was used: the rest of the 200-token minute is still there
     used = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows.values())
     assert client(gateway, key).chat.completions.create(**{**CHAT, "max_tokens": 200 - used - 40}).choices
