@@ -16,9 +16,14 @@ from assets.pipelines import TrainingPipeline
 _package = sys.modules[__name__]
 _modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")]
 
-all_pipelines: list[TrainingPipeline | NotebookPipeline] = list({
-    id(value): value for module in _modules for value in vars(module).values()
-    if isinstance(value, TrainingPipeline | NotebookPipeline)}.values())
+all_pipelines: list[TrainingPipeline | NotebookPipeline] = list(
+    {
+        id(value): value
+        for module in _modules
+        for value in vars(module).values()
+        if isinstance(value, TrainingPipeline | NotebookPipeline)
+    }.values()
+)
 
 
 def _unique(items) -> list:
@@ -36,10 +41,15 @@ def _load() -> tuple[list, list]:
     also read this package's own attributes, never see its partial results."""
     loaded = load_assets_from_package_module(_package)
     checks = load_asset_checks_from_package_module(_package)
-    assets = [*(a for a in loaded if not isinstance(a, AssetChecksDefinition)), *(a for p in all_pipelines
-                                                                                   for a in p.assets)]
-    checks = [*checks, *(a for a in loaded if isinstance(a, AssetChecksDefinition)),
-              *(c for p in all_pipelines for c in getattr(p, "asset_checks", []))]
+    assets = [
+        *(a for a in loaded if not isinstance(a, AssetChecksDefinition)),
+        *(a for p in all_pipelines for a in p.assets),
+    ]
+    checks = [
+        *checks,
+        *(a for a in loaded if isinstance(a, AssetChecksDefinition)),
+        *(c for p in all_pipelines for c in getattr(p, "asset_checks", [])),
+    ]
     return _unique(assets), _unique(checks)
 
 

@@ -36,60 +36,79 @@ DATASETS_ZONE = "datasets"
 TRAINING_SET = "personalization_training"
 KEY = AssetKey(["datasets", TRAINING_SET])
 
-suite = Suite(f"dataset_{TRAINING_SET}", [
-    gxe.ExpectColumnValuesToBeUnique(column="event_id"),
-    gxe.ExpectColumnValuesToNotBeNull(column="label_click"),
-    gxe.ExpectColumnValuesToNotBeNull(column="user_id"),
-    gxe.ExpectColumnValuesToNotBeNull(column="item_id"),
-    gxe.ExpectColumnMeanToBeBetween(column="label_click", min_value=0.001, max_value=0.9),
-])
+suite = Suite(
+    f"dataset_{TRAINING_SET}",
+    [
+        gxe.ExpectColumnValuesToBeUnique(column="event_id"),
+        gxe.ExpectColumnValuesToNotBeNull(column="label_click"),
+        gxe.ExpectColumnValuesToNotBeNull(column="user_id"),
+        gxe.ExpectColumnValuesToNotBeNull(column="item_id"),
+        gxe.ExpectColumnMeanToBeBetween(column="label_click", min_value=0.001, max_value=0.9),
+    ],
+)
 
 
 def timing(flink: FlinkResource) -> Timing:
     """How the live streaming job publishes: its slide, and how long after a window's end it is online."""
-    return Timing(slide_seconds=flink.slide_seconds,
-                  streaming_delay_seconds=flink.watermark_delay_seconds + -(-flink.checkpoint_interval_ms // 1000))
+    return Timing(
+        slide_seconds=flink.slide_seconds,
+        streaming_delay_seconds=flink.watermark_delay_seconds + -(-flink.checkpoint_interval_ms // 1000),
+    )
 
 
 def _previous_day(key: AssetKey) -> AssetDep:
-    return AssetDep(key, partition_mapping=TimeWindowPartitionMapping(
-        start_offset=-1, end_offset=0, allow_nonexistent_upstream_partitions=True))
+    return AssetDep(
+        key,
+        partition_mapping=TimeWindowPartitionMapping(
+            start_offset=-1, end_offset=0, allow_nonexistent_upstream_partitions=True
+        ),
+    )
 
 
 @asset(
     key=KEY,
     group_name="datasets",
     description="Impressions of the day labelled with clicks and plays in the same session within "
-                f"{int(LABEL_HORIZON.total_seconds() // 60)} minutes (the next day's first minutes included, "
-                f"so the day waits for the next day's interactions), with feature service "
-                f"{personalization_ranking.name!r} as of each impression (engines.point_in_time): dimension "
-                "views as known at the last daily run, daily views of the previous day, streaming views from "
-                "streaming_history at the live slide.",
+    f"{int(LABEL_HORIZON.total_seconds() // 60)} minutes (the next day's first minutes included, "
+    f"so the day waits for the next day's interactions), with feature service "
+    f"{personalization_ranking.name!r} as of each impression (engines.point_in_time): dimension "
+    "views as known at the last daily run, daily views of the previous day, streaming views from "
+    "streaming_history at the live slide.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[
         # the day and the next one: late impressions are labelled by clicks after midnight
-        AssetDep(warehouse_key(interactions), partition_mapping=TimeWindowPartitionMapping(start_offset=0,
-                                                                                           end_offset=1)),
+        AssetDep(
+            warehouse_key(interactions), partition_mapping=TimeWindowPartitionMapping(start_offset=0, end_offset=1)
+        ),
         *[_previous_day(offline_key(v)) for v in personalization_ranking.views if not v.streaming],
         *[_previous_day(AssetKey([HISTORY_ZONE, v.name])) for v in personalization_ranking.views if v.streaming],
     ],
     kinds={"polars", "parquet"},
     owners=["team:ml-platform"],
-    check_specs=[AssetCheckSpec("great_expectations", asset=KEY, blocking=True,
-                                description=f"great-expectations suite {suite.name}"),
-                 AssetCheckSpec(SKEW_CHECK, asset=KEY, blocking=True, description=SKEW_DESCRIPTION)],
+    check_specs=[
+        AssetCheckSpec(
+            "great_expectations", asset=KEY, blocking=True, description=f"great-expectations suite {suite.name}"
+        ),
+        AssetCheckSpec(SKEW_CHECK, asset=KEY, blocking=True, description=SKEW_DESCRIPTION),
+    ],
 )
 def personalization_training_set(context, lake: LakeResource, flink: FlinkResource, quality: QualityResource):
     the_lake, days = lake.get_client(), partition_days(context)
     ingested = set(the_lake.partition_days("warehouse", interactions.name))
     waiting = [d for d in days if d + timedelta(days=1) not in ingested]
     if waiting:
-        raise Failure(f"the training set of {', '.join(map(str, waiting))} waits for the next day's interactions "
-                      f"(labels look {LABEL_HORIZON} past midnight): ingest them first")
-    parts = [labelled_impressions(the_lake.read_partition("warehouse", interactions.name, d),
-                                  the_lake.read_partition("warehouse", interactions.name, d + timedelta(days=1)))
-             for d in days]
+        raise Failure(
+            f"the training set of {', '.join(map(str, waiting))} waits for the next day's interactions "
+            f"(labels look {LABEL_HORIZON} past midnight): ingest them first"
+        )
+    parts = [
+        labelled_impressions(
+            the_lake.read_partition("warehouse", interactions.name, d),
+            the_lake.read_partition("warehouse", interactions.name, d + timedelta(days=1)),
+        )
+        for d in days
+    ]
     labelled = pl.concat([p.rows for p in parts])
     result = training_rows(the_lake.root, labelled, personalization_ranking.name, timing(flink))
     rows = result.frame
@@ -105,16 +124,18 @@ def personalization_training_set(context, lake: LakeResource, flink: FlinkResour
     for day, frame in per_day.items():
         the_lake.write_partition(DATASETS_ZONE, TRAINING_SET, day, frame)
     feature_columns = [c for c in rows.columns if c not in labelled.columns]
-    yield MaterializeResult(metadata={
-        **frame_metadata(rows, "event_timestamp"),
-        "feature_service": personalization_ranking.name,
-        "features": len(feature_columns),
-        "positive_rate": round(float(rows.get_column("label_click").mean()), 4),
-        "label_horizon_minutes": int(LABEL_HORIZON.total_seconds() // 60),
-        "impressions_without_session": sum(p.without_session for p in parts),
-        "views_as_of": table(result.report_rows()),
-        "rows_per_day": table([{"day": d.isoformat(), "rows": f.height} for d, f in per_day.items()]),
-    })
+    yield MaterializeResult(
+        metadata={
+            **frame_metadata(rows, "event_timestamp"),
+            "feature_service": personalization_ranking.name,
+            "features": len(feature_columns),
+            "positive_rate": round(float(rows.get_column("label_click").mean()), 4),
+            "label_horizon_minutes": int(LABEL_HORIZON.total_seconds() // 60),
+            "impressions_without_session": sum(p.without_session for p in parts),
+            "views_as_of": table(result.report_rows()),
+            "rows_per_day": table([{"day": d.isoformat(), "rows": f.height} for d, f in per_day.items()]),
+        }
+    )
 
 
 dataset_assets = [personalization_training_set]

@@ -49,14 +49,17 @@ WAREHOUSE_ITEMS = AssetKey(["warehouse", "items"])
 
 class ClipModelConfig(Config):
     model_name: str = Field(default=COMPACT_MODEL, description="open_clip model config")
-    checkpoint: str | None = Field(default=None, description="Local weights file (production: ViT-B-32 or "
-                                                             "larger); None trains the compact model here")
+    checkpoint: str | None = Field(
+        default=None,
+        description="Local weights file (production: ViT-B-32 or larger); None trains the compact model here",
+    )
     epochs: int = 30
     batch_size: int = 64
     learning_rate: float = 2e-3
     num_workers: int = Field(default=1, description="Ray Train workers")
-    placement_strategy: str = Field(default="PACK", description="Ray Train workers over the nodes: PACK, SPREAD "
-                                                               "or STRICT_SPREAD (one per node)")
+    placement_strategy: str = Field(
+        default="PACK", description="Ray Train workers over the nodes: PACK, SPREAD or STRICT_SPREAD (one per node)"
+    )
     use_gpu: bool | None = Field(default=None, description="GPU workers; None: when the Ray cluster has GPUs")
     holdout_fraction: float = Field(default=0.2, description="Items kept out of training for evaluation")
 
@@ -65,8 +68,8 @@ class ClipModelConfig(Config):
     key=CLIP_MODEL,
     group_name="embeddings",
     description="The CLIP model for item embeddings: the compact open_clip config trained here on the "
-                "catalogue's thumbnails and titles with ClipLoss as a Ray Train job, or weights from a "
-                "configured checkpoint. Metadata: text-to-image recall@1/5/10 on held-out items vs random.",
+    "catalogue's thumbnails and titles with ClipLoss as a Ray Train job, or weights from a "
+    "configured checkpoint. Metadata: text-to-image recall@1/5/10 on held-out items vs random.",
     deps=[WAREHOUSE_ITEMS],
     kinds={"pytorch", "ray"},
     owners=["team:ml-platform"],
@@ -86,41 +89,69 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
         ray.ensure_started()
         use_gpu = ray.cluster_gpus() > 0 if config.use_gpu is None else config.use_gpu
         output = store.root / "models" / "clip" / f"{config.model_name}.pt"
-        context.log.info(f"training {config.model_name} on {int((~held_out).sum())} items, "
-                         f"{config.num_workers} Ray Train worker(s), gpu={use_gpu}")
-        history = train_clip(spec, pixels[~held_out], items.filter(~held_out)["title"].to_list(),
-                             TrainConfig(epochs=config.epochs, batch_size=config.batch_size,
-                                         learning_rate=config.learning_rate, num_workers=config.num_workers,
-                                         use_gpu=use_gpu, placement_strategy=config.placement_strategy),
-                             output, storage=store.root / "models" / "clip" / "ray_train")
+        context.log.info(
+            f"training {config.model_name} on {int((~held_out).sum())} items, "
+            f"{config.num_workers} Ray Train worker(s), gpu={use_gpu}"
+        )
+        history = train_clip(
+            spec,
+            pixels[~held_out],
+            items.filter(~held_out)["title"].to_list(),
+            TrainConfig(
+                epochs=config.epochs,
+                batch_size=config.batch_size,
+                learning_rate=config.learning_rate,
+                num_workers=config.num_workers,
+                use_gpu=use_gpu,
+                placement_strategy=config.placement_strategy,
+            ),
+            output,
+            storage=store.root / "models" / "clip" / "ray_train",
+        )
         spec = ClipSpec(config.model_name, str(output))
     model = load_model(spec)
     evaluation = items.filter(held_out)
-    metrics = retrieval_recall(encode_images(model, pixels[held_out]),
-                               encode_texts(model, tokenizer(spec)(evaluation["title"].to_list()).numpy()))
+    metrics = retrieval_recall(
+        encode_images(model, pixels[held_out]),
+        encode_texts(model, tokenizer(spec)(evaluation["title"].to_list()).numpy()),
+    )
     version = spec.version
     save_model_manifest(store, spec, version, metrics)
     context.log.info(f"{version}: held-out text-to-image {metrics}")
-    return MaterializeResult(metadata={
-        "model_version": version,
-        "checkpoint": spec.checkpoint,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "train_items": int((~held_out).sum()),
-        "train_worker_nodes": len(set(history[-1].get("worker_nodes", []))) if history else 0,
-        "held_out_items": int(held_out.sum()),
-        "text_to_image_recall": table([{"k": k, "recall": round(metrics[f"recall@{k}"], 4),
-                                        "random": round(metrics[f"random_recall@{k}"], 4)} for k in (1, 5, 10)]),
-        **{k: float(v) for k, v in metrics.items()},
-        "loss_by_epoch": MetadataValue.md(
-            "| epoch | loss |\n|---|---|\n" + "\n".join(f"| {h['epoch']} | {h['loss']:.4f} |" for h in history))
-        if history else "pretrained checkpoint, not trained here",
-    })
+    return MaterializeResult(
+        metadata={
+            "model_version": version,
+            "checkpoint": spec.checkpoint,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "train_items": int((~held_out).sum()),
+            "train_worker_nodes": len(set(history[-1].get("worker_nodes", []))) if history else 0,
+            "held_out_items": int(held_out.sum()),
+            "text_to_image_recall": table(
+                [
+                    {
+                        "k": k,
+                        "recall": round(metrics[f"recall@{k}"], 4),
+                        "random": round(metrics[f"random_recall@{k}"], 4),
+                    }
+                    for k in (1, 5, 10)
+                ]
+            ),
+            **{k: float(v) for k, v in metrics.items()},
+            "loss_by_epoch": MetadataValue.md(
+                "| epoch | loss |\n|---|---|\n" + "\n".join(f"| {h['epoch']} | {h['loss']:.4f} |" for h in history)
+            )
+            if history
+            else "pretrained checkpoint, not trained here",
+        }
+    )
 
 
 class ItemEmbeddingsConfig(Config):
     batch_size: int = Field(default=64, description="Rows per encoder call")
-    actors: int = Field(default=0, description="Encoder actors; 0 encodes in the CPU tasks that read and "
-                                               "preprocess (on cuda: one actor per GPU)")
+    actors: int = Field(
+        default=0,
+        description="Encoder actors; 0 encodes in the CPU tasks that read and preprocess (on cuda: one actor per GPU)",
+    )
     device: str = Field(default="cpu", description="'cpu' or 'cuda' (one GPU per encoder actor)")
     torch_threads: int = 1
 
@@ -129,9 +160,9 @@ class ItemEmbeddingsConfig(Config):
     key=ITEM_EMBEDDINGS,
     group_name="embeddings",
     description="CLIP image and text embeddings of the items new or changed each day (warehouse/items), "
-                "by a streaming Ray Data pipeline: read, preprocess and encode in one task per CPU (GPUs: "
-                "an encoder actor pool), rows back through the object store, written as Parquet. Items "
-                "with a corrupt image or empty title get a row with a skip_reason.",
+    "by a streaming Ray Data pipeline: read, preprocess and encode in one task per CPU (GPUs: "
+    "an encoder actor pool), rows back through the object store, written as Parquet. Items "
+    "with a corrupt image or empty title get a row with a skip_reason.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[CLIP_MODEL, WAREHOUSE_ITEMS],
@@ -143,46 +174,63 @@ def item_embeddings(context, config: ItemEmbeddingsConfig, lake: LakeResource, r
     store = lake.get_client()
     spec, version = current_model(store)
     ray.ensure_started()
-    embed_config = EmbedConfig(batch_size=config.batch_size, actors=config.actors, device=config.device,
-                               torch_threads=config.torch_threads)
+    embed_config = EmbedConfig(
+        batch_size=config.batch_size, actors=config.actors, device=config.device, torch_threads=config.torch_threads
+    )
     days, skipped, total, started = [], [], 0, time.perf_counter()
     for day in partition_days(context):
         items = catalogue_day(store, day)
-        frame = embed_items(items, store.root / "landing", spec, embed_config, version) if items.height \
+        frame = (
+            embed_items(items, store.root / "landing", spec, embed_config, version)
+            if items.height
             else pl.DataFrame(schema={"item_id": pl.Int64})
+        )
         if items.height:
             write_item_embeddings(store, day, frame)
         bad = frame.filter(pl.col("skip_reason").is_not_null()) if items.height else frame
-        skipped += [{"day": day.isoformat(), "item_id": r["item_id"], "reason": r["skip_reason"]}
-                    for r in bad.iter_rows(named=True)]
-        days.append({"day": day.isoformat(), "items": items.height, "embedded": items.height - bad.height,
-                     "skipped": bad.height})
+        skipped += [
+            {"day": day.isoformat(), "item_id": r["item_id"], "reason": r["skip_reason"]}
+            for r in bad.iter_rows(named=True)
+        ]
+        days.append(
+            {
+                "day": day.isoformat(),
+                "items": items.height,
+                "embedded": items.height - bad.height,
+                "skipped": bad.height,
+            }
+        )
         total += items.height
         context.log.info(f"embeddings {day}: {items.height} items, {bad.height} skipped")
     seconds = time.perf_counter() - started
-    return MaterializeResult(metadata={
-        "model_version": version,
-        "items": total,
-        "skipped": len(skipped),
-        "items_per_second": round(total / seconds, 1) if seconds else 0.0,
-        "days": table(days),
-        "skipped_items": table(skipped[:200]),
-    })
+    return MaterializeResult(
+        metadata={
+            "model_version": version,
+            "items": total,
+            "skipped": len(skipped),
+            "items_per_second": round(total / seconds, 1) if seconds else 0.0,
+            "days": table(days),
+            "skipped_items": table(skipped[:200]),
+        }
+    )
 
 
 class ViolationConfig(Config):
-    threshold: float | None = Field(default=None, description="Cosine similarity to a confirmed violation's image "
-                                                              "at or above which an item is flagged; None: "
-                                                              "calibrated on the newest ground-truth release")
+    threshold: float | None = Field(
+        default=None,
+        description="Cosine similarity to a confirmed violation's image "
+        "at or above which an item is flagged; None: "
+        "calibrated on the newest ground-truth release",
+    )
 
 
 @asset(
     key=VIOLATION_FLAGS,
     group_name="embeddings",
     description="Items whose image embedding is within the similarity threshold of a confirmed violation of the "
-                "newest ground-truth release (ground_truth/content_violation/release), flagged for review; the "
-                "threshold is calibrated on that release. Before the first release nothing is flagged. Metadata: "
-                "precision and recall against the release (leave-one-out).",
+    "newest ground-truth release (ground_truth/content_violation/release), flagged for review; the "
+    "threshold is calibrated on that release. Before the first release nothing is flagged. Metadata: "
+    "precision and recall against the release (leave-one-out).",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[ITEM_EMBEDDINGS],
@@ -199,42 +247,60 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
     references = latest.filter(pl.col("item_id").is_in(truth.references)) if truth else latest.clear()
     if truth is not None and references.is_empty():
         raise ValueError(f"none of the confirmed violations of release {truth.release.name} has an embedding yet")
-    labelled = cv.flag_items(latest.filter(pl.col("item_id").is_in(truth.labels["item_id"].implode())), references,
-                             np.inf) if truth else None
+    labelled = (
+        cv.flag_items(latest.filter(pl.col("item_id").is_in(truth.labels["item_id"].implode())), references, np.inf)
+        if truth
+        else None
+    )
     calibrated = cv.calibrate_threshold(labelled, truth.labels) if truth else None
     threshold = config.threshold if config.threshold is not None else calibrated or cv.DEFAULT_THRESHOLD
-    source = "config" if config.threshold is not None else \
-        f"calibrated on release {truth.release.name}" if calibrated is not None else "default"
+    source = (
+        "config"
+        if config.threshold is not None
+        else f"calibrated on release {truth.release.name}"
+        if calibrated is not None
+        else "default"
+    )
     frames = []
     for day in partition_days(context):
         path = store.partition_path("embeddings", "items", day)
-        embedded = pl.read_parquet(path).filter(pl.col("skip_reason").is_null()) if path.exists() \
-            else pl.DataFrame()
+        embedded = pl.read_parquet(path).filter(pl.col("skip_reason").is_null()) if path.exists() else pl.DataFrame()
         flags = cv.flag_items(embedded, references, threshold)
         store.write_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day, flags)
         frames.append(flags)
     flags = pl.concat(frames)
-    scores = cv.precision_recall(labelled.with_columns(flagged=pl.col("similarity") >= threshold), truth.labels) \
-        if truth else {}
+    scores = (
+        cv.precision_recall(labelled.with_columns(flagged=pl.col("similarity") >= threshold), truth.labels)
+        if truth
+        else {}
+    )
     context.log.info(f"content violations: threshold {threshold} ({source}), against the release: {scores}")
-    return MaterializeResult(metadata={
-        "threshold": float(threshold),
-        "threshold_source": source,
-        "release": truth.release.name if truth else "none yet: nothing flagged until the first ground-truth release",
-        "references": references.height,
-        "flagged": flags.filter("flagged").height,
-        **{f"release_{k}": v for k, v in scores.items() if v is not None},
-        "flagged_items": table([{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
-                                for r in flags.filter("flagged").head(100).iter_rows(named=True)]),
-    })
+    return MaterializeResult(
+        metadata={
+            "threshold": float(threshold),
+            "threshold_source": source,
+            "release": truth.release.name
+            if truth
+            else "none yet: nothing flagged until the first ground-truth release",
+            "references": references.height,
+            "flagged": flags.filter("flagged").height,
+            **{f"release_{k}": v for k, v in scores.items() if v is not None},
+            "flagged_items": table(
+                [
+                    {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                    for r in flags.filter("flagged").head(100).iter_rows(named=True)
+                ]
+            ),
+        }
+    )
 
 
 @asset(
     key=ITEM_VECTORS,
     group_name="embeddings",
     description="The Qdrant collection `items`: image and text vectors of every embedded item with payload "
-                "(category, creator, price, flags) and payload indexes; idempotent upserts of each day's "
-                "embeddings, items gone from the catalogue deleted.",
+    "(category, creator, price, flags) and payload indexes; idempotent upserts of each day's "
+    "embeddings, items gone from the catalogue deleted.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[ITEM_EMBEDDINGS, VIOLATION_FLAGS, WAREHOUSE_ITEMS],
@@ -252,10 +318,16 @@ def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource)
     for day in store.partition_days(cv.FLAGS_ZONE, cv.FLAGS_TABLE):
         for row in store.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day).iter_rows(named=True):
             flags[row["item_id"]] = ["suspected_violation"] if row["flagged"] else []
-    touched = [store.read_partition("embeddings", "items", d)["item_id"]
-               for d in days if store.partition_path("embeddings", "items", d).exists()]
-    embeddings = latest_item_embeddings(store.root).filter(pl.col("item_id").is_in(pl.concat(touched).implode())) \
-        if touched else pl.DataFrame()
+    touched = [
+        store.read_partition("embeddings", "items", d)["item_id"]
+        for d in days
+        if store.partition_path("embeddings", "items", d).exists()
+    ]
+    embeddings = (
+        latest_item_embeddings(store.root).filter(pl.col("item_id").is_in(pl.concat(touched).implode()))
+        if touched
+        else pl.DataFrame()
+    )
     with vector_store.get_client() as vectors:
         result = sync_vector_store(vectors, embeddings, catalogue, flags)
         count = vectors.count("items") if embeddings.height else 0

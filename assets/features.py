@@ -55,18 +55,29 @@ def feature_table_asset(view: FeatureView) -> AssetsDefinition:
         key=key,
         group_name="features",
         description=f"{view.description}. Offline table of feature view {view.name!r} "
-                    f"({len(view.features)} features{', streaming' if view.streaming else ''}).",
+        f"({len(view.features)} features{', streaming' if view.streaming else ''}).",
         partitions_def=daily_partitions,
         backfill_policy=BackfillPolicy.single_run(),
-        deps=[AssetDep(warehouse_key(view.source),
-                       partition_mapping=TimeWindowPartitionMapping(start_offset=-history_days,
-                                                                    allow_nonexistent_upstream_partitions=True))],
+        deps=[
+            AssetDep(
+                warehouse_key(view.source),
+                partition_mapping=TimeWindowPartitionMapping(
+                    start_offset=-history_days, allow_nonexistent_upstream_partitions=True
+                ),
+            )
+        ],
         kinds={"polars", "parquet", "feast"},
         owners=["team:ml-platform"],
-        metadata={"features": table([{"feature": f.name, "type": view.dtype_of(f), "description": f.description}
-                                     for f in view.features])},
-        check_specs=[AssetCheckSpec("great_expectations", asset=key, blocking=True,
-                                    description=f"great-expectations suite {suite.name}")],
+        metadata={
+            "features": table(
+                [{"feature": f.name, "type": view.dtype_of(f), "description": f.description} for f in view.features]
+            )
+        },
+        check_specs=[
+            AssetCheckSpec(
+                "great_expectations", asset=key, blocking=True, description=f"great-expectations suite {suite.name}"
+            )
+        ],
     )
     def _feature_table(context, lake: LakeResource, quality: QualityResource):
         days, frames = partition_days(context), []
@@ -76,10 +87,12 @@ def feature_table_asset(view: FeatureView) -> AssetsDefinition:
         yield from quality_gate(quality, suite, dict(zip(days, frames)), f"feature table {view.name}")
         for day, day_frame in zip(days, frames):
             lake.get_client().write_partition(OFFLINE_ZONE, view.name, day, day_frame)
-        yield MaterializeResult(metadata={
-            **frame_metadata(pl.concat(frames), TIMESTAMP),
-            "rows_per_day": table([{"day": d.isoformat(), "rows": f.height} for d, f in zip(days, frames)]),
-        })
+        yield MaterializeResult(
+            metadata={
+                **frame_metadata(pl.concat(frames), TIMESTAMP),
+                "rows_per_day": table([{"day": d.isoformat(), "rows": f.height} for d, f in zip(days, frames)]),
+            }
+        )
 
     return _feature_table
 
@@ -90,22 +103,34 @@ feature_table_assets = [feature_table_asset(v) for v in catalogue.views]
 @asset(
     group_name="feature_store",
     description="`feast apply` of the feature DSL: entities, sources, feature views and services in the "
-                "Feast registry, plus a generated Feast repository so the feast CLI works on it.",
+    "Feast registry, plus a generated Feast repository so the feast CLI works on it.",
     kinds={"feast"},
     owners=["team:ml-platform"],
 )
 def feature_registry(feature_store: FeatureStoreResource) -> MaterializeResult:
     engine = feature_store.get_client()
     engine.apply()
-    return MaterializeResult(metadata={
-        "feature_views": table([
-            {"view": v.name, "entities": ",".join(v.join_keys), "features": len(v.features),
-             "source": v.source.name, "streaming": v.streaming} for v in catalogue.views]),
-        "feature_services": table([{"service": s.name, "views": ",".join(v.name for v in s.views)}
-                                   for s in catalogue.services]),
-        "feature_count": catalogue.feature_count,
-        "repo": engine.settings.repo_dir.as_posix(),
-    })
+    return MaterializeResult(
+        metadata={
+            "feature_views": table(
+                [
+                    {
+                        "view": v.name,
+                        "entities": ",".join(v.join_keys),
+                        "features": len(v.features),
+                        "source": v.source.name,
+                        "streaming": v.streaming,
+                    }
+                    for v in catalogue.views
+                ]
+            ),
+            "feature_services": table(
+                [{"service": s.name, "views": ",".join(v.name for v in s.views)} for s in catalogue.services]
+            ),
+            "feature_count": catalogue.feature_count,
+            "repo": engine.settings.repo_dir.as_posix(),
+        }
+    )
 
 
 ONLINE_CHECK = "online_matches_definition"
@@ -114,18 +139,23 @@ ONLINE_CHECK = "online_matches_definition"
 @asset(
     group_name="feature_store",
     description="The feature values of every entity as of the end of the newest built day (engines.point_in_time) "
-                "in the online store (SQLite locally, Redis in production): a re-run after a correction "
-                "overwrites; streaming views are the streaming job's, the batch only fills entities it has "
-                "nothing newer for. A range run loads once for the whole range.",
+    "in the online store (SQLite locally, Redis in production): a re-run after a correction "
+    "overwrites; streaming views are the streaming job's, the batch only fills entities it has "
+    "nothing newer for. A range run loads once for the whole range.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[AssetKey("feature_registry"), *[offline_key(v) for v in catalogue.views]],
     kinds={"feast", "redis"},
     owners=["team:ml-platform"],
-    check_specs=[AssetCheckSpec(ONLINE_CHECK, asset=AssetKey("online_features"),
-                                description="Sampled entities: online values of the batch views equal the point-in-"
-                                            "time definition and the warehouse as of the newest day; no streaming "
-                                            "value was replaced by an older batch row")],
+    check_specs=[
+        AssetCheckSpec(
+            ONLINE_CHECK,
+            asset=AssetKey("online_features"),
+            description="Sampled entities: online values of the batch views equal the point-in-"
+            "time definition and the warehouse as of the newest day; no streaming "
+            "value was replaced by an older batch row",
+        )
+    ],
 )
 def online_features(context, lake: LakeResource, feature_store: FeatureStoreResource):
     engine = feature_store.get_client()
@@ -140,13 +170,25 @@ def online_features(context, lake: LakeResource, feature_store: FeatureStoreReso
     regressions = streaming_regressions(engine, before)
     views = online_skew(engine, root, until)
     failed = [v.view for v in views if not v.passed] + [v for v, n in regressions.items() if n]
-    yield AssetCheckResult(check_name=ONLINE_CHECK, passed=not failed, metadata={
-        "as_of": day_end(until).isoformat(), "views_failing": ", ".join(failed) or "(none)",
-        "per_view": table([v.to_row() for v in views]),
-        "streaming_values_replaced_by_older": table([{"view": v, "entities": n} for v, n in regressions.items()])})
-    rows = [{"day": day.isoformat(), "view": view.name,
-             "rows": lake.get_client().read_partition(OFFLINE_ZONE, view.name, day).height}
-            for day in days for view in catalogue.views]
+    yield AssetCheckResult(
+        check_name=ONLINE_CHECK,
+        passed=not failed,
+        metadata={
+            "as_of": day_end(until).isoformat(),
+            "views_failing": ", ".join(failed) or "(none)",
+            "per_view": table([v.to_row() for v in views]),
+            "streaming_values_replaced_by_older": table([{"view": v, "entities": n} for v, n in regressions.items()]),
+        },
+    )
+    rows = [
+        {
+            "day": day.isoformat(),
+            "view": view.name,
+            "rows": lake.get_client().read_partition(OFFLINE_ZONE, view.name, day).height,
+        }
+        for day in days
+        for view in catalogue.views
+    ]
     yield MaterializeResult(metadata={"offline_rows": table(rows), "online_store": feature_store.online_store})
 
 

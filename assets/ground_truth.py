@@ -40,16 +40,19 @@ def release_key(spec: TaskSpec) -> AssetKey:
 
 
 class ViolationQueueConfig(Config):
-    audit_size: int = Field(default=20, ge=0, description="Random catalogue items per day for the audit queue "
-                                                          "(an unbiased accuracy estimate needs one)")
+    audit_size: int = Field(
+        default=20,
+        ge=0,
+        description="Random catalogue items per day for the audit queue (an unbiased accuracy estimate needs one)",
+    )
 
 
 @asset(
     key=queue_key(CONTENT_VIOLATION),
     group_name="ground_truth",
     description="Fills the content_violation labeling task each day from three queues: items the violation "
-                "detector flagged, items where it and the users' ip_violation reports disagree, and a random "
-                "audit sample of the catalogue. Idempotent: an item is added once, a re-run adds nothing.",
+    "detector flagged, items where it and the users' ip_violation reports disagree, and a random "
+    "audit sample of the catalogue. Idempotent: an item is added once, a re-run adds nothing.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),  # a range runs as one run (partition_days)
     deps=[VIOLATION_FLAGS, AssetKey(["warehouse", "abuse_reports"]), WAREHOUSE_ITEMS],
@@ -57,8 +60,9 @@ class ViolationQueueConfig(Config):
     owners=["team:trust-and-safety"],
     tags={"domain": "ground_truth"},
 )
-def content_violation_queue(context, config: ViolationQueueConfig, lake: LakeResource,
-                            labels: LabelStoreResource) -> MaterializeResult:
+def content_violation_queue(
+    context, config: ViolationQueueConfig, lake: LakeResource, labels: LabelStoreResource
+) -> MaterializeResult:
     store, engine = lake.get_client(), labels.get_client()
     task = queue.create_task(engine, CONTENT_VIOLATION)
     rows, missing_flags = [], []
@@ -66,20 +70,28 @@ def content_violation_queue(context, config: ViolationQueueConfig, lake: LakeRes
         if not store.partition_path("content_violations", "flags", day).exists():
             missing_flags.append(day.isoformat())  # said in metadata: (a) is empty, (b) sees no flags
         flags = src.latest_flags(store, day)
-        scores = {r["item_id"]: float(r["similarity"]) for r in flags.iter_rows(named=True)
-                  if r["similarity"] is not None}  # before the first release nothing has a score
-        picked = {src.FLAGGED: src.flagged_items(store, day)["item_id"].to_list(),
-                  src.REPORTS: src.report_disagreements(store, day, flags)["item_id"].to_list(),
-                  src.AUDIT: src.audit_sample(store, day, config.audit_size)}
+        scores = {
+            r["item_id"]: float(r["similarity"]) for r in flags.iter_rows(named=True) if r["similarity"] is not None
+        }  # before the first release nothing has a score
+        picked = {
+            src.FLAGGED: src.flagged_items(store, day)["item_id"].to_list(),
+            src.REPORTS: src.report_disagreements(store, day, flags)["item_id"].to_list(),
+            src.AUDIT: src.audit_sample(store, day, config.audit_size),
+        }
         for name, ids in picked.items():
             added = queue.add_items(engine, task, src.catalogue_items(store, day, ids, name, scores, PRIORITY[name]))
             rows.append({"day": day.isoformat(), "queue": name, "candidates": len(ids), "new_items": added})
         context.log.info(f"content_violation queue {day}: {rows[-3:]}")
     quality = review.task_quality(engine, task)
-    return MaterializeResult(metadata={
-        "new_items": sum(r["new_items"] for r in rows), "task_items": quality.items,
-        "days_without_flags": ", ".join(missing_flags) or "none", "queues": table(rows),
-        "label_store": labels.database_url().split("@")[-1]})
+    return MaterializeResult(
+        metadata={
+            "new_items": sum(r["new_items"] for r in rows),
+            "task_items": quality.items,
+            "days_without_flags": ", ".join(missing_flags) or "none",
+            "queues": table(rows),
+            "label_store": labels.database_url().split("@")[-1],
+        }
+    )
 
 
 class ModelQueueConfig(Config):
@@ -90,8 +102,8 @@ class ModelQueueConfig(Config):
     key=queue_key(RECOMMENDATION_RELEVANCE),
     group_name="ground_truth",
     description="Fills the recommendation_relevance task each day with the user-item pairs of the day's "
-                "training rows whose click probability differs most between the personalization champion "
-                "and challenger. Without a challenger distinct from the champion it fills nothing and says so.",
+    "training rows whose click probability differs most between the personalization champion "
+    "and challenger. Without a challenger distinct from the champion it fills nothing and says so.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),  # a range runs as one run (partition_days)
     deps=[AssetKey(["datasets", TRAINING_SET]), AssetKey(["models", f"{MODEL}_champion"])],
@@ -99,13 +111,21 @@ class ModelQueueConfig(Config):
     owners=["team:ml-platform"],
     tags={"domain": "ground_truth"},
 )
-def recommendation_queue(context, config: ModelQueueConfig, lake: LakeResource, labels: LabelStoreResource,
-                         model_registry: ModelRegistryResource) -> MaterializeResult:
+def recommendation_queue(
+    context,
+    config: ModelQueueConfig,
+    lake: LakeResource,
+    labels: LabelStoreResource,
+    model_registry: ModelRegistryResource,
+) -> MaterializeResult:
     registry, store = model_registry.get_client(), lake.get_client()
     champion, challenger = registry.by_alias(MODEL, "champion"), registry.by_alias(MODEL, "challenger")
     if champion is None or challenger is None or champion.version == challenger.version:
-        why = (f"no champion of {MODEL!r}" if champion is None else
-               f"no challenger of {MODEL!r} distinct from the champion (v{champion.version})")
+        why = (
+            f"no champion of {MODEL!r}"
+            if champion is None
+            else f"no challenger of {MODEL!r} distinct from the champion (v{champion.version})"
+        )
         context.log.info(f"recommendation queue: {why}; nothing filled")
         return MaterializeResult(metadata={"filled": 0, "reason": why})
     models = {}
@@ -124,19 +144,39 @@ def recommendation_queue(context, config: ModelQueueConfig, lake: LakeResource, 
         scored = {a: m.score(with_embeddings if m.spec.item.embedding_column else rows) for a, m in models.items()}
         pairs = src.most_disputed_pairs(rows, scored["champion"], scored["challenger"], config.top)
         added = queue.add_items(engine, task, _pair_items(store, day, pairs))
-        days.append({"day": day.isoformat(), "pairs": pairs.height, "new_items": added,
-                     "largest_gap": round(float(pairs["gap"].max() or 0.0), 4)})
-    return MaterializeResult(metadata={"filled": sum(d["new_items"] for d in days), "champion": champion.version,
-                                       "challenger": challenger.version, "days": table(days)})
+        days.append(
+            {
+                "day": day.isoformat(),
+                "pairs": pairs.height,
+                "new_items": added,
+                "largest_gap": round(float(pairs["gap"].max() or 0.0), 4),
+            }
+        )
+    return MaterializeResult(
+        metadata={
+            "filled": sum(d["new_items"] for d in days),
+            "champion": champion.version,
+            "challenger": challenger.version,
+            "days": table(days),
+        }
+    )
 
 
 def _pair_items(store, day, pairs: pl.DataFrame) -> list[ItemIn]:
     items = {i.key: i for i in src.catalogue_items(store, day, pairs["item_id"].to_list(), src.MODELS, {}, 0.0)}
-    return [ItemIn(key=f"{r['user_id']}:{r['item_id']}", queue=src.MODELS, title=items[str(r["item_id"])].title,
-                   description=f"For user {r['user_id']}. {items[str(r['item_id'])].description}",
-                   thumbnail=items[str(r["item_id"])].thumbnail, model_score=round(r["champion"], 4),
-                   priority=float(r["gap"]))
-            for r in pairs.iter_rows(named=True) if str(r["item_id"]) in items]
+    return [
+        ItemIn(
+            key=f"{r['user_id']}:{r['item_id']}",
+            queue=src.MODELS,
+            title=items[str(r["item_id"])].title,
+            description=f"For user {r['user_id']}. {items[str(r['item_id'])].description}",
+            thumbnail=items[str(r["item_id"])].thumbnail,
+            model_score=round(r["champion"], 4),
+            priority=float(r["gap"]),
+        )
+        for r in pairs.iter_rows(named=True)
+        if str(r["item_id"]) in items
+    ]
 
 
 class ReleaseConfig(Config):
@@ -147,14 +187,17 @@ class ReleaseConfig(Config):
 
 
 def release_suite(spec: TaskSpec, config: ReleaseConfig) -> Suite:
-    return Suite(f"ground_truth_{spec.name}_release", [
-        gxe.ExpectColumnValuesToBeBetween(column="items", min_value=config.min_items),
-        gxe.ExpectColumnValuesToBeBetween(column="krippendorff_alpha", min_value=config.min_agreement),
-        gxe.ExpectColumnValuesToNotBeNull(column="krippendorff_alpha"),
-        gxe.ExpectColumnValuesToBeBetween(column="unresolved_disagreements", min_value=0, max_value=0),
-        gxe.ExpectColumnValuesToBeBetween(column="smallest_class_share", min_value=config.min_class_share),
-        gxe.ExpectColumnValuesToBeBetween(column="largest_class_share", max_value=config.max_class_share),
-    ])
+    return Suite(
+        f"ground_truth_{spec.name}_release",
+        [
+            gxe.ExpectColumnValuesToBeBetween(column="items", min_value=config.min_items),
+            gxe.ExpectColumnValuesToBeBetween(column="krippendorff_alpha", min_value=config.min_agreement),
+            gxe.ExpectColumnValuesToNotBeNull(column="krippendorff_alpha"),
+            gxe.ExpectColumnValuesToBeBetween(column="unresolved_disagreements", min_value=0, max_value=0),
+            gxe.ExpectColumnValuesToBeBetween(column="smallest_class_share", min_value=config.min_class_share),
+            gxe.ExpectColumnValuesToBeBetween(column="largest_class_share", max_value=config.max_class_share),
+        ],
+    )
 
 
 def release_asset(spec: TaskSpec):
@@ -164,40 +207,62 @@ def release_asset(spec: TaskSpec):
         key=key,
         group_name="ground_truth",
         description=f"A versioned, immutable release of the {spec.name} labels (resolved: unanimous or "
-                    "adjudicated): Parquet, manifest, dataset card and Label Studio import, written only when "
-                    "the blocking checks pass (agreement, no open disagreement, class balance). Unchanged "
-                    "labels make no new version.",
+        "adjudicated): Parquet, manifest, dataset card and Label Studio import, written only when "
+        "the blocking checks pass (agreement, no open disagreement, class balance). Unchanged "
+        "labels make no new version.",
         deps=[queue_key(spec)],
         kinds={"parquet"},
         owners=["team:ground-truth"],
         tags={"domain": "ground_truth"},
-        check_specs=[AssetCheckSpec("great_expectations", asset=key, blocking=True,
-                                    description="Minimum agreement, no unresolved disagreement, class balance")],
+        check_specs=[
+            AssetCheckSpec(
+                "great_expectations",
+                asset=key,
+                blocking=True,
+                description="Minimum agreement, no unresolved disagreement, class balance",
+            )
+        ],
     )
-    def _release(context, config: ReleaseConfig, lake: LakeResource, labels: LabelStoreResource,
-                 quality: QualityResource):
+    def _release(
+        context, config: ReleaseConfig, lake: LakeResource, labels: LabelStoreResource, quality: QualityResource
+    ):
         engine = labels.get_client()
         task = queue.get_task(engine, spec.name)
         states = review.item_states(engine, task)
         found = rel.candidate(task, states, review.task_quality(engine, task, states))
         summary = found.summary()
-        summary = summary.with_columns(largest_class_share=pl.lit(max(found.class_balance().values(), default=None),
-                                                                  dtype=pl.Float64))
-        yield from quality_gate(quality, release_suite(spec, config), {datetime.now(UTC).date(): summary},
-                                f"release of {spec.name}")
+        summary = summary.with_columns(
+            largest_class_share=pl.lit(max(found.class_balance().values(), default=None), dtype=pl.Float64)
+        )
+        yield from quality_gate(
+            quality, release_suite(spec, config), {datetime.now(UTC).date(): summary}, f"release of {spec.name}"
+        )
         checks = summary.to_dicts()[0]
         release, created = rel.write_release(Path(lake.root), found, checks)
         context.log.info(f"{spec.name} release {release.name}: {'written' if created else 'unchanged'}")
         manifest = release.manifest()
-        yield MaterializeResult(metadata={
-            "version": release.version, "created": created, "path": str(release.folder),
-            "items": manifest["items"], "content_hash": manifest["content_hash"],
-            "krippendorff_alpha": manifest["agreement"]["krippendorff_alpha"],
-            "class_counts": table([{"label": k, "count": v} for k, v in sorted(manifest["class_counts"].items())]),
-            "source_queues": table([{"queue": k, "items": v} for k, v in sorted(manifest["source_queues"].items())]),
-            "annotators": table([{k: v for k, v in a.items()} for a in manifest["annotators"]])})
+        yield MaterializeResult(
+            metadata={
+                "version": release.version,
+                "created": created,
+                "path": str(release.folder),
+                "items": manifest["items"],
+                "content_hash": manifest["content_hash"],
+                "krippendorff_alpha": manifest["agreement"]["krippendorff_alpha"],
+                "class_counts": table([{"label": k, "count": v} for k, v in sorted(manifest["class_counts"].items())]),
+                "source_queues": table(
+                    [{"queue": k, "items": v} for k, v in sorted(manifest["source_queues"].items())]
+                ),
+                "annotators": table([{k: v for k, v in a.items()} for a in manifest["annotators"]]),
+            }
+        )
+
     return _release
 
 
-ground_truth_assets = [content_violation_queue, recommendation_queue, release_asset(CONTENT_VIOLATION),
-                       release_asset(RECOMMENDATION_RELEVANCE)]
+ground_truth_assets = [
+    content_violation_queue,
+    recommendation_queue,
+    release_asset(CONTENT_VIOLATION),
+    release_asset(RECOMMENDATION_RELEVANCE),
+]

@@ -50,28 +50,48 @@ class BatchInferenceConfig(Config):
     key=KEY,
     group_name="inference",
     description="Top-k items for every user active that day: the champion model's user vectors (Ray Data) "
-                "query the champion's item vectors in the vector database. Partitioned Parquet in "
-                f"{engine.ZONE}/{engine.TABLE}/date=D, and one row per user in the online store "
-                f"(feature service `{user_recommendations.service}`).",
+    "query the champion's item vectors in the vector database. Partitioned Parquet in "
+    f"{engine.ZONE}/{engine.TABLE}/date=D, and one row per user in the online store "
+    f"(feature service `{user_recommendations.service}`).",
     partitions_def=daily_partitions,
-    deps=[AssetKey(["models", f"{MODEL}_champion"]), warehouse_key(interactions), warehouse_key(items),
-          *(AssetKey(["offline", tower.view]) for tower in USER_INPUTS + ITEM_INPUTS), READS_ITEM_EMBEDDINGS],
+    deps=[
+        AssetKey(["models", f"{MODEL}_champion"]),
+        warehouse_key(interactions),
+        warehouse_key(items),
+        *(AssetKey(["offline", tower.view]) for tower in USER_INPUTS + ITEM_INPUTS),
+        READS_ITEM_EMBEDDINGS,
+    ],
     kinds={"ray", "qdrant", "parquet", "feast"},
     owners=["team:ml-platform"],
     op_tags={"mlplane/pool": "cpu"},
     check_specs=[
-        AssetCheckSpec("covers_active_users", asset=KEY, blocking=True,
-                       description="Every active user has exactly one list"),
-        AssetCheckSpec("items_exist", asset=KEY, blocking=True,
-                       description="No recommended item is missing from the items dimension"),
+        AssetCheckSpec(
+            "covers_active_users", asset=KEY, blocking=True, description="Every active user has exactly one list"
+        ),
+        AssetCheckSpec(
+            "items_exist",
+            asset=KEY,
+            blocking=True,
+            description="No recommended item is missing from the items dimension",
+        ),
         AssetCheckSpec(SKEW_CHECK, asset=KEY, blocking=True, description=SKEW_DESCRIPTION),
-        AssetCheckSpec("score_drift", asset=KEY,
-                       description=f"Population stability index of scores vs the previous day <= {DRIFT_LIMIT}"),
+        AssetCheckSpec(
+            "score_drift",
+            asset=KEY,
+            description=f"Population stability index of scores vs the previous day <= {DRIFT_LIMIT}",
+        ),
     ],
 )
-def personalization_recommendations(context, config: BatchInferenceConfig, lake: LakeResource, ray: RayResource,
-                                    model_registry: ModelRegistryResource, vector_store: VectorStoreResource,
-                                    feature_store: FeatureStoreResource, flink: FlinkResource):
+def personalization_recommendations(
+    context,
+    config: BatchInferenceConfig,
+    lake: LakeResource,
+    ray: RayResource,
+    model_registry: ModelRegistryResource,
+    vector_store: VectorStoreResource,
+    feature_store: FeatureStoreResource,
+    flink: FlinkResource,
+):
     (day,) = partition_days(context)
     the_lake = lake.get_client()
     registry = model_registry.get_client()
@@ -94,32 +114,59 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
         item_rows = item_embeddings_as_of(the_lake.root, item_rows)
     with vector_store.get_client() as store:
         radius = engine.index_items(store, model, item_rows, champion.version)
-        recommendations = engine.recommend(users, store, model, champion.version, radius, config.k,
-                                           engine="ray", workers=config.workers, batch_size=config.batch_size)
+        recommendations = engine.recommend(
+            users,
+            store,
+            model,
+            champion.version,
+            radius,
+            config.k,
+            engine="ray",
+            workers=config.workers,
+            batch_size=config.batch_size,
+        )
     result = engine.coverage(recommendations, active, existing)
     covered = not result.missing_users and not result.duplicate_users
-    yield AssetCheckResult(check_name="covers_active_users", passed=covered, metadata={
-        "active_users": result.active_users, "missing": len(result.missing_users),
-        "duplicated": len(result.duplicate_users),
-        "examples": str((result.missing_users + result.duplicate_users)[:10])})
-    yield AssetCheckResult(check_name="items_exist", passed=not result.unknown_items, metadata={
-        "unknown_items": len(result.unknown_items), "examples": str(result.unknown_items[:10])})
+    yield AssetCheckResult(
+        check_name="covers_active_users",
+        passed=covered,
+        metadata={
+            "active_users": result.active_users,
+            "missing": len(result.missing_users),
+            "duplicated": len(result.duplicate_users),
+            "examples": str((result.missing_users + result.duplicate_users)[:10]),
+        },
+    )
+    yield AssetCheckResult(
+        check_name="items_exist",
+        passed=not result.unknown_items,
+        metadata={"unknown_items": len(result.unknown_items), "examples": str(result.unknown_items[:10])},
+    )
     if not covered or result.unknown_items:
-        raise Failure(f"recommendations for {day} failed their checks; nothing written "
-                      f"(missing users {result.missing_users[:5]}, duplicated {result.duplicate_users[:5]}, "
-                      f"unknown items {result.unknown_items[:5]})")
+        raise Failure(
+            f"recommendations for {day} failed their checks; nothing written "
+            f"(missing users {result.missing_users[:5]}, duplicated {result.duplicate_users[:5]}, "
+            f"unknown items {result.unknown_items[:5]})"
+        )
 
     frame = recommendations.with_columns(model_version=pl.lit(champion.version))
     previous_day = day - timedelta(days=1)
     if previous_day in the_lake.partition_days(engine.ZONE, engine.TABLE):
         yesterday = the_lake.read_partition(engine.ZONE, engine.TABLE, previous_day).get_column("score")
         psi = engine.score_drift(frame.get_column("score"), yesterday)
-        yield AssetCheckResult(check_name="score_drift", passed=psi <= DRIFT_LIMIT,
-                               severity=AssetCheckSeverity.WARN, metadata={"psi": round(psi, 4),
-                                                                           "limit": DRIFT_LIMIT})
+        yield AssetCheckResult(
+            check_name="score_drift",
+            passed=psi <= DRIFT_LIMIT,
+            severity=AssetCheckSeverity.WARN,
+            metadata={"psi": round(psi, 4), "limit": DRIFT_LIMIT},
+        )
     else:
-        yield AssetCheckResult(check_name="score_drift", passed=True, severity=AssetCheckSeverity.WARN,
-                               metadata={"psi": "no previous day to compare"})
+        yield AssetCheckResult(
+            check_name="score_drift",
+            passed=True,
+            severity=AssetCheckSeverity.WARN,
+            metadata={"psi": "no previous day to compare"},
+        )
     path = the_lake.write_partition(engine.ZONE, engine.TABLE, day, frame)
     served = engine.online_rows(frame, day)
     the_lake.write_partition("offline", user_recommendations.name, day, served)
@@ -130,16 +177,19 @@ def personalization_recommendations(context, config: BatchInferenceConfig, lake:
         store.ensure_registry()
         store.load_online(user_recommendations.name, served.to_pandas())
     scores = frame.get_column("score")
-    yield MaterializeResult(metadata={
-        "dagster/row_count": frame.height,
-        "path": str(path),
-        "users": frame.get_column("user_id").n_unique(),
-        "model_version": champion.version,
-        "loaded_online": newest,
-        "score_quantiles": table([{"q": q, "score": round(float(scores.quantile(q)), 4)}
-                                  for q in (0.01, 0.25, 0.5, 0.75, 0.99)]),
-        "sample": table(frame.head(10).to_dicts()),
-    })
+    yield MaterializeResult(
+        metadata={
+            "dagster/row_count": frame.height,
+            "path": str(path),
+            "users": frame.get_column("user_id").n_unique(),
+            "model_version": champion.version,
+            "loaded_online": newest,
+            "score_quantiles": table(
+                [{"q": q, "score": round(float(scores.quantile(q)), 4)} for q in (0.01, 0.25, 0.5, 0.75, 0.99)]
+            ),
+            "sample": table(frame.head(10).to_dicts()),
+        }
+    )
 
 
 inference_assets = [personalization_recommendations]

@@ -35,7 +35,8 @@ EXTRA_EXPECTATIONS = {
     ],
     abuse_reports.name: [
         gxe.ExpectColumnValuesToBeInSet(
-            column="reason", value_set=["spam", "harassment", "scam", "ip_violation", "inappropriate"]),
+            column="reason", value_set=["spam", "harassment", "scam", "ip_violation", "inappropriate"]
+        ),
     ],
     items.name: [
         gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0),
@@ -47,13 +48,16 @@ EXTRA_EXPECTATIONS = {
 
 
 def warehouse_suite(source: Source) -> Suite:
-    return Suite(f"warehouse_{source.name}", [
-        gxe.ExpectTableColumnsToMatchSet(column_set=source.columns, exact_match=True),
-        gxe.ExpectColumnValuesToNotBeNull(column=source.key),
-        gxe.ExpectColumnValuesToBeUnique(column=source.key),
-        gxe.ExpectColumnValuesToNotBeNull(column=source.timestamp_field),
-        *EXTRA_EXPECTATIONS.get(source.name, []),
-    ])
+    return Suite(
+        f"warehouse_{source.name}",
+        [
+            gxe.ExpectTableColumnsToMatchSet(column_set=source.columns, exact_match=True),
+            gxe.ExpectColumnValuesToNotBeNull(column=source.key),
+            gxe.ExpectColumnValuesToBeUnique(column=source.key),
+            gxe.ExpectColumnValuesToNotBeNull(column=source.timestamp_field),
+            *EXTRA_EXPECTATIONS.get(source.name, []),
+        ],
+    )
 
 
 def warehouse_key(source: Source) -> AssetKey:
@@ -75,10 +79,10 @@ def ingestion_asset(source: Source) -> AssetsDefinition:
         owners=["team:data-platform"],
         tags={"domain": "events" if source.kind == "events" else "dimensions"},
         check_specs=[
-            AssetCheckSpec("great_expectations", asset=key, blocking=True,
-                           description=f"great-expectations suite {suite.name}"),
-            AssetCheckSpec("no_quarantined_files", asset=key,
-                           description="Every landing file of the day was loadable"),
+            AssetCheckSpec(
+                "great_expectations", asset=key, blocking=True, description=f"great-expectations suite {suite.name}"
+            ),
+            AssetCheckSpec("no_quarantined_files", asset=key, description="Every landing file of the day was loadable"),
         ],
     )
     def _ingest(context, lake: LakeResource, quality: QualityResource):
@@ -93,17 +97,33 @@ def ingestion_asset(source: Source) -> AssetsDefinition:
         yield from quality_gate(quality, suite, dict(zip(days, frames)), source.name)
         for day, day_frame in zip(days, frames):
             write_day(lake.get_client(), source, day, day_frame)
-        quarantined = [{"day": r.day.isoformat(), "file": f, "problem": p}
-                       for r in reports for f, p in r.quarantined.items()]
-        yield MaterializeResult(metadata={
-            **frame_metadata(pl.concat(frames), source.timestamp_field),
-            "days": table([{"day": r.day.isoformat(), "rows": r.rows, "files": len(r.files_loaded),
-                            "quarantined": len(r.quarantined), "duplicates_dropped": r.duplicate_rows}
-                           for r in reports]),
-            "quarantined_files": table(quarantined),
-        })
-        yield AssetCheckResult(check_name="no_quarantined_files", passed=not quarantined,
-                               severity=AssetCheckSeverity.WARN, metadata={"quarantined_files": table(quarantined)})
+        quarantined = [
+            {"day": r.day.isoformat(), "file": f, "problem": p} for r in reports for f, p in r.quarantined.items()
+        ]
+        yield MaterializeResult(
+            metadata={
+                **frame_metadata(pl.concat(frames), source.timestamp_field),
+                "days": table(
+                    [
+                        {
+                            "day": r.day.isoformat(),
+                            "rows": r.rows,
+                            "files": len(r.files_loaded),
+                            "quarantined": len(r.quarantined),
+                            "duplicates_dropped": r.duplicate_rows,
+                        }
+                        for r in reports
+                    ]
+                ),
+                "quarantined_files": table(quarantined),
+            }
+        )
+        yield AssetCheckResult(
+            check_name="no_quarantined_files",
+            passed=not quarantined,
+            severity=AssetCheckSeverity.WARN,
+            metadata={"quarantined_files": table(quarantined)},
+        )
 
     return _ingest
 

@@ -1,7 +1,6 @@
 """Batch LLM inference as a daily asset: a short description, written by the gateway's LLM, for each of
 the day's new or changed items whose description is empty. Thin: the engine is engines/llm_batch.py."""
 
-
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -56,9 +55,9 @@ def items_without_description(frame: pl.DataFrame) -> pl.DataFrame:
     key=ITEM_DESCRIPTIONS,
     group_name="llm",
     description="Daily: a short description written by the gateway LLM for each of the day's new or changed items "
-                "whose description is empty, called through the ML gateway with a service key (its limits and "
-                "usage apply); 429s retried after Retry-After. Engine `ray_vllm` runs vLLM's offline batch API "
-                "on Ray instead (production, GPU workers).",
+    "whose description is empty, called through the ML gateway with a service key (its limits and "
+    "usage apply); 429s retried after Retry-After. Engine `ray_vllm` runs vLLM's offline batch API "
+    "on Ray instead (production, GPU workers).",
     deps=[warehouse_key(items)],
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
@@ -66,14 +65,25 @@ def items_without_description(frame: pl.DataFrame) -> pl.DataFrame:
     kinds={"vllm", "polars"},
     owners=["team:ml-platform"],
     tags={"domain": "llm"},
-    check_specs=[AssetCheckSpec("every_blank_item_described", asset=ITEM_DESCRIPTIONS,
-                                description="Each item of the day with an empty description has exactly one row, "
-                                            "with a non-empty description and no error")],
+    check_specs=[
+        AssetCheckSpec(
+            "every_blank_item_described",
+            asset=ITEM_DESCRIPTIONS,
+            description="Each item of the day with an empty description has exactly one row, "
+            "with a non-empty description and no error",
+        )
+    ],
 )
 def item_descriptions(context, config: ItemDescriptionsConfig, lake: LakeResource, gateway: GatewayResource):
     source = lake.get_client()
-    spec = BatchSpec(config.model, config.max_tokens, config.min_tokens, 0.0, config.concurrency,
-                     CallRetry(config.max_attempts, 0.5, config.max_delay_s))
+    spec = BatchSpec(
+        config.model,
+        config.max_tokens,
+        config.min_tokens,
+        0.0,
+        config.concurrency,
+        CallRetry(config.max_attempts, 0.5, config.max_delay_s),
+    )
     summary, problems = [], []
     for day in partition_days(context):
         wanted = items_without_description(source.read_partition("warehouse", items.name, day))
@@ -81,34 +91,62 @@ def item_descriptions(context, config: ItemDescriptionsConfig, lake: LakeResourc
         if config.engine == "ray_vllm":
             if not config.model_dir:
                 raise ValueError("engine ray_vllm needs model_dir (a model folder every Ray worker can read)")
-            run = describe_items_ray_vllm(rows, config.model_dir, spec, config.ray_replicas,
-                                          config.ray_gpus_per_replica)
+            run = describe_items_ray_vllm(
+                rows, config.model_dir, spec, config.ray_replicas, config.ray_gpus_per_replica
+            )
         else:
             run = describe_items(rows, gateway.call, spec)
-        frame = pl.DataFrame({
-            "item_id": [r.item_id for r in run.results], "title": [r["title"] for r in rows],
-            "description": [r.description for r in run.results], "model": [config.model] * len(rows),
-            "prompt_tokens": [r.prompt_tokens for r in run.results],
-            "completion_tokens": [r.completion_tokens for r in run.results],
-            "attempts": [r.attempts for r in run.results], "rate_limited": [r.rate_limited for r in run.results],
-            "error": [r.error for r in run.results],
-            "generated_at": [datetime.now(UTC)] * len(rows),
-        }, schema_overrides={"item_id": pl.Int64, "title": pl.String, "description": pl.String,
-                             "model": pl.String, "error": pl.String, "generated_at": pl.Datetime("us", "UTC")})
+        frame = pl.DataFrame(
+            {
+                "item_id": [r.item_id for r in run.results],
+                "title": [r["title"] for r in rows],
+                "description": [r.description for r in run.results],
+                "model": [config.model] * len(rows),
+                "prompt_tokens": [r.prompt_tokens for r in run.results],
+                "completion_tokens": [r.completion_tokens for r in run.results],
+                "attempts": [r.attempts for r in run.results],
+                "rate_limited": [r.rate_limited for r in run.results],
+                "error": [r.error for r in run.results],
+                "generated_at": [datetime.now(UTC)] * len(rows),
+            },
+            schema_overrides={
+                "item_id": pl.Int64,
+                "title": pl.String,
+                "description": pl.String,
+                "model": pl.String,
+                "error": pl.String,
+                "generated_at": pl.Datetime("us", "UTC"),
+            },
+        )
         source.write_partition(ZONE, TABLE, day, frame)
-        summary.append({"day": day.isoformat(), **run.totals(), "seconds": round(run.seconds, 2),
-                        "items_per_s": round(run.items_per_s, 3)})
+        summary.append(
+            {
+                "day": day.isoformat(),
+                **run.totals(),
+                "seconds": round(run.seconds, 2),
+                "items_per_s": round(run.items_per_s, 3),
+            }
+        )
         problems += check_day(day, wanted, frame)
-    totals = {k: sum(s[k] for s in summary) for k in ("items", "generated", "failed", "prompt_tokens",
-                                                      "completion_tokens", "rate_limited_retries")}
+    totals = {
+        k: sum(s[k] for s in summary)
+        for k in ("items", "generated", "failed", "prompt_tokens", "completion_tokens", "rate_limited_retries")
+    }
     seconds = sum(s["seconds"] for s in summary)
-    yield MaterializeResult(metadata={
-        **{k: MetadataValue.int(v) for k, v in totals.items()},
-        "items_per_s": MetadataValue.float(totals["items"] / seconds if seconds else 0.0),
-        "engine": config.engine, "model": config.model, "days": table(summary),
-    })
-    yield AssetCheckResult(check_name="every_blank_item_described", passed=not problems,
-                           metadata={"problems": MetadataValue.json(problems[:50]), "count": len(problems)})
+    yield MaterializeResult(
+        metadata={
+            **{k: MetadataValue.int(v) for k, v in totals.items()},
+            "items_per_s": MetadataValue.float(totals["items"] / seconds if seconds else 0.0),
+            "engine": config.engine,
+            "model": config.model,
+            "days": table(summary),
+        }
+    )
+    yield AssetCheckResult(
+        check_name="every_blank_item_described",
+        passed=not problems,
+        metadata={"problems": MetadataValue.json(problems[:50]), "count": len(problems)},
+    )
 
 
 def check_day(day, wanted: pl.DataFrame, written: pl.DataFrame) -> list[str]:

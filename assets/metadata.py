@@ -41,19 +41,32 @@ def quality_gate(quality: QualityResource, suite: Suite, frames: dict[date, pl.D
     engine = quality.get_client()  # one GX context for all days
     summaries = [engine.validate(suite, frame, run_name=f"{suite.name} {day}") for day, frame in frames.items()]
     passed = all(s.success for s in summaries)
-    yield AssetCheckResult(check_name="great_expectations", passed=passed, metadata={
-        "suite": suite.name,
-        "runs": len(summaries),
-        "failed_expectations": sum(len(s.failures) for s in summaries),
-        "results": table([
-            {"run": s.run_name, "expectation": o.expectation, "column": o.column or "", "success": o.success,
-             "observed": o.observed}
-            for s in summaries for o in s.outcomes
-        ]),
-    })
+    yield AssetCheckResult(
+        check_name="great_expectations",
+        passed=passed,
+        metadata={
+            "suite": suite.name,
+            "runs": len(summaries),
+            "failed_expectations": sum(len(s.failures) for s in summaries),
+            "results": table(
+                [
+                    {
+                        "run": s.run_name,
+                        "expectation": o.expectation,
+                        "column": o.column or "",
+                        "success": o.success,
+                        "observed": o.observed,
+                    }
+                    for s in summaries
+                    for o in s.outcomes
+                ]
+            ),
+        },
+    )
     if not passed:
-        failures = "; ".join(f"{s.run_name}: {o.expectation}({o.column}) {o.observed}"
-                             for s in summaries for o in s.failures)
+        failures = "; ".join(
+            f"{s.run_name}: {o.expectation}({o.column}) {o.observed}" for s in summaries for o in s.failures
+        )
         raise Failure(f"{what} failed data quality, nothing written: {failures}")
 
 

@@ -27,8 +27,9 @@ TRITON_MANIFEST = "mlplane-triton.yaml"
 
 
 class ModelExportConfig(Config):
-    server_config: str | None = Field(default=None, description="The model server's YAML; default: the "
-                                                                 "model_server resource's, else the local server")
+    server_config: str | None = Field(
+        default=None, description="The model server's YAML; default: the model_server resource's, else the local server"
+    )
     image: str = Field(default=kserve.KServeSettings.image, description="The serving/models container image")
     namespace: str = kserve.KServeSettings.namespace
     lake_pvc: str = Field(default=kserve.KServeSettings.lake_pvc, description="PVC holding the lake in the cluster")
@@ -55,13 +56,24 @@ def resolve_targets(entries, registry: ModelRegistry) -> tuple[list[ExportTarget
     """Each served model at the registry version it serves now; the ones with nothing to serve, and why."""
     targets, skipped = [], []
     for entry in entries:
-        found = registry.get(entry.registry_model, entry.version) if entry.version else \
-            registry.by_alias(entry.registry_model, entry.alias)
+        found = (
+            registry.get(entry.registry_model, entry.version)
+            if entry.version
+            else registry.by_alias(entry.registry_model, entry.alias)
+        )
         if found is None:
             skipped.append(f"{entry.name}: {entry.registry_model!r} has no {entry.alias!r} alias")
             continue
-        targets.append(ExportTarget(entry.name, entry.registry_model, entry.kind, found.version, entry.follows,
-                                    found.tags.get(CHECKSUM_TAG, "")))
+        targets.append(
+            ExportTarget(
+                entry.name,
+                entry.registry_model,
+                entry.kind,
+                found.version,
+                entry.follows,
+                found.tags.get(CHECKSUM_TAG, ""),
+            )
+        )
     return targets, skipped
 
 
@@ -71,21 +83,42 @@ def served_versions(path: str | None, lake_root: Path, registry: ModelRegistry) 
     return {t.name: t.version for t in targets}
 
 
-@asset(key=MODEL_EXPORT, group_name="serving", deps=[AssetKey(["models", "personalization_champion"]), CLIP_REGISTERED],
-       kinds={"kubernetes", "pytorch"}, owners=["team:ml-platform"], tags={"domain": "serving"},
-       description="The served models exported for KServe and Triton: a Triton model repository (TorchScript of the "
-                   "personalization towers and CLIP encoders with config.pbtxt, versions pinned to the registry's) "
-                   "and a KServe InferenceService per served model (the serving/models container as a custom "
-                   "predictor) plus one for the Triton repository, under deploy/ in the lake.",
-       check_specs=[AssetCheckSpec(TRITON_CHECK, asset=MODEL_EXPORT, blocking=True,
-                                   description="Each exported model, loaded with torch.jit as Triton's libtorch "
-                                               "backend loads it and fed as its config.pbtxt declares, gives the "
-                                               "served registry model's outputs on the same random inputs"),
-                    AssetCheckSpec(KSERVE_CHECK, asset=MODEL_EXPORT, blocking=True,
-                                   description="Every manifest validates against KServe's v1beta1 InferenceService "
-                                               "(and core v1 ConfigMap) fields")])
-def model_export(context, config: ModelExportConfig, lake: LakeResource, model_registry: ModelRegistryResource,
-                 model_server: ModelServerResource):
+@asset(
+    key=MODEL_EXPORT,
+    group_name="serving",
+    deps=[AssetKey(["models", "personalization_champion"]), CLIP_REGISTERED],
+    kinds={"kubernetes", "pytorch"},
+    owners=["team:ml-platform"],
+    tags={"domain": "serving"},
+    description="The served models exported for KServe and Triton: a Triton model repository (TorchScript of the "
+    "personalization towers and CLIP encoders with config.pbtxt, versions pinned to the registry's) "
+    "and a KServe InferenceService per served model (the serving/models container as a custom "
+    "predictor) plus one for the Triton repository, under deploy/ in the lake.",
+    check_specs=[
+        AssetCheckSpec(
+            TRITON_CHECK,
+            asset=MODEL_EXPORT,
+            blocking=True,
+            description="Each exported model, loaded with torch.jit as Triton's libtorch "
+            "backend loads it and fed as its config.pbtxt declares, gives the "
+            "served registry model's outputs on the same random inputs",
+        ),
+        AssetCheckSpec(
+            KSERVE_CHECK,
+            asset=MODEL_EXPORT,
+            blocking=True,
+            description="Every manifest validates against KServe's v1beta1 InferenceService "
+            "(and core v1 ConfigMap) fields",
+        ),
+    ],
+)
+def model_export(
+    context,
+    config: ModelExportConfig,
+    lake: LakeResource,
+    model_registry: ModelRegistryResource,
+    model_server: ModelServerResource,
+):
     from serving.models.export_check import compare_export
 
     root = lake.get_client().root
@@ -108,32 +141,59 @@ def model_export(context, config: ModelExportConfig, lake: LakeResource, model_r
         shutil.rmtree(staging, ignore_errors=True)
     settings = config.settings()
     server_settings = server.model_dump(mode="json")
-    manifests = {f"{kserve.isvc_name(t.name)}.yaml": kserve.predictor_manifests(t, server_settings, str(root), settings)
-                 for t in targets}
+    manifests = {
+        f"{kserve.isvc_name(t.name)}.yaml": kserve.predictor_manifests(t, server_settings, str(root), settings)
+        for t in targets
+    }
     if models and exported_ok:  # a failed export leaves Triton's manifest as it was, like its repository
         manifests[TRITON_MANIFEST] = [kserve.triton_manifest([m.target for m in models], settings)]
-    problems = {f"{file}[{i}]": p for file, docs in manifests.items() for i, doc in enumerate(docs)
-                if (p := kserve.problems(doc))}
+    problems = {
+        f"{file}[{i}]": p
+        for file, docs in manifests.items()
+        for i, doc in enumerate(docs)
+        if (p := kserve.problems(doc))
+    }
     keep = set() if exported_ok else {TRITON_MANIFEST}
     written = kserve.write_manifests(root / kserve.KSERVE_FOLDER, manifests, keep) if not problems else []
-    yield MaterializeResult(metadata={
-        "served_models": table([{"served_as": t.name, "registry_model": t.registry_model, "version": t.version,
-                                 "follows": t.follows, "triton_models": ", ".join(m.name for m in models
-                                                                                 if m.target == t) or "-",
-                                 "inference_service": kserve.isvc_name(t.name)} for t in targets]),
-        "skipped": "; ".join(skipped) or "none",
-        "triton_repository": str(repository),
-        "triton_published": ", ".join(f"{k}: {len(v)}" for k, v in published.items()) or "nothing (check failed)",
-        "kserve_manifests": ", ".join(p.name for p in written) or "none written (invalid)",
-    })
-    yield AssetCheckResult(check_name=TRITON_CHECK, passed=exported_ok, severity=AssetCheckSeverity.ERROR,
-                           description=None if exported_ok else "an export differs from its registry model; the "
-                                                                "live repository was left as it was",
-                           metadata={"comparisons": table([c.row() for c in comparisons])})
-    yield AssetCheckResult(check_name=KSERVE_CHECK, passed=not problems, severity=AssetCheckSeverity.ERROR,
-                           metadata={"documents": sum(len(d) for d in manifests.values()),
-                                     "problems": table([{"document": k, "problem": "; ".join(v)}
-                                                        for k, v in problems.items()])})
+    yield MaterializeResult(
+        metadata={
+            "served_models": table(
+                [
+                    {
+                        "served_as": t.name,
+                        "registry_model": t.registry_model,
+                        "version": t.version,
+                        "follows": t.follows,
+                        "triton_models": ", ".join(m.name for m in models if m.target == t) or "-",
+                        "inference_service": kserve.isvc_name(t.name),
+                    }
+                    for t in targets
+                ]
+            ),
+            "skipped": "; ".join(skipped) or "none",
+            "triton_repository": str(repository),
+            "triton_published": ", ".join(f"{k}: {len(v)}" for k, v in published.items()) or "nothing (check failed)",
+            "kserve_manifests": ", ".join(p.name for p in written) or "none written (invalid)",
+        }
+    )
+    yield AssetCheckResult(
+        check_name=TRITON_CHECK,
+        passed=exported_ok,
+        severity=AssetCheckSeverity.ERROR,
+        description=None
+        if exported_ok
+        else "an export differs from its registry model; the live repository was left as it was",
+        metadata={"comparisons": table([c.row() for c in comparisons])},
+    )
+    yield AssetCheckResult(
+        check_name=KSERVE_CHECK,
+        passed=not problems,
+        severity=AssetCheckSeverity.ERROR,
+        metadata={
+            "documents": sum(len(d) for d in manifests.values()),
+            "problems": table([{"document": k, "problem": "; ".join(v)} for k, v in problems.items()]),
+        },
+    )
 
 
 def _parent(repository: Path) -> Path:

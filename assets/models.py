@@ -52,16 +52,26 @@ def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
 @training_pipeline(
     "personalization",
     description="Two-tower retrieval model (torch, Ray Train) over the point-in-time training set: trained "
-                "daily on the newest partitions, evaluated on the newest day held out (AUC, recall@10, "
-                "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`; promoted only when it "
-                "beats popularity on all three and the champion on AUC.",
-    deps=[AssetDep(TRAINING_SET_KEY, partition_mapping=TimeWindowPartitionMapping(
-        start_offset=-6, end_offset=0, allow_nonexistent_upstream_partitions=True)), READS_ITEM_EMBEDDINGS],
+    "daily on the newest partitions, evaluated on the newest day held out (AUC, recall@10, "
+    "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`; promoted only when it "
+    "beats popularity on all three and the champion on AUC.",
+    deps=[
+        AssetDep(
+            TRAINING_SET_KEY,
+            partition_mapping=TimeWindowPartitionMapping(
+                start_offset=-6, end_offset=0, allow_nonexistent_upstream_partitions=True
+            ),
+        ),
+        READS_ITEM_EMBEDDINGS,
+    ],
     partitions_def=daily_partitions,
 )
 def train_personalization(run: TrainingRun) -> TrainedModel:
-    days = [d for d in run.lake.partition_days(DATASETS_ZONE, TRAINING_SET)
-            if run.day - timedelta(days=run.training_days - 1) <= d <= run.day]
+    days = [
+        d
+        for d in run.lake.partition_days(DATASETS_ZONE, TRAINING_SET)
+        if run.day - timedelta(days=run.training_days - 1) <= d <= run.day
+    ]
     if len(days) < 2:
         raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
     frame = with_embeddings_as_of(run.lake, run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect())
@@ -69,8 +79,9 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     # candidates of the held-out day are ranked with the embeddings known when it began
     embeddings = clip_image_vectors(run.lake, day_end(days[-2]))
     config = model_code.TrainConfig(num_workers=run.num_workers, use_gpu=run.use_gpu)
-    run.log(f"training on {train_rows.height} rows ({days[0]}..{days[-2]}), "
-            f"holding out {held_out.height} of {days[-1]}")
+    run.log(
+        f"training on {train_rows.height} rows ({days[0]}..{days[-2]}), holding out {held_out.height} of {days[-1]}"
+    )
     result = model_code.train(train_rows, config, run.workdir / "ray", embeddings)
     scores = evaluation.evaluate(result.model, train_rows, held_out, RANK_K, embeddings)
 
@@ -91,14 +102,20 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
         evaluate=held_out_auc,
         data_partitions=[d.isoformat() for d in days],
         feature_service=personalization_ranking.name,
-        params={"dim": str(config.dim), "epochs": str(config.epochs), "workers": str(config.num_workers),
-                "item_embeddings": str(embeddings is not None)},
+        params={
+            "dim": str(config.dim),
+            "epochs": str(config.epochs),
+            "workers": str(config.num_workers),
+            "item_embeddings": str(embeddings is not None),
+        },
         metadata={
-            "held_out_metrics": table([{"scorer": name, **{k: round(v, 4) for k, v in values.items()}}
-                                       for name, values in scores.items()]),
+            "held_out_metrics": table(
+                [{"scorer": name, **{k: round(v, 4) for k, v in values.items()}} for name, values in scores.items()]
+            ),
             "loss_curve": MetadataValue.md(
                 "| epoch | train loss |\n|---|---|\n"
-                + "\n".join(f"| {i + 1} | {loss:.4f} |" for i, loss in enumerate(result.loss_curve))),
+                + "\n".join(f"| {i + 1} | {loss:.4f} |" for i, loss in enumerate(result.loss_curve))
+            ),
             "training_rows": train_rows.height,
             "held_out_rows": held_out.height,
             "uses_item_embeddings": embeddings is not None,

@@ -3,7 +3,6 @@ per model version and variant, per experiment and per shadow, with latency from 
 Its check fails when a live model's CTR drops beyond a threshold, and the failure is posted to the
 webhook (the notifier resource) with the numbers."""
 
-
 import math
 from datetime import date, timedelta
 from html import escape
@@ -43,19 +42,25 @@ DROP_CHECK = "no_ctr_drop"
 
 class OnlineAccuracyConfig(Config):
     k: int = Field(default=10, ge=1, description="Items of each answer scored (CTR@k, NDCG@k)")
-    horizon_minutes: int = Field(default=60, ge=1, le=24 * 60,
-                                 description="A click or play of a shown item within this long after the answer "
-                                             "is a hit (the next day's interactions are read for late answers)")
-    drop_threshold: float = Field(default=0.2, gt=0, lt=1, description="Relative CTR drop against the earlier days "
-                                                                       "that fails the check")
+    horizon_minutes: int = Field(
+        default=60,
+        ge=1,
+        le=24 * 60,
+        description="A click or play of a shown item within this long after the answer "
+        "is a hit (the next day's interactions are read for late answers)",
+    )
+    drop_threshold: float = Field(
+        default=0.2, gt=0, lt=1, description="Relative CTR drop against the earlier days that fails the check"
+    )
     drop_alpha: float = Field(default=0.01, gt=0, lt=1, description="...when significant at this level")
     history_days: int = Field(default=7, ge=1, description="Earlier days the drop is measured against")
     minimum_effect: float = Field(default=0.05, gt=0, description="Relative CTR lift experiments are sized for")
 
 
 def settings_of(config: OnlineAccuracyConfig) -> accuracy.AccuracySettings:
-    return accuracy.AccuracySettings(k=config.k, horizon=timedelta(minutes=config.horizon_minutes),
-                                     minimum_effect=config.minimum_effect)
+    return accuracy.AccuracySettings(
+        k=config.k, horizon=timedelta(minutes=config.horizon_minutes), minimum_effect=config.minimum_effect
+    )
 
 
 def controls() -> dict[str, str]:
@@ -75,11 +80,16 @@ def svg_lines(series: dict[str, list[tuple]], title: str, width: int = 640, heig
     top = max(p[1] for p in points) or 1.0
     span = (t1 - t0).total_seconds() or 1.0
     colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 40}">',
-             f'<text x="10" y="16" font-size="13">{escape(title)} (max {top:.3f})</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 40}">',
+        f'<text x="10" y="16" font-size="13">{escape(title)} (max {top:.3f})</text>',
+    ]
     for i, (name, values) in enumerate(sorted(series.items())):
-        xy = " ".join(f"{40 + (t - t0).total_seconds() / span * (width - 60):.1f},"
-                      f"{30 + height - v / top * height:.1f}" for t, v in values if v is not None and not math.isnan(v))
+        xy = " ".join(
+            f"{40 + (t - t0).total_seconds() / span * (width - 60):.1f},{30 + height - v / top * height:.1f}"
+            for t, v in values
+            if v is not None and not math.isnan(v)
+        )
         colour = colours[i % len(colours)]
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{xy}"/>')
         parts.append(f'<text x="{width - 150}" y="{40 + 14 * i}" font-size="11" fill="{colour}">{escape(name)}</text>')
@@ -107,17 +117,27 @@ def rounded(frame: pl.DataFrame) -> list[dict]:
     key=KEY,
     group_name="monitoring",
     description="Online accuracy of the served models: the prediction logs joined with the clicks and plays "
-                "that followed within a horizon, per model version and variant (CTR@k, NDCG@k, calibration with "
-                "intervals), per experiment (difference, significance, users still needed), shadows scored "
-                "counterfactually against the live answers of the same requests, latency percentiles per model.",
+    "that followed within a horizon, per model version and variant (CTR@k, NDCG@k, calibration with "
+    "intervals), per experiment (difference, significance, users still needed), shadows scored "
+    "counterfactually against the live answers of the same requests, latency percentiles per model.",
     partitions_def=daily_partitions,
-    deps=[PREDICTION_LOGS, AssetDep(warehouse_key(interactions),
-                                    partition_mapping=TimeWindowPartitionMapping(start_offset=0, end_offset=1))],
+    deps=[
+        PREDICTION_LOGS,
+        AssetDep(
+            warehouse_key(interactions), partition_mapping=TimeWindowPartitionMapping(start_offset=0, end_offset=1)
+        ),
+    ],
     kinds={"polars", "parquet"},
     owners=["team:ml-platform"],
     tags={"domain": "monitoring"},
-    check_specs=[AssetCheckSpec(DROP_CHECK, asset=KEY, description="No live model's CTR@k fell beyond the threshold "
-                                                                   "against its earlier days (posted to the webhook)")],
+    check_specs=[
+        AssetCheckSpec(
+            DROP_CHECK,
+            asset=KEY,
+            description="No live model's CTR@k fell beyond the threshold "
+            "against its earlier days (posted to the webhook)",
+        )
+    ],
 )
 def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, notifier: WebhookNotifier):
     (day,) = partition_days(context)
@@ -125,41 +145,82 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     logged = the_lake.read_partition(logs.ZONE, logs.TABLE, day)
     answers = accuracy.scored_answers(logged, read_interactions(the_lake, day), settings)
     models = accuracy.by_model(answers, settings)
-    comparisons = pl.concat([c for c in (accuracy.by_experiment(answers, controls(), settings),
-                                         accuracy.shadow_against_live(answers, settings)) if not c.is_empty()],
-                            how="diagonal_relaxed") if answers.height else pl.DataFrame()
-    found = accuracy.drops(models, history(the_lake, day, config.history_days), config.drop_threshold,
-                           config.drop_alpha)
+    comparisons = (
+        pl.concat(
+            [
+                c
+                for c in (
+                    accuracy.by_experiment(answers, controls(), settings),
+                    accuracy.shadow_against_live(answers, settings),
+                )
+                if not c.is_empty()
+            ],
+            how="diagonal_relaxed",
+        )
+        if answers.height
+        else pl.DataFrame()
+    )
+    found = accuracy.drops(
+        models, history(the_lake, day, config.history_days), config.drop_threshold, config.drop_alpha
+    )
     if not models.is_empty():
         the_lake.write_partition(ZONE, MODELS_TABLE, day, models)
     if not comparisons.is_empty():
         the_lake.write_partition(ZONE, COMPARISONS_TABLE, day, comparisons)
     notified = notify(notifier, day, found) if found else False
     yield AssetCheckResult(
-        check_name=DROP_CHECK, passed=not found, severity=AssetCheckSeverity.ERROR,
-        description="; ".join(f"{d.served_model}: CTR@{config.k} {d.ctr:.4f} vs {d.baseline_ctr:.4f} "
-                              f"(-{d.relative_drop:.0%}, p={d.p_value:.2g})" for d in found) or "no drop",
-        metadata={"threshold": config.drop_threshold, "alpha": config.drop_alpha, "notified": notified,
-                  "drops": table([d.__dict__ for d in found])})
+        check_name=DROP_CHECK,
+        passed=not found,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(
+            f"{d.served_model}: CTR@{config.k} {d.ctr:.4f} vs {d.baseline_ctr:.4f} "
+            f"(-{d.relative_drop:.0%}, p={d.p_value:.2g})"
+            for d in found
+        )
+        or "no drop",
+        metadata={
+            "threshold": config.drop_threshold,
+            "alpha": config.drop_alpha,
+            "notified": notified,
+            "drops": table([d.__dict__ for d in found]),
+        },
+    )
     series = accuracy.ctr_over_time(answers) if answers.height else pl.DataFrame()
-    plot = svg_lines({f"{r} {v}": list(zip(g["served_at"], g["ctr"]))
-                      for (r, v), g in series.group_by("role", "variant")}, f"CTR@{config.k} per hour") \
-        if series.height else ""
-    yield MaterializeResult(metadata={
-        "answers": int(answers.height),
-        "horizon_minutes": config.horizon_minutes,
-        "by_model": table(rounded(models)),
-        "experiments": table(rounded(comparisons)),
-        "latency_from_logs": table(rounded(accuracy.latency(logged))),
-        "ctr_over_time": MetadataValue.md(plot or "(no answers)"),
-        **{f"ctr/{r['role']}/{r['variant']}": float(r["ctr"]) for r in models.iter_rows(named=True)
-           if r["ctr"] is not None and not math.isnan(r["ctr"])},
-    })
+    plot = (
+        svg_lines(
+            {f"{r} {v}": list(zip(g["served_at"], g["ctr"])) for (r, v), g in series.group_by("role", "variant")},
+            f"CTR@{config.k} per hour",
+        )
+        if series.height
+        else ""
+    )
+    yield MaterializeResult(
+        metadata={
+            "answers": int(answers.height),
+            "horizon_minutes": config.horizon_minutes,
+            "by_model": table(rounded(models)),
+            "experiments": table(rounded(comparisons)),
+            "latency_from_logs": table(rounded(accuracy.latency(logged))),
+            "ctr_over_time": MetadataValue.md(plot or "(no answers)"),
+            **{
+                f"ctr/{r['role']}/{r['variant']}": float(r["ctr"])
+                for r in models.iter_rows(named=True)
+                if r["ctr"] is not None and not math.isnan(r["ctr"])
+            },
+        }
+    )
 
 
 def notify(notifier: WebhookNotifier, day: date, found: list[accuracy.Drop]) -> bool:
-    text = "; ".join(f"{d.served_model} CTR {d.ctr:.4f} vs {d.baseline_ctr:.4f} (-{d.relative_drop:.0%})"
-                     for d in found)
-    return notifier.post({"text": f"mlplane online accuracy {day}: CTR drop: {text}", "asset": KEY.to_user_string(),
-                          "check": DROP_CHECK, "partition": day.isoformat(),
-                          "drops": [d.__dict__ for d in found]})
+    text = "; ".join(
+        f"{d.served_model} CTR {d.ctr:.4f} vs {d.baseline_ctr:.4f} (-{d.relative_drop:.0%})" for d in found
+    )
+    return notifier.post(
+        {
+            "text": f"mlplane online accuracy {day}: CTR drop: {text}",
+            "asset": KEY.to_user_string(),
+            "check": DROP_CHECK,
+            "partition": day.isoformat(),
+            "drops": [d.__dict__ for d in found],
+        }
+    )

@@ -52,12 +52,23 @@ def output_notebook_path(lake_root: str | Path, name: str, day: str, run_id: str
     return Path(lake_root) / NOTEBOOKS_ZONE / name / f"date={day}" / f"{run_id}.ipynb"
 
 
-def notebook_pipeline(notebook: str | Path, *, description: str, partitions_def: PartitionsDefinition,
-                      deps: list | tuple = (), name: str | None = None, group: str = "notebooks",
-                      owners: tuple[str, ...] = ("team:data-science",), hour_of_day: int = 6,
-                      minute_of_hour: int = 0, freshness_deadline_cron: str = "0 9 * * *", pool: str = "cpu",
-                      priority: str = "normal", notify: tuple[str, ...] = (),
-                      timeout_seconds: int = 1800) -> NotebookPipeline:
+def notebook_pipeline(
+    notebook: str | Path,
+    *,
+    description: str,
+    partitions_def: PartitionsDefinition,
+    deps: list | tuple = (),
+    name: str | None = None,
+    group: str = "notebooks",
+    owners: tuple[str, ...] = ("team:data-science",),
+    hour_of_day: int = 6,
+    minute_of_hour: int = 0,
+    freshness_deadline_cron: str = "0 9 * * *",
+    pool: str = "cpu",
+    priority: str = "normal",
+    notify: tuple[str, ...] = (),
+    timeout_seconds: int = 1800,
+) -> NotebookPipeline:
     """The asset `notebooks/<name>`, its freshness check, a partitioned job and a daily schedule."""
     path = Path(notebook) if Path(notebook).is_absolute() else PROJECT_ROOT / notebook
     if not path.is_file():
@@ -66,9 +77,17 @@ def notebook_pipeline(notebook: str | Path, *, description: str, partitions_def:
     key = AssetKey([NOTEBOOKS_ZONE, name])
     tags = pipeline_tags(pool, 0, priority, notify)
 
-    @asset(key=key, group_name=group, description=f"{description} (notebook {path.name}, run by papermill)",
-           partitions_def=partitions_def, deps=list(deps), kinds={"jupyter", "python"}, owners=list(owners),
-           op_tags=tags, backfill_policy=BackfillPolicy.multi_run(1))
+    @asset(
+        key=key,
+        group_name=group,
+        description=f"{description} (notebook {path.name}, run by papermill)",
+        partitions_def=partitions_def,
+        deps=list(deps),
+        kinds={"jupyter", "python"},
+        owners=list(owners),
+        op_tags=tags,
+        backfill_policy=BackfillPolicy.multi_run(1),
+    )
     def run_notebook(context, lake: LakeResource) -> MaterializeResult:
         import papermill
 
@@ -78,21 +97,37 @@ def notebook_pipeline(notebook: str | Path, *, description: str, partitions_def:
         started = time.monotonic()
         try:
             papermill.execute_notebook(
-                str(path), str(output), parameters={"day": day, "data_dir": str(Path(lake.root).resolve())},
-                kernel_name="python3", cwd=str(path.parent), progress_bar=False, log_output=False,
-                execution_timeout=timeout_seconds)
+                str(path),
+                str(output),
+                parameters={"day": day, "data_dir": str(Path(lake.root).resolve())},
+                kernel_name="python3",
+                cwd=str(path.parent),
+                progress_bar=False,
+                log_output=False,
+                execution_timeout=timeout_seconds,
+            )
         except papermill.PapermillExecutionError as error:  # the executed notebook shows the failing cell
-            raise Failure(f"notebook {path.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}",
-                          metadata={"output_notebook": MetadataValue.notebook(str(output))}) from error
-        return MaterializeResult(metadata={
-            "output_notebook": MetadataValue.notebook(str(output)),
-            "notebook": MetadataValue.path(str(path)),
-            "seconds": round(time.monotonic() - started, 1),
-        })
+            raise Failure(
+                f"notebook {path.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}",
+                metadata={"output_notebook": MetadataValue.notebook(str(output))},
+            ) from error
+        return MaterializeResult(
+            metadata={
+                "output_notebook": MetadataValue.notebook(str(output)),
+                "notebook": MetadataValue.path(str(path)),
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        )
 
-    checks = build_time_partition_freshness_checks(assets=[run_notebook], deadline_cron=freshness_deadline_cron,
-                                                   timezone="UTC")
-    job = define_asset_job(f"notebook_{name}", selection=[key], partitions_def=partitions_def, tags=tags,
-                           description=f"Run notebook {path.name} for a day.")
+    checks = build_time_partition_freshness_checks(
+        assets=[run_notebook], deadline_cron=freshness_deadline_cron, timezone="UTC"
+    )
+    job = define_asset_job(
+        f"notebook_{name}",
+        selection=[key],
+        partitions_def=partitions_def,
+        tags=tags,
+        description=f"Run notebook {path.name} for a day.",
+    )
     schedule = build_schedule_from_partitioned_job(job, hour_of_day=hour_of_day, minute_of_hour=minute_of_hour)
     return NotebookPipeline(name, path, [run_notebook], list(checks), job, schedule)

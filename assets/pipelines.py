@@ -98,10 +98,16 @@ class TrainingPipeline:
 def code_version() -> str:
     """The git commit the code runs from (with `-dirty` for uncommitted changes); `unknown` outside git."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return f"{sha}-dirty" if dirty else sha
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -114,18 +120,33 @@ def pipeline_tags(pool: str, gpus: int, priority: str, notify: tuple[str, ...]) 
         raise ValueError(f"priority must be one of {', '.join(PRIORITY_CLASSES)}, not {priority!r}")
     if gpus < 0 or (gpus and pool != "gpu"):
         raise ValueError(f"gpus={gpus} needs pool='gpu' (and is never negative), pool is {pool!r}")
-    tags = {"mlplane/pool": pool, "mlplane/gpus": str(gpus), "dagster/priority": str(PRIORITY_CLASSES[priority]),
-            "mlplane/priority_class": priority}
+    tags = {
+        "mlplane/pool": pool,
+        "mlplane/gpus": str(gpus),
+        "dagster/priority": str(PRIORITY_CLASSES[priority]),
+        "mlplane/priority_class": priority,
+    }
     if notify:
         tags[NOTIFY_TAG] = ",".join(notify)
     return tags
 
 
-def training_pipeline(model_name: str, *, description: str, deps: list, partitions_def: PartitionsDefinition,
-                      group: str = "models", pool: str = "cpu", gpus: int = 0, hour_of_day: int = 4,
-                      owners: tuple[str, ...] = ("team:ml-platform",), priority: str = "normal",
-                      notify: tuple[str, ...] = (), promotion_evidence: str = "offline",
-                      online_margin: float = 0.0) -> Callable[[Callable], TrainingPipeline]:
+def training_pipeline(
+    model_name: str,
+    *,
+    description: str,
+    deps: list,
+    partitions_def: PartitionsDefinition,
+    group: str = "models",
+    pool: str = "cpu",
+    gpus: int = 0,
+    hour_of_day: int = 4,
+    owners: tuple[str, ...] = ("team:ml-platform",),
+    priority: str = "normal",
+    notify: tuple[str, ...] = (),
+    promotion_evidence: str = "offline",
+    online_margin: float = 0.0,
+) -> Callable[[Callable], TrainingPipeline]:
     """Turn `fn(TrainingRun) -> TrainedModel` into `models/<name>` (train + register as challenger,
     with the blocking `beats_champion` check), `models/<name>_champion` (promotion, runs only when the
     check passed), a partitioned job on `pool` and a daily schedule. `priority` names a class of
@@ -154,13 +175,23 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             owners=list(owners),
             op_tags=tags,
             required_resource_keys={"lake", "ray", "model_registry"},
-            check_specs=[AssetCheckSpec(GATE_CHECK, asset=model_key, blocking=True,
-                                        description="The challenger beats the champion on held-out data by the "
-                                                    "registry's promotion margin; blocks promotion otherwise"),
-                         AssetCheckSpec(BASELINE_CHECK, asset=model_key, blocking=True,
-                                        description="The challenger beats the training function's baseline (e.g. "
-                                                    "popularity) on every gated held-out metric; blocks promotion "
-                                                    "of any version otherwise, the first included")],
+            check_specs=[
+                AssetCheckSpec(
+                    GATE_CHECK,
+                    asset=model_key,
+                    blocking=True,
+                    description="The challenger beats the champion on held-out data by the "
+                    "registry's promotion margin; blocks promotion otherwise",
+                ),
+                AssetCheckSpec(
+                    BASELINE_CHECK,
+                    asset=model_key,
+                    blocking=True,
+                    description="The challenger beats the training function's baseline (e.g. "
+                    "popularity) on every gated held-out metric; blocks promotion "
+                    "of any version otherwise, the first included",
+                ),
+            ],
         )
         def train_and_register(context, config: TrainingConfig):
             resources = context.resources
@@ -170,8 +201,15 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             resources.ray.ensure_started()
             under_test = registry.by_alias(model_name, "challenger")  # the online gate judges this one
             with tempfile.TemporaryDirectory(prefix=f"train-{model_name}-") as work:
-                run = TrainingRun(day, resources.lake.get_client(), Path(work), config.num_workers,
-                                  config.use_gpu or gpus > 0, config.training_days, context.log.info)
+                run = TrainingRun(
+                    day,
+                    resources.lake.get_client(),
+                    Path(work),
+                    config.num_workers,
+                    config.use_gpu or gpus > 0,
+                    config.training_days,
+                    context.log.info,
+                )
                 trained = fn(run)
                 lineage = {
                     "mlplane.code_version": code_version(),
@@ -182,8 +220,13 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
                     "mlplane.partition": day.isoformat(),
                 }
                 version = registry.register(model_name, trained.model_dir, lineage, trained.metrics, trained.params)
-                registry.set_alias(model_name, "challenger", version.version, who=f"dagster run {context.run.run_id}",
-                                   reason=f"trained for {day}")
+                registry.set_alias(
+                    model_name,
+                    "challenger",
+                    version.version,
+                    who=f"dagster run {context.run.run_id}",
+                    reason=f"trained for {day}",
+                )
                 challenger_score = trained.metrics[trained.gate_metric]
                 champion = registry.by_alias(model_name, "champion")
                 champion_score = None
@@ -194,20 +237,28 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             passed = champion is None or challenger_score >= champion_score + margin
             approved, online = version.version, {}
             if promotion_evidence == "online":
-                passed, approved, online = online_gate(run.lake, day, model_name, under_test, champion,
-                                                       online_margin)
+                passed, approved, online = online_gate(run.lake, day, model_name, under_test, champion, online_margin)
             if passed:
-                registry.set_alias(model_name, APPROVED_ALIAS, approved, who=f"dagster run {context.run.run_id}",
-                                   reason=f"passed {GATE_CHECK} ({promotion_evidence} evidence)")
-            yield MaterializeResult(metadata={
-                "model": model_name,
-                "version": MetadataValue.int(int(version.version)),
-                "registry": registry.tracking_uri,
-                **{k: v for k, v in lineage.items() if k != "mlplane.dagster_run_id"},
-                **trained.metadata,
-            })
+                registry.set_alias(
+                    model_name,
+                    APPROVED_ALIAS,
+                    approved,
+                    who=f"dagster run {context.run.run_id}",
+                    reason=f"passed {GATE_CHECK} ({promotion_evidence} evidence)",
+                )
+            yield MaterializeResult(
+                metadata={
+                    "model": model_name,
+                    "version": MetadataValue.int(int(version.version)),
+                    "registry": registry.tracking_uri,
+                    **{k: v for k, v in lineage.items() if k != "mlplane.dagster_run_id"},
+                    **trained.metadata,
+                }
+            )
             yield AssetCheckResult(
-                check_name=GATE_CHECK, passed=passed, severity=AssetCheckSeverity.ERROR,
+                check_name=GATE_CHECK,
+                passed=passed,
+                severity=AssetCheckSeverity.ERROR,
                 description=online.get("reason"),
                 metadata={
                     "evidence": promotion_evidence,
@@ -223,19 +274,27 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
             )
             short = trained.short_of_baseline()
             yield AssetCheckResult(
-                check_name=BASELINE_CHECK, passed=not short, severity=AssetCheckSeverity.ERROR,
-                description=("beats the baseline on " + ", ".join(trained.baseline)) if not short else
-                            "does not beat the baseline on " + ", ".join(short),
-                metadata={"comparison": MetadataValue.md(
-                    "| metric | challenger | baseline |\n|---|---|---|\n" + "\n".join(
-                        f"| {m} | {trained.metrics[m]:.4f} | {b:.4f} |" for m, b in trained.baseline.items()))},
+                check_name=BASELINE_CHECK,
+                passed=not short,
+                severity=AssetCheckSeverity.ERROR,
+                description=("beats the baseline on " + ", ".join(trained.baseline))
+                if not short
+                else "does not beat the baseline on " + ", ".join(short),
+                metadata={
+                    "comparison": MetadataValue.md(
+                        "| metric | challenger | baseline |\n|---|---|---|\n"
+                        + "\n".join(
+                            f"| {m} | {trained.metrics[m]:.4f} | {b:.4f} |" for m, b in trained.baseline.items()
+                        )
+                    )
+                },
             )
 
         @asset(
             key=champion_key,
             group_name=group,
             description=f"Moves the `champion` alias of {model_name!r} to the challenger that passed "
-                        f"`{GATE_CHECK}` and `{BASELINE_CHECK}`; `mlplane models rollback` moves it back.",
+            f"`{GATE_CHECK}` and `{BASELINE_CHECK}`; `mlplane models rollback` moves it back.",
             partitions_def=partitions_def,
             backfill_policy=BackfillPolicy.single_run(),
             deps=[model_key],
@@ -250,14 +309,27 @@ def training_pipeline(model_name: str, *, description: str, deps: list, partitio
                 raise ValueError(f"{model_name!r} has no challenger to promote")
             current = registry.by_alias(model_name, "champion")
             if current is None or current.version != challenger.version:
-                registry.set_alias(model_name, "champion", challenger.version, who=f"dagster run {context.run.run_id}",
-                                   reason=f"passed {GATE_CHECK} and {BASELINE_CHECK}")
-            return MaterializeResult(metadata={"champion_version": challenger.version,
-                                               "previous_champion": current.version if current else "(none)"})
+                registry.set_alias(
+                    model_name,
+                    "champion",
+                    challenger.version,
+                    who=f"dagster run {context.run.run_id}",
+                    reason=f"passed {GATE_CHECK} and {BASELINE_CHECK}",
+                )
+            return MaterializeResult(
+                metadata={
+                    "champion_version": challenger.version,
+                    "previous_champion": current.version if current else "(none)",
+                }
+            )
 
-        job = define_asset_job(f"train_{model_name}", selection=AssetSelection.assets(model_key, champion_key),
-                               partitions_def=partitions_def, tags=tags,
-                               description=f"Train {model_name}, register it and promote it if it beats the champion.")
+        job = define_asset_job(
+            f"train_{model_name}",
+            selection=AssetSelection.assets(model_key, champion_key),
+            partitions_def=partitions_def,
+            tags=tags,
+            description=f"Train {model_name}, register it and promote it if it beats the champion.",
+        )
         schedule = build_schedule_from_partitioned_job(job, hour_of_day=hour_of_day)
         return TrainingPipeline(model_name, [train_and_register, promote], job, schedule)
 
@@ -272,6 +344,14 @@ def online_gate(lake: Lake, day: date, model_name: str, under_test, champion, ma
         return False, "", {"reason": f"no challenger under online test against a champion of {model_name!r}"}
     comparisons = newest_comparisons(lake, day, ONLINE_EVIDENCE_DAYS)
     verdict = online_verdict(comparisons, under_test.version, champion.version, margin)
-    return verdict.passed, under_test.version, {
-        "reason": verdict.reason, "version": under_test.version, "source": verdict.source or "(none)",
-        "difference": verdict.difference, "p_value": verdict.p_value}
+    return (
+        verdict.passed,
+        under_test.version,
+        {
+            "reason": verdict.reason,
+            "version": under_test.version,
+            "source": verdict.source or "(none)",
+            "difference": verdict.difference,
+            "p_value": verdict.p_value,
+        },
+    )

@@ -18,25 +18,30 @@ from resources.quality import QualityResource
 KEY = AssetKey(["serving", "prediction_logs"])
 MAX_K = 1000  # serving.models.recommend.MAX_K (assets never import serving)
 
-suite = Suite("serving_prediction_logs", [
-    gxe.ExpectColumnValuesToNotBeNull(column="request_id"),
-    gxe.ExpectColumnValuesToNotBeNull(column="served_at"),
-    gxe.ExpectCompoundColumnsToBeUnique(column_list=["request_id", "role", "variant"]),
-    gxe.ExpectColumnValuesToBeInSet(column="role", value_set=[logs.LIVE, logs.SHADOW]),
-    gxe.ExpectColumnValuesToBeInSet(column="status", value_set=[logs.OK, logs.ERROR]),
-    gxe.ExpectColumnValueLengthsToEqual(column="inputs_hash", value=64),
-    gxe.ExpectColumnValuesToBeBetween(column="latency_ms", min_value=0),
-    gxe.ExpectColumnValuesToBeBetween(column="n_items", min_value=0, max_value=MAX_K),
-    # a live answer that went out has a model version; only a failed shadow may lack one
-    gxe.ExpectColumnValuesToNotBeNull(column="served_version"),
-])
+suite = Suite(
+    "serving_prediction_logs",
+    [
+        gxe.ExpectColumnValuesToNotBeNull(column="request_id"),
+        gxe.ExpectColumnValuesToNotBeNull(column="served_at"),
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=["request_id", "role", "variant"]),
+        gxe.ExpectColumnValuesToBeInSet(column="role", value_set=[logs.LIVE, logs.SHADOW]),
+        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=[logs.OK, logs.ERROR]),
+        gxe.ExpectColumnValueLengthsToEqual(column="inputs_hash", value=64),
+        gxe.ExpectColumnValuesToBeBetween(column="latency_ms", min_value=0),
+        gxe.ExpectColumnValuesToBeBetween(column="n_items", min_value=0, max_value=MAX_K),
+        # a live answer that went out has a model version; only a failed shadow may lack one
+        gxe.ExpectColumnValuesToNotBeNull(column="served_version"),
+    ],
+)
 
 
 def for_validation(frame: pl.DataFrame) -> pl.DataFrame:
     """GX takes no list columns: their lengths instead, and the version of every ok record."""
     return frame.with_columns(
         pl.col("item_ids").list.len().fill_null(0).alias("n_items"),
-        pl.when(pl.col("status") == logs.OK).then(pl.col("model_version")).otherwise(pl.lit("-"))
+        pl.when(pl.col("status") == logs.OK)
+        .then(pl.col("model_version"))
+        .otherwise(pl.lit("-"))
         .alias("served_version"),
     ).drop("item_ids", "scores")
 
@@ -44,10 +49,17 @@ def for_validation(frame: pl.DataFrame) -> pl.DataFrame:
 def latency_table(frame: pl.DataFrame) -> list[dict]:
     """Latency percentiles per served model and version, from the live records."""
     live = frame.filter(pl.col("role") == logs.LIVE)
-    stats = live.group_by("endpoint", "served_model", "model_version").agg(
-        pl.len().alias("answers"),
-        *[pl.col("latency_ms").quantile(q, "linear").round(3).alias(f"p{int(q * 100)}_ms") for q in (0.5, 0.9, 0.99)],
-    ).sort("endpoint", "served_model", "model_version")
+    stats = (
+        live.group_by("endpoint", "served_model", "model_version")
+        .agg(
+            pl.len().alias("answers"),
+            *[
+                pl.col("latency_ms").quantile(q, "linear").round(3).alias(f"p{int(q * 100)}_ms")
+                for q in (0.5, 0.9, 0.99)
+            ],
+        )
+        .sort("endpoint", "served_model", "model_version")
+    )
     return stats.to_dicts()
 
 
@@ -55,30 +67,38 @@ def latency_table(frame: pl.DataFrame) -> list[dict]:
     key=KEY,
     group_name="serving",
     description="Every answer of the online model server on the day (live and shadow): request id, time, user, "
-                "experiment and variant, model version, hash of the inputs (the inputs where the model card allows), "
-                "outputs and latency, taken in from the server's files behind a great-expectations check.",
+    "experiment and variant, model version, hash of the inputs (the inputs where the model card allows), "
+    "outputs and latency, taken in from the server's files behind a great-expectations check.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     kinds={"parquet", "greatexpectations"},
     owners=["team:ml-platform"],
     tags={"domain": "serving"},
-    check_specs=[AssetCheckSpec("great_expectations", asset=KEY, blocking=True,
-                                description=f"great-expectations suite {suite.name}")],
+    check_specs=[
+        AssetCheckSpec(
+            "great_expectations", asset=KEY, blocking=True, description=f"great-expectations suite {suite.name}"
+        )
+    ],
 )
 def prediction_logs(context, lake: LakeResource, quality: QualityResource):
     the_lake, days = lake.get_client(), partition_days(context)
-    frames = {day: logs.read_spool(the_lake.root, day).sort("served_at", "request_id", "role", "variant")
-              for day in days}
+    frames = {
+        day: logs.read_spool(the_lake.root, day).sort("served_at", "request_id", "role", "variant") for day in days
+    }
     if all(f.is_empty() for f in frames.values()):
-        raise Failure(f"no prediction logs for {', '.join(map(str, days))} under "
-                      f"{the_lake.root / logs.ZONE / logs.SPOOL}: is the model server running and logging?")
+        raise Failure(
+            f"no prediction logs for {', '.join(map(str, days))} under "
+            f"{the_lake.root / logs.ZONE / logs.SPOOL}: is the model server running and logging?"
+        )
     yield from quality_gate(quality, suite, {d: for_validation(f) for d, f in frames.items()}, "prediction logs")
     for day, frame in frames.items():
         the_lake.write_partition(logs.ZONE, logs.TABLE, day, frame)
     everything = pl.concat(list(frames.values()))
     roles = everything.group_by("role", "status").len().sort("role", "status").to_dicts()
-    yield MaterializeResult(metadata={
-        **frame_metadata(everything.drop("item_ids", "scores"), "served_at"),
-        "by_role": table(roles),
-        "latency_by_model": table(latency_table(everything)),
-    })
+    yield MaterializeResult(
+        metadata={
+            **frame_metadata(everything.drop("item_ids", "scores"), "served_at"),
+            "by_role": table(roles),
+            "latency_by_model": table(latency_table(everything)),
+        }
+    )

@@ -8,7 +8,7 @@ from feature_defs.sources import interactions
 daily_top_items = notebook_pipeline(
     "examples/notebooks/daily_top_items.ipynb",
     description="The day's 20 most clicked items with impressions and click-through rate, in "
-                "reports/daily_top_items/date=D",
+    "reports/daily_top_items/date=D",
     deps=[warehouse_key(interactions)],
     partitions_def=daily_partitions,
     hour_of_day=6,

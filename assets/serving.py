@@ -36,36 +36,57 @@ SKEW_CHECK = "served_matches_offline"
 TOLERANCE = 1e-6
 
 
-@asset(key=CLIP_REGISTERED, group_name="embeddings", deps=[CLIP_MODEL], kinds={"mlflow", "pytorch"},
-       owners=["team:ml-platform"], tags={"domain": "models"},
-       description="The clip_model asset's weights registered in MLflow as `clip` (checksummed) with the alias "
-                   "`champion`, for the online model server; a version already registered is not added again.")
+@asset(
+    key=CLIP_REGISTERED,
+    group_name="embeddings",
+    deps=[CLIP_MODEL],
+    kinds={"mlflow", "pytorch"},
+    owners=["team:ml-platform"],
+    tags={"domain": "models"},
+    description="The clip_model asset's weights registered in MLflow as `clip` (checksummed) with the alias "
+    "`champion`, for the online model server; a version already registered is not added again.",
+)
 def clip_registered(context, lake: LakeResource, model_registry: ModelRegistryResource) -> MaterializeResult:
     spec, clip_version = current_model(lake.get_client())
     if not spec.checkpoint:
-        raise Failure("clip_model chose no weights file (random weights cannot be served): train it or configure "
-                      "a checkpoint")
+        raise Failure(
+            "clip_model chose no weights file (random weights cannot be served): train it or configure a checkpoint"
+        )
     registry = model_registry.get_client()
-    existing = next((v for v in registry.versions(CLIP_MODEL_NAME) if v.tags.get(CLIP_VERSION_TAG) == clip_version),
-                    None)
+    existing = next(
+        (v for v in registry.versions(CLIP_MODEL_NAME) if v.tags.get(CLIP_VERSION_TAG) == clip_version), None
+    )
     if existing is None:
         with tempfile.TemporaryDirectory(prefix="clip-register-") as work:
             folder = Path(work) / "clip"
             folder.mkdir()
             shutil.copyfile(spec.checkpoint, folder / WEIGHTS_FILE)
             (folder / CONFIG_FILE).write_text(json.dumps({"model_name": spec.model_name, "version": clip_version}))
-            existing = registry.register(CLIP_MODEL_NAME, folder, {
-                CLIP_VERSION_TAG: clip_version, "mlplane.dagster_run_id": context.run.run_id,
-                "mlplane.dagster_asset": CLIP_REGISTERED.to_user_string()}, metrics={})
+            existing = registry.register(
+                CLIP_MODEL_NAME,
+                folder,
+                {
+                    CLIP_VERSION_TAG: clip_version,
+                    "mlplane.dagster_run_id": context.run.run_id,
+                    "mlplane.dagster_asset": CLIP_REGISTERED.to_user_string(),
+                },
+                metrics={},
+            )
     champion = registry.by_alias(CLIP_MODEL_NAME, "champion")
     if champion is None or champion.version != existing.version:
-        registry.set_alias(CLIP_MODEL_NAME, "champion", existing.version, who=f"dagster run {context.run.run_id}",
-                           reason=f"clip_model {clip_version}")
+        registry.set_alias(
+            CLIP_MODEL_NAME,
+            "champion",
+            existing.version,
+            who=f"dagster run {context.run.run_id}",
+            reason=f"clip_model {clip_version}",
+        )
     return MaterializeResult(metadata={"registry_version": existing.version, "clip_version": clip_version})
 
 
-def offline_values_as_of(lake_root: Path, columns: list[str], entities: pl.DataFrame, newest_day: date,
-                         timing: Timing) -> pl.DataFrame:
+def offline_values_as_of(
+    lake_root: Path, columns: list[str], entities: pl.DataFrame, newest_day: date, timing: Timing
+) -> pl.DataFrame:
     """The value of each `<view>__<feature>` column for each (user_id, event_timestamp) row by the one
     definition (engines.point_in_time), in row order. Served after the data ends, the online store
     holds the newest day's values (its daily rows, its catalogue, the streaming windows ending at its
@@ -87,14 +108,23 @@ def same_value(served, offline) -> bool:
     return served == offline
 
 
-@asset(key=SERVED_FEATURES, group_name="serving", kinds={"parquet", "polars"}, owners=["team:ml-platform"],
-       tags={"domain": "serving"},
-       description="The sample of feature vectors the online model server served (`serving/served_features` in "
-                   "the lake), summarized; its check compares each served value with the offline value as of "
-                   "the time it was served (train/serve skew).",
-       check_specs=[AssetCheckSpec(SKEW_CHECK, asset=SERVED_FEATURES,
-                                   description="Every sampled served feature value equals its offline "
-                                               "point-in-time value")])
+@asset(
+    key=SERVED_FEATURES,
+    group_name="serving",
+    kinds={"parquet", "polars"},
+    owners=["team:ml-platform"],
+    tags={"domain": "serving"},
+    description="The sample of feature vectors the online model server served (`serving/served_features` in "
+    "the lake), summarized; its check compares each served value with the offline value as of "
+    "the time it was served (train/serve skew).",
+    check_specs=[
+        AssetCheckSpec(
+            SKEW_CHECK,
+            asset=SERVED_FEATURES,
+            description="Every sampled served feature value equals its offline point-in-time value",
+        )
+    ],
+)
 def served_features(context, lake: LakeResource, flink: FlinkResource):
     the_lake = lake.get_client()
     files = sorted((the_lake.root / SERVED_LOG).glob("date=*/part-*.parquet"))
@@ -112,14 +142,35 @@ def served_features(context, lake: LakeResource, flink: FlinkResource):
             value = offline[column][i]
             value = value.to_list() if isinstance(value, pl.Series) else value
             if not same_value(row.get(column), value):
-                mismatches.append({"user_id": logged["user_id"][i], "served_at": str(logged["served_at"][i]),
-                                   "feature": column, "served": str(row.get(column)), "offline": str(value)})
+                mismatches.append(
+                    {
+                        "user_id": logged["user_id"][i],
+                        "served_at": str(logged["served_at"][i]),
+                        "feature": column,
+                        "served": str(row.get(column)),
+                        "offline": str(value),
+                    }
+                )
     by_feature = pd.Series([m["feature"] for m in mismatches], dtype=str).value_counts().to_dict()
-    yield AssetCheckResult(check_name=SKEW_CHECK, passed=not mismatches, metadata={
-        "rows": logged.height, "features": len(columns), "mismatches": len(mismatches),
-        "mismatches_by_feature": json.dumps(by_feature), "examples": table(mismatches[:20]) if mismatches else "none"})
-    yield MaterializeResult(metadata={"rows": logged.height, "files": len(files), "features": len(columns),
-                                      "model_versions": ", ".join(sorted(set(logged["model_version"].to_list())))})
+    yield AssetCheckResult(
+        check_name=SKEW_CHECK,
+        passed=not mismatches,
+        metadata={
+            "rows": logged.height,
+            "features": len(columns),
+            "mismatches": len(mismatches),
+            "mismatches_by_feature": json.dumps(by_feature),
+            "examples": table(mismatches[:20]) if mismatches else "none",
+        },
+    )
+    yield MaterializeResult(
+        metadata={
+            "rows": logged.height,
+            "files": len(files),
+            "features": len(columns),
+            "model_versions": ", ".join(sorted(set(logged["model_version"].to_list()))),
+        }
+    )
 
 
 serving_assets = [clip_registered, served_features]

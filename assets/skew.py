@@ -12,14 +12,17 @@ from engines.point_in_time import Timing
 from engines.skew import sample_rows, skew
 
 SKEW_CHECK = "train_serve_skew"
-SKEW_DESCRIPTION = ("Sampled (entity, time) pairs: the feature vector the model gets on this path equals the "
-                    "point-in-time definition (engines.point_in_time) and an independent recomputation from the "
-                    "warehouse; mismatches and null-rate differences per view in metadata")
+SKEW_DESCRIPTION = (
+    "Sampled (entity, time) pairs: the feature vector the model gets on this path equals the "
+    "point-in-time definition (engines.point_in_time) and an independent recomputation from the "
+    "warehouse; mismatches and null-rate differences per view in metadata"
+)
 SAMPLE = 200  # (entity, time) pairs per frame
 
 
-def skew_check_result(lake_root: Path, frames: list[pl.DataFrame], timing: Timing, what: str,
-                      sample: int = SAMPLE) -> AssetCheckResult:
+def skew_check_result(
+    lake_root: Path, frames: list[pl.DataFrame], timing: Timing, what: str, sample: int = SAMPLE
+) -> AssetCheckResult:
     """Each frame holds keys, `event_timestamp` and features named `<view>__<feature>` as the path gave
     them; a sample of each is compared. Fails on any mismatch or null-rate difference."""
     views = []
@@ -30,7 +33,12 @@ def skew_check_result(lake_root: Path, frames: list[pl.DataFrame], timing: Timin
         views += skew(lake_root, rows, features, timing)
     failed = [v.view for v in views if not v.passed]
     return AssetCheckResult(
-        check_name=SKEW_CHECK, passed=not failed,
+        check_name=SKEW_CHECK,
+        passed=not failed,
         description=f"{what}: " + (f"skew in {', '.join(failed)}" if failed else "no skew in the sample"),
-        metadata={"sampled_rows": sum(v.rows for v in views), "views_failing": len(failed),
-                  "per_view": table([v.to_row() for v in views])})
+        metadata={
+            "sampled_rows": sum(v.rows for v in views),
+            "views_failing": len(failed),
+            "per_view": table([v.to_row() for v in views]),
+        },
+    )

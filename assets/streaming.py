@@ -83,8 +83,8 @@ def streaming_job_asset(source: str) -> AssetsDefinition:
         key=streaming_key(source),
         group_name="streaming",
         description=f"The Flink job that keeps the streaming views {', '.join(views)} fresh in the online store, "
-                    f"compiled from the feature DSL and fed by the {source} event stream. Materializing it "
-                    "starts the job if it is not running (from its newest checkpoint) and records its health.",
+        f"compiled from the feature DSL and fed by the {source} event stream. Materializing it "
+        "starts the job if it is not running (from its newest checkpoint) and records its health.",
         deps=[AssetKey("feature_registry")],  # pushes need the views' PushSources registered
         kinds={"flink", "feast"},
         owners=["team:ml-platform"],
@@ -99,8 +99,13 @@ def streaming_job_asset(source: str) -> AssetsDefinition:
             if health.status not in ("NOT_STARTED",):
                 context.log.warning(f"{health.name} was {health.status}: {health.error}; restarting from checkpoint")
             health, launched = flink.launch(context, source)
-        return MaterializeResult(metadata={**health_metadata(health), "views": ", ".join(views),
-                                           "restored_from": launched.get("restored_from") or ""})
+        return MaterializeResult(
+            metadata={
+                **health_metadata(health),
+                "views": ", ".join(views),
+                "restored_from": launched.get("restored_from") or "",
+            }
+        )
 
     return _streaming_job
 
@@ -113,44 +118,68 @@ MATCHES_OFFLINE = "matches_offline_features"
 
 
 class HistoryConfig(Config):
-    slide_seconds: int | None = Field(default=None, description="How often each window is recorded; default the "
-                                                                "live job's FlinkResource.slide_seconds, which the "
-                                                                "training join (engines.point_in_time) requires")
+    slide_seconds: int | None = Field(
+        default=None,
+        description="How often each window is recorded; default the "
+        "live job's FlinkResource.slide_seconds, which the "
+        "training join (engines.point_in_time) requires",
+    )
 
 
 def streaming_history_asset(source: str) -> AssetsDefinition:
     views = [v for v in catalogue.views if v.streaming and v.source.name == source]
-    ingested = AssetDep(warehouse_key(next(s for s in catalogue.sources if s.name == source)),
-                        partition_mapping=TimeWindowPartitionMapping(start_offset=-days_before(source),
-                                                                     allow_nonexistent_upstream_partitions=True))
-    specs = [AssetSpec(
-        history_key(v.name),
-        group_name="streaming_history",
-        description=f"Every window of streaming view {v.name!r} ending on the day, as the Flink job emits it "
-                    "(one row per entity and window end, stamped at the end), recomputed from landing with the "
-                    "same SQL in Flink batch mode.",
-        deps=[ingested, offline_key(v)],
-        kinds={"flink", "parquet"},
-        owners=["team:ml-platform"],
-    ) for v in views]
-    checks = [AssetCheckSpec(MATCHES_OFFLINE, asset=history_key(v.name), blocking=True,
-                             description="At each day's end the windows equal the view's offline row of that day "
-                                         "(the polars plan): one definition, one meaning in batch and streaming.")
-              for v in views]
+    ingested = AssetDep(
+        warehouse_key(next(s for s in catalogue.sources if s.name == source)),
+        partition_mapping=TimeWindowPartitionMapping(
+            start_offset=-days_before(source), allow_nonexistent_upstream_partitions=True
+        ),
+    )
+    specs = [
+        AssetSpec(
+            history_key(v.name),
+            group_name="streaming_history",
+            description=f"Every window of streaming view {v.name!r} ending on the day, as the Flink job emits it "
+            "(one row per entity and window end, stamped at the end), recomputed from landing with the "
+            "same SQL in Flink batch mode.",
+            deps=[ingested, offline_key(v)],
+            kinds={"flink", "parquet"},
+            owners=["team:ml-platform"],
+        )
+        for v in views
+    ]
+    checks = [
+        AssetCheckSpec(
+            MATCHES_OFFLINE,
+            asset=history_key(v.name),
+            blocking=True,
+            description="At each day's end the windows equal the view's offline row of that day "
+            "(the polars plan): one definition, one meaning in batch and streaming.",
+        )
+        for v in views
+    ]
 
-    @multi_asset(name=f"streaming_history_{source}", specs=specs, check_specs=checks,
-                 partitions_def=daily_partitions, backfill_policy=BackfillPolicy.single_run())
+    @multi_asset(
+        name=f"streaming_history_{source}",
+        specs=specs,
+        check_specs=checks,
+        partitions_def=daily_partitions,
+        backfill_policy=BackfillPolicy.single_run(),
+    )
     def _history(context, config: HistoryConfig, lake: LakeResource, flink: FlinkResource):
         slide = config.slide_seconds or flink.slide_seconds
         if 86400 % slide:
-            raise Failure(f"slide_seconds={slide} does not divide a day: no window would end at "
-                          "midnight, where the history is checked against the offline features")
+            raise Failure(
+                f"slide_seconds={slide} does not divide a day: no window would end at "
+                "midnight, where the history is checked against the offline features"
+            )
         days, the_lake = partition_days(context), lake.get_client()
         for view in views:
             missing = sorted(set(days) - set(the_lake.partition_days(OFFLINE_ZONE, view.name)))
             if missing:
-                raise Failure(f"offline/{view.name} has no partition for {', '.join(map(str, missing))}: "
-                              "materialize it first, the history is checked against it")
+                raise Failure(
+                    f"offline/{view.name} has no partition for {', '.join(map(str, missing))}: "
+                    "materialize it first, the history is checked against it"
+                )
         settings = replace(flink.job(source).settings, slide_seconds=slide)
         job, counts = backfill(settings, the_lake, days)
         context.log.info(f"Flink batch job over {counts['days_staged']} landing days: {counts}")
@@ -163,27 +192,40 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
                 differences += differences_from_offline(view, per_view[view.name][day], offline)
             if differences:
                 failed.append(view.name)
-            yield AssetCheckResult(asset_key=history_key(view.name), check_name=MATCHES_OFFLINE,
-                                   passed=not differences, metadata={"days": len(days),
-                                                                     "differences": table(differences[:20])})
+            yield AssetCheckResult(
+                asset_key=history_key(view.name),
+                check_name=MATCHES_OFFLINE,
+                passed=not differences,
+                metadata={"days": len(days), "differences": table(differences[:20])},
+            )
         if failed:
-            raise Failure(f"the Flink backfill of {', '.join(failed)} disagrees with the offline features; "
-                          "nothing written (see the check's differences)")
+            raise Failure(
+                f"the Flink backfill of {', '.join(failed)} disagrees with the offline features; "
+                "nothing written (see the check's differences)"
+            )
         for view in views:
             frames = per_view[view.name]
             for day, frame in frames.items():
                 the_lake.write_partition(HISTORY_ZONE, view.name, day, frame)
                 record_history_slide(the_lake, view.name, day, slide)
             everything = pl.concat(frames.values())
-            yield MaterializeResult(asset_key=history_key(view.name), metadata={
-                "dagster/row_count": everything.height,
-                "windows": everything[TIMESTAMP].n_unique(),
-                "slide_seconds": slide,
-                "rows_per_day": table([{"day": d.isoformat(), "rows": f.height, "windows": f[TIMESTAMP].n_unique()}
-                                       for d, f in frames.items()]),
-                "lines_read": counts["records"], "malformed_events": counts["malformed"],
-                "flink_job_dir": MetadataValue.path(str(job.state_dir)),
-            })
+            yield MaterializeResult(
+                asset_key=history_key(view.name),
+                metadata={
+                    "dagster/row_count": everything.height,
+                    "windows": everything[TIMESTAMP].n_unique(),
+                    "slide_seconds": slide,
+                    "rows_per_day": table(
+                        [
+                            {"day": d.isoformat(), "rows": f.height, "windows": f[TIMESTAMP].n_unique()}
+                            for d, f in frames.items()
+                        ]
+                    ),
+                    "lines_read": counts["records"],
+                    "malformed_events": counts["malformed"],
+                    "flink_job_dir": MetadataValue.path(str(job.state_dir)),
+                },
+            )
 
     return _history
 

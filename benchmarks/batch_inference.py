@@ -59,8 +59,13 @@ def main() -> None:
     lake = Lake(data_dir)
     days = lake.partition_days("datasets", "personalization_training")
     day = days[-1]
-    model = PersonalizationModel(TwoTower(build_spec(labelled(lake.scan_partitions(
-        "datasets", "personalization_training", days).collect()), TrainConfig())))
+    model = PersonalizationModel(
+        TwoTower(
+            build_spec(
+                labelled(lake.scan_partitions("datasets", "personalization_training", days).collect()), TrainConfig()
+            )
+        )
+    )
 
     active = engine.active_users(lake, day)
     real = engine.entity_features(lake, day, model.spec.user.columns, "user_id", active).frame
@@ -72,14 +77,22 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.ray_cpus)  # the single process gets the CPUs Ray has
-    ray.init(num_cpus=args.ray_cpus, object_store_memory=400 * 1024 * 1024, include_dashboard=False,
-             _temp_dir=tempfile.mkdtemp(prefix="bench-ray", dir="/tmp"), log_to_driver=False)
+    ray.init(
+        num_cpus=args.ray_cpus,
+        object_store_memory=400 * 1024 * 1024,
+        include_dashboard=False,
+        _temp_dir=tempfile.mkdtemp(prefix="bench-ray", dir="/tmp"),
+        log_to_driver=False,
+    )
     ray.data.DataContext.get_current().enable_progress_bars = False
     seconds: dict[str, list[float]] = {"ray": [], "local": []}
     with VectorStore.open(str(scratch / "vectors")) as store:
         radius = engine.index_items(store, model, items, "bench")
-        print(f"{users.height} users, {items.height} items in the vector database, k={args.k}, "
-              f"{args.ray_cpus} Ray CPUs (tasks), {args.repeat} runs each after a cold one, alternating", flush=True)
+        print(
+            f"{users.height} users, {items.height} items in the vector database, k={args.k}, "
+            f"{args.ray_cpus} Ray CPUs (tasks), {args.repeat} runs each after a cold one, alternating",
+            flush=True,
+        )
         for _ in range(args.repeat + 1):
             for name in ("local", "ray"):  # alternate, so that other load on the machine hits both
                 started = time.perf_counter()
@@ -92,8 +105,10 @@ def main() -> None:
         cold, *warm = seconds[name]
         median = statistics.median(warm)
         print(f"{label:<26}{users.height / median:>15,.0f}{median:>14.2f}{percentile(warm, 0.99):>11.2f}{cold:>9.2f}")
-    print(f"ratio Ray Data / single process (median rows/s): "
-          f"{statistics.median(seconds['local'][1:]) / statistics.median(seconds['ray'][1:]):.2f}")
+    print(
+        f"ratio Ray Data / single process (median rows/s): "
+        f"{statistics.median(seconds['local'][1:]) / statistics.median(seconds['ray'][1:]):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ def throughput(name: str, spec: ClipSpec, items: pl.DataFrame, landing: Path, ar
     run of each (imports, worker start, model load) is reported apart from the median of the rest."""
     import torch
 
-    config = EmbedConfig(batch_size=args.batch_size, actors=args.actors, device=args.device,
-                         torch_threads=args.torch_threads)
+    config = EmbedConfig(
+        batch_size=args.batch_size, actors=args.actors, device=args.device, torch_threads=args.torch_threads
+    )
     # the same CPU budget on both sides: the pipeline's tasks (one per Ray CPU) or its actor pool
     torch.set_num_threads(args.torch_threads * (args.actors or args.ray_cpus))
     ray_s, plain_s = [], []
@@ -90,9 +91,12 @@ def throughput(name: str, spec: ClipSpec, items: pl.DataFrame, landing: Path, ar
     n = items.height
     (ray_cold, *ray_s), (plain_cold, *plain_s) = ray_s, plain_s
     ray_rate, plain_rate = n / statistics.median(ray_s), n / statistics.median(plain_s)
-    print(f"{name:<22} {n:>6} {ray_rate:>10.1f} {n / percentile(ray_s, 0.99):>8.1f} {n / ray_cold:>8.1f} "
-          f"{plain_rate:>10.1f} {n / percentile(plain_s, 0.99):>8.1f} {n / plain_cold:>8.1f} "
-          f"{ray_rate / plain_rate:>7.2f}", flush=True)
+    print(
+        f"{name:<22} {n:>6} {ray_rate:>10.1f} {n / percentile(ray_s, 0.99):>8.1f} {n / ray_cold:>8.1f} "
+        f"{plain_rate:>10.1f} {n / percentile(plain_s, 0.99):>8.1f} {n / plain_cold:>8.1f} "
+        f"{ray_rate / plain_rate:>7.2f}",
+        flush=True,
+    )
 
 
 def vector_search(args) -> None:
@@ -101,8 +105,9 @@ def vector_search(args) -> None:
     # clustered, like embeddings of a catalogue (uniform random vectors have no neighbours to find)
     centres = rng.normal(size=(max(1, n // 100), dim))
     data = (centres[rng.integers(0, len(centres), n)] + 0.5 * rng.normal(size=(n, dim))).astype(np.float32)
-    queries = (centres[rng.integers(0, len(centres), args.queries)]
-               + 0.5 * rng.normal(size=(args.queries, dim))).astype(np.float32)
+    queries = (
+        centres[rng.integers(0, len(centres), args.queries)] + 0.5 * rng.normal(size=(args.queries, dim))
+    ).astype(np.float32)
     unit = data / np.linalg.norm(data, axis=1, keepdims=True)
 
     def exact(q: np.ndarray, count: int) -> list[str]:
@@ -117,8 +122,11 @@ def vector_search(args) -> None:
             continue
         truth = [set(exact(q, count)) for q in queries]
         with tempfile.TemporaryDirectory() as folder:
-            store = VectorStore.open(folder) if engine.startswith("Qdrant Edge") \
+            store = (
+                VectorStore.open(folder)
+                if engine.startswith("Qdrant Edge")
                 else VectorStore(_ServerEngine(path=folder), folder)
+            )
             store.ensure_collection("bench", {"v": dim})
             started = time.perf_counter()
             store.upsert("bench", [str(i) for i in range(count)], {"v": data[:count]}, [{}] * count)
@@ -136,15 +144,20 @@ def vector_search(args) -> None:
                 latencies.append(time.perf_counter() - started)
                 recalls.append(len(expected & {h.id for h in hits}) / 10)
             store.close()
-        print(f"{engine:<34} {count:>8} {load:>8.1f} {index:>8.1f} {statistics.median(latencies) * 1000:>8.2f} "
-              f"{percentile(latencies, 0.99) * 1000:>8.2f} {np.mean(recalls):>10.3f}", flush=True)
+        print(
+            f"{engine:<34} {count:>8} {load:>8.1f} {index:>8.1f} {statistics.median(latencies) * 1000:>8.2f} "
+            f"{percentile(latencies, 0.99) * 1000:>8.2f} {np.mean(recalls):>10.3f}",
+            flush=True,
+        )
     latencies = []
     for q in queries:
         started = time.perf_counter()
         exact(q, n)
         latencies.append(time.perf_counter() - started)
-    print(f"{'exact brute force (numpy)':<34} {n:>8} {'':>8} {'':>8} {statistics.median(latencies) * 1000:>8.2f} "
-          f"{percentile(latencies, 0.99) * 1000:>8.2f} {1.0:>10.3f}")
+    print(
+        f"{'exact brute force (numpy)':<34} {n:>8} {'':>8} {'':>8} {statistics.median(latencies) * 1000:>8.2f} "
+        f"{percentile(latencies, 0.99) * 1000:>8.2f} {1.0:>10.3f}"
+    )
 
 
 def main() -> None:
@@ -153,14 +166,19 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=1000, help="thumbnails for the compact model")
     parser.add_argument("--vit-images", type=int, default=48, help="thumbnails for ViT-B-32 (0 skips it)")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--actors", type=int, default=0,
-                        help="encoder actors (0: encode in the CPU tasks; cuda: 0 means one per GPU)")
+    parser.add_argument(
+        "--actors", type=int, default=0, help="encoder actors (0: encode in the CPU tasks; cuda: 0 means one per GPU)"
+    )
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--ray-cpus", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--vectors", type=int, default=100_000)
-    parser.add_argument("--local-mode-vectors", type=int, default=20_000,
-                        help="qdrant-client local mode is slow to load: fewer points (0 skips it)")
+    parser.add_argument(
+        "--local-mode-vectors",
+        type=int,
+        default=20_000,
+        help="qdrant-client local mode is slow to load: fewer points (0 skips it)",
+    )
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--queries", type=int, default=200)
     args = parser.parse_args()
@@ -176,19 +194,28 @@ def main() -> None:
         print(f"simulating {args.images} catalogue items ...", flush=True)
         items = catalogue(root, args.images)
         # the weights travel through the object store: room for ViT-B-32 (about 600 MB)
-        ray = RayResource(num_cpus=args.ray_cpus, num_gpus=None if args.device == "cuda" else 0, object_store_mb=1024,
-                          temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+        ray = RayResource(
+            num_cpus=args.ray_cpus,
+            num_gpus=None if args.device == "cuda" else 0,
+            object_store_mb=1024,
+            temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+        )
         with ray.session():
             encoders = f"{args.actors} encoder actor(s)" if args.actors else "encoding in the CPU tasks"
-            print(f"\nimages/s (image + title encoded), device {args.device}, batch {args.batch_size}, "
-                  f"{args.ray_cpus} Ray CPUs, {encoders}, {args.torch_threads} torch thread(s) each; "
-                  f"median and P99 of {args.repeat} warm runs, and the first (cold) run")
-            print(f"{'model':<22} {'images':>6} {'Ray med':>10} {'P99':>8} {'cold':>8} {'plain med':>10} "
-                  f"{'P99':>8} {'cold':>8} {'ratio':>7}")
+            print(
+                f"\nimages/s (image + title encoded), device {args.device}, batch {args.batch_size}, "
+                f"{args.ray_cpus} Ray CPUs, {encoders}, {args.torch_threads} torch thread(s) each; "
+                f"median and P99 of {args.repeat} warm runs, and the first (cold) run"
+            )
+            print(
+                f"{'model':<22} {'images':>6} {'Ray med':>10} {'P99':>8} {'cold':>8} {'plain med':>10} "
+                f"{'P99':>8} {'cold':>8} {'ratio':>7}"
+            )
             throughput("compact (random init)", ClipSpec(), items, root / "landing", args)
             if args.vit_images:
-                throughput("ViT-B-32 (random init)", ClipSpec("ViT-B-32"), items.head(args.vit_images),
-                           root / "landing", args)
+                throughput(
+                    "ViT-B-32 (random init)", ClipSpec("ViT-B-32"), items.head(args.vit_images), root / "landing", args
+                )
     vector_search(args)
 
 

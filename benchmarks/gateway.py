@@ -41,13 +41,20 @@ ROOT = Path(__file__).resolve().parents[1]
 LITELLM_VENV = ROOT / ".venv-litellm"
 LITELLM_MASTER_KEY = "sk-" + "5f" * 32  # LiteLLM refuses to start without one; checked per request
 COMPLETION = {
-    "id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "stub",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "A red low-poly chair."},
-                 "finish_reason": "stop"}],
+    "id": "chatcmpl-stub",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "stub",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "A red low-poly chair."}, "finish_reason": "stop"}
+    ],
     "usage": {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18},
 }
-REQUEST = {"model": "bench", "messages": [{"role": "user", "content": "Describe item 42 in five words."}],
-           "max_tokens": 16}
+REQUEST = {
+    "model": "bench",
+    "messages": [{"role": "user", "content": "Describe item 42 in five words."}],
+    "max_tokens": 16,
+}
 
 
 async def stub_app(scope, receive, send):
@@ -68,8 +75,13 @@ async def stub_app(scope, receive, send):
         body = json.dumps({"object": "list", "data": [{"id": "stub", "object": "model"}]}).encode()
     else:
         body = STUB_BODY if path.endswith("/chat/completions") else b'{"status":"ok"}'
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -117,6 +129,7 @@ async def drive(url: str, headers: dict, requests: int, concurrency: int) -> tup
     remaining = requests
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as client:
+
         async def worker():
             nonlocal remaining, failures
             while remaining > 0:
@@ -165,8 +178,14 @@ def percentile(values: list[float], q: float) -> float:
 
 def start(command: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
     out = open(log, "w") if log else subprocess.DEVNULL  # the child keeps it open
-    return subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=ROOT)
+    return subprocess.Popen(
+        command,
+        env={**os.environ, **(env or {})},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=ROOT,
+    )
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -183,8 +202,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300, help="Sequential requests per round (latency).")
     parser.add_argument("--throughput-requests", type=int, default=800)
-    parser.add_argument("--concurrency", type=int, default=8,
-                        help="In flight at once (httpx slows down past about 8 on two cores).")
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="In flight at once (httpx slows down past about 8 on two cores)."
+    )
     parser.add_argument("--workers", type=int, default=1, help="Gateway processes (limits shared in Redis).")
     parser.add_argument("--skip-litellm", action="store_true", help="Measure the mlplane gateway only.")
     args = parser.parse_args()
@@ -198,41 +218,106 @@ def main() -> None:
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     store_url = f"sqlite:///{work}/gateway.db"
     rate_limits = os.environ.get("MLPLANE_BENCH_REDIS", "redis://127.0.0.1:6379/0") if args.workers > 1 else "memory"
-    (work / "gateway.yaml").write_text(json.dumps({
-        "model_list": [{"model_name": "bench", "url": upstream_url, "model": "stub", "region": "local",
-                        "capacity": 1000}],
-        "settings": {"store": store_url, "rate_limits": rate_limits,
-                     "rate_limit_prefix": f"mlplane:bench:{os.getpid()}", "key_cache_s": 30.0},
-    }))
+    (work / "gateway.yaml").write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {"model_name": "bench", "url": upstream_url, "model": "stub", "region": "local", "capacity": 1000}
+                ],
+                "settings": {
+                    "store": store_url,
+                    "rate_limits": rate_limits,
+                    "rate_limit_prefix": f"mlplane:bench:{os.getpid()}",
+                    "key_cache_s": 30.0,
+                },
+            }
+        )
+    )
     secret, _ = GatewayStore(store_url).create_key("bench", "bench", ["bench"], tpm=10**9, rpm=10**9)
-    (work / "litellm.yaml").write_text(json.dumps({
-        "model_list": [{"model_name": "bench", "litellm_params": {
-            "model": "openai/stub", "api_base": f"{upstream_url}/v1", "api_key": "unused"}}],
-        "litellm_settings": {"drop_params": True, "set_verbose": False},
-        "general_settings": {"master_key": LITELLM_MASTER_KEY},
-    }))
+    (work / "litellm.yaml").write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {
+                        "model_name": "bench",
+                        "litellm_params": {
+                            "model": "openai/stub",
+                            "api_base": f"{upstream_url}/v1",
+                            "api_key": "unused",
+                        },
+                    }
+                ],
+                "litellm_settings": {"drop_params": True, "set_verbose": False},
+                "general_settings": {"master_key": LITELLM_MASTER_KEY},
+            }
+        )
+    )
     python = sys.executable
     processes = [
-        start([python, "-m", "uvicorn", "benchmarks.gateway:stub_app", "--port", str(upstream_port),
-               "--log-level", "warning", "--no-access-log"]),
-        start([python, "-m", "serving.gateway", "--config", str(work / "gateway.yaml"), "--port", str(gateway_port),
-               "--log-level", "warning", "--workers", str(args.workers)], log=work / "gateway.log"),
+        start(
+            [
+                python,
+                "-m",
+                "uvicorn",
+                "benchmarks.gateway:stub_app",
+                "--port",
+                str(upstream_port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ]
+        ),
+        start(
+            [
+                python,
+                "-m",
+                "serving.gateway",
+                "--config",
+                str(work / "gateway.yaml"),
+                "--port",
+                str(gateway_port),
+                "--log-level",
+                "warning",
+                "--workers",
+                str(args.workers),
+            ],
+            log=work / "gateway.log",
+        ),
     ]
     if litellm:
-        processes.append(start([str(litellm), "--config", str(work / "litellm.yaml"), "--port", str(litellm_port),
-                                "--num_workers", "1"], env={"LITELLM_LOG": "ERROR"}, log=work / "litellm.log"))
+        processes.append(
+            start(
+                [
+                    str(litellm),
+                    "--config",
+                    str(work / "litellm.yaml"),
+                    "--port",
+                    str(litellm_port),
+                    "--num_workers",
+                    "1",
+                ],
+                env={"LITELLM_LOG": "ERROR"},
+                log=work / "litellm.log",
+            )
+        )
     try:
         wait_ready(f"{upstream_url}/health", processes[0])
         wait_ready(f"http://127.0.0.1:{gateway_port}/health", processes[1])
         targets = {
             "upstream (direct)": (processes[0], upstream_url, {}),
-            "mlplane gateway": (processes[1], f"http://127.0.0.1:{gateway_port}",
-                                {"Authorization": f"Bearer {secret}"}),
+            "mlplane gateway": (
+                processes[1],
+                f"http://127.0.0.1:{gateway_port}",
+                {"Authorization": f"Bearer {secret}"},
+            ),
         }
         if litellm:
             wait_ready(f"http://127.0.0.1:{litellm_port}/health/liveliness", processes[2])
-            targets["litellm proxy"] = (processes[2], f"http://127.0.0.1:{litellm_port}",
-                                        {"Authorization": f"Bearer {LITELLM_MASTER_KEY}"})
+            targets["litellm proxy"] = (
+                processes[2],
+                f"http://127.0.0.1:{litellm_port}",
+                {"Authorization": f"Bearer {LITELLM_MASTER_KEY}"},
+            )
         for _process, url, headers in targets.values():  # warm connections, caches and imports
             asyncio.run(drive(url, headers, 50, 4))
         results = {name: {"p50": [], "p99": [], "rps": [], "cpu1": [], "cpuN": []} for name in targets}
@@ -260,28 +345,39 @@ def main() -> None:
 
 def report(results: dict, args) -> None:
     direct = results["upstream (direct)"]
-    print(f"\nchat completions through each proxy to the same stub upstream; {args.rounds} rounds, "
-          f"{args.requests} sequential requests (latency) and {args.throughput_requests} requests at "
-          f"concurrency {args.concurrency} (throughput) per round; medians over rounds")
-    print(f"{'':<20}{'P50 ms':>9}{'P99 ms':>9}{'added P50':>11}{'added P99':>11}{'max req/s':>11}"
-          f"{'CPU ms/req @1':>15}{f'CPU ms/req @{args.concurrency}':>16}")
+    print(
+        f"\nchat completions through each proxy to the same stub upstream; {args.rounds} rounds, "
+        f"{args.requests} sequential requests (latency) and {args.throughput_requests} requests at "
+        f"concurrency {args.concurrency} (throughput) per round; medians over rounds"
+    )
+    print(
+        f"{'':<20}{'P50 ms':>9}{'P99 ms':>9}{'added P50':>11}{'added P99':>11}{'max req/s':>11}"
+        f"{'CPU ms/req @1':>15}{f'CPU ms/req @{args.concurrency}':>16}"
+    )
     rows = {}
     for name, values in results.items():
         added50 = [a - b for a, b in zip(values["p50"], direct["p50"])]
         added99 = [a - b for a, b in zip(values["p99"], direct["p99"])]
-        rows[name] = (statistics.median(values["p50"]) * 1e3, statistics.median(values["p99"]) * 1e3,
-                      statistics.median(added50) * 1e3, statistics.median(added99) * 1e3,
-                      statistics.median(values["rps"]), statistics.median(values["cpu1"]) * 1e3,
-                      statistics.median(values["cpuN"]) * 1e3)
+        rows[name] = (
+            statistics.median(values["p50"]) * 1e3,
+            statistics.median(values["p99"]) * 1e3,
+            statistics.median(added50) * 1e3,
+            statistics.median(added99) * 1e3,
+            statistics.median(values["rps"]),
+            statistics.median(values["cpu1"]) * 1e3,
+            statistics.median(values["cpuN"]) * 1e3,
+        )
         p50, p99, a50, a99, rps, cpu1, cpu_n = rows[name]
         print(f"{name:<20}{p50:>9.2f}{p99:>9.2f}{a50:>11.2f}{a99:>11.2f}{rps:>11.0f}{cpu1:>15.2f}{cpu_n:>16.2f}")
     if "litellm proxy" not in rows:
         print("\nLiteLLM not measured (--skip-litellm): no ratio")
         return
     ours, theirs = rows["mlplane gateway"], rows["litellm proxy"]
-    print(f"\nratio litellm / mlplane: added P50 {theirs[2] / ours[2]:.2f}x, added P99 {theirs[3] / ours[3]:.2f}x, "
-          f"max req/s mlplane / litellm {ours[4] / theirs[4]:.2f}x, CPU per request {theirs[5] / ours[5]:.2f}x "
-          f"(1 conn), {theirs[6] / ours[6]:.2f}x ({args.concurrency} conns)")
+    print(
+        f"\nratio litellm / mlplane: added P50 {theirs[2] / ours[2]:.2f}x, added P99 {theirs[3] / ours[3]:.2f}x, "
+        f"max req/s mlplane / litellm {ours[4] / theirs[4]:.2f}x, CPU per request {theirs[5] / ours[5]:.2f}x "
+        f"(1 conn), {theirs[6] / ours[6]:.2f}x ({args.concurrency} conns)"
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def catalogue(folder: Path, n: int) -> pl.DataFrame:
     for item in rows.itertuples():
         sim.write_mesh(item)
     return pl.from_pandas(rows[["item_id", "updated_at", "mesh_path"]]).with_columns(
-        pl.col("updated_at").cast(pl.Datetime("us", "UTC")))
+        pl.col("updated_at").cast(pl.Datetime("us", "UTC"))
+    )
 
 
 def rates(run, items: pl.DataFrame, repeat: int) -> list[float]:
@@ -67,8 +68,10 @@ def main() -> None:
         measure_items(items.head(args.block_rows * args.ray_cpus), landing, config)  # warm the workers
         plain = rates(lambda: measure_items_locally(items, landing), items, args.repeat)
         ray_rates = rates(lambda: measure_items(items, landing, config), items, args.repeat)
-    print(f"geometry of {items.height} meshes, {args.repeat} repeats, Ray with {args.ray_cpus} CPUs, "
-          f"{args.block_rows} items per task")
+    print(
+        f"geometry of {items.height} meshes, {args.repeat} repeats, Ray with {args.ray_cpus} CPUs, "
+        f"{args.block_rows} items per task"
+    )
     print(f"{'':24} {'median items/s':>15} {'P99 (slowest) items/s':>22}")
     for name, values in (("plain loop (1 process)", plain), ("Ray Data job", ray_rates)):
         print(f"{name:24} {statistics.median(values):15.1f} {percentile(values, 0.01):22.1f}")

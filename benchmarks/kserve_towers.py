@@ -41,11 +41,16 @@ class UserTower(kserve.Model):
         arrays = {i.name: i.as_numpy() for i in payload.inputs}
         columns = {spec.id_column: arrays[spec.id_column].tolist()}
         columns |= {c: arrays[c].astype(float).tolist() for c in spec.numeric}
-        columns |= {c: [v.decode() if isinstance(v, bytes) else str(v) for v in arrays[c].tolist()]
-                    for c in spec.categorical}
+        columns |= {
+            c: [v.decode() if isinstance(v, bytes) else str(v) for v in arrays[c].tolist()] for c in spec.categorical
+        }
         columns |= {c: [[i for i in row if i >= 0] for row in arrays[c].tolist()] for c in spec.histories}
-        types = {spec.id_column: pl.Int64, **{c: pl.Float64 for c in spec.numeric},
-                 **{c: pl.String for c in spec.categorical}, **{c: pl.List(pl.Int64) for c in spec.histories}}
+        types = {
+            spec.id_column: pl.Int64,
+            **{c: pl.Float64 for c in spec.numeric},
+            **{c: pl.String for c in spec.categorical},
+            **{c: pl.List(pl.Int64) for c in spec.histories},
+        }
         vectors = self.model.user_vectors(pl.DataFrame(columns, schema=types)).astype(np.float32)
         output = InferOutput(name="user_vector", shape=list(vectors.shape), datatype="FP32")
         output.set_data_from_numpy(vectors, binary_data=False)

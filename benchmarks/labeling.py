@@ -50,10 +50,18 @@ def prepare(url: str, annotators: int, items: int, k: int) -> dict[str, str]:
     engine = connect(url)
     for i in range(annotators):
         accounts.create_account(engine, f"bench{i}", PASSWORD, Role.annotator)
-    task = queue.create_task(engine, TaskSpec(name="bench", question="Copy?", labels=["violation", "ok"],
-                                              annotators_per_item=k, gold_share=0.1))
-    queue.add_items(engine, task, [ItemIn(key=str(i), queue="audit", title=f"item {i}",
-                                          gold_label="ok" if i % 50 == 0 else None) for i in range(items)])
+    task = queue.create_task(
+        engine,
+        TaskSpec(name="bench", question="Copy?", labels=["violation", "ok"], annotators_per_item=k, gold_share=0.1),
+    )
+    queue.add_items(
+        engine,
+        task,
+        [
+            ItemIn(key=str(i), queue="audit", title=f"item {i}", gold_label="ok" if i % 50 == 0 else None)
+            for i in range(items)
+        ],
+    )
     engine.dispose()
     return {str(i): "violation" if i % 7 == 0 else "ok" for i in range(items)}
 
@@ -64,8 +72,10 @@ def app_process(url: str) -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    code = ("import uvicorn; from ground_truth.app import create_app; "
-            f"uvicorn.run(create_app({url!r}), host='127.0.0.1', port={port}, log_level='warning', access_log=False)")
+    code = (
+        "import uvicorn; from ground_truth.app import create_app; "
+        f"uvicorn.run(create_app({url!r}), host='127.0.0.1', port={port}, log_level='warning', access_log=False)"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -97,20 +107,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="labeling-bench-") as work:
         url = args.database or f"sqlite:///{Path(work) / 'labels.db'}"
         truth = prepare(url, args.annotators, args.items, args.k)
-        people = [SimulatedAnnotator(f"bench{i}", PASSWORD, 0.9, seed=i, think_seconds=args.think_ms / 1000)
-                  for i in range(args.annotators)]
-        with (serve_app(url) if args.in_process else app_process(url)) as base_url:
+        people = [
+            SimulatedAnnotator(f"bench{i}", PASSWORD, 0.9, seed=i, think_seconds=args.think_ms / 1000)
+            for i in range(args.annotators)
+        ]
+        with serve_app(url) if args.in_process else app_process(url) as base_url:
             started = time.perf_counter()
             answers = sum(run_concurrently([lambda p=p: p.label_all(base_url, "bench", truth) for p in people]))
             seconds = time.perf_counter() - started
     trips = [t * 1000 for p in people for t in p.round_trips]
     backend = url.split(":")[0]
     where = "in the clients' process" if args.in_process else "own process"
-    print(f"labeling app ({backend}, {where}), {args.annotators} concurrent annotators, think time "
-          f"{args.think_ms:g} ms, {args.items} items, k={args.k}: "
-          f"{answers} answers in {seconds:.1f} s ({answers / seconds:.0f} answers/s)")
-    print(f"answer-to-next-item round trip: median {statistics.median(trips):.1f} ms, "
-          f"P99 {percentile(trips, 0.99):.1f} ms, max {max(trips):.1f} ms")
+    print(
+        f"labeling app ({backend}, {where}), {args.annotators} concurrent annotators, think time "
+        f"{args.think_ms:g} ms, {args.items} items, k={args.k}: "
+        f"{answers} answers in {seconds:.1f} s ({answers / seconds:.0f} answers/s)"
+    )
+    print(
+        f"answer-to-next-item round trip: median {statistics.median(trips):.1f} ms, "
+        f"P99 {percentile(trips, 0.99):.1f} ms, max {max(trips):.1f} ms"
+    )
     print("Label Studio: not measured (no environment of its own on this machine; see README)")
 
 

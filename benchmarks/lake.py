@@ -26,8 +26,14 @@ def build_lake(data_dir: Path, days: int = 3, scale: float = 0.25, slide_seconds
     resources["flink"] = FlinkResource(feature_store=resources["feature_store"], slide_seconds=slide_seconds)
     last = FIRST_DAY + timedelta(days=days - 1)
     after = last + timedelta(days=1)
-    for selection, first, end in ((AssetSelection.groups("ingestion"), after, after),
-                                  (daily_assets | training_data_assets, FIRST_DAY, last)):
-        materialize(all_assets, selection=selection, resources=resources, instance=DagsterInstance.ephemeral(),
-                    tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
-                          ASSET_PARTITION_RANGE_END_TAG: end.isoformat()})
+    for selection, first, end in (
+        (AssetSelection.groups("ingestion"), after, after),
+        (daily_assets | training_data_assets, FIRST_DAY, last),
+    ):
+        materialize(
+            all_assets,
+            selection=selection,
+            resources=resources,
+            instance=DagsterInstance.ephemeral(),
+            tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: end.isoformat()},
+        )

@@ -71,8 +71,9 @@ def batch_lists(lake, day, model) -> dict[int, list[int]]:
 
     active = engine.active_users(lake, day)
     users = engine.entity_features(lake, day, model.spec.user.columns, "user_id", active).frame
-    items = engine.entity_features(lake, day, model.spec.item.columns, "item_id",
-                                   sorted(engine.existing_items(lake, day))).frame
+    items = engine.entity_features(
+        lake, day, model.spec.item.columns, "item_id", sorted(engine.existing_items(lake, day))
+    ).frame
     with VectorStore.open(str(Path(tempfile.mkdtemp(prefix="quality-vectors-")))) as store:
         radius = engine.index_items(store, model, items, "quality")
         recommendations = engine.recommend(users, store, model, "quality", radius, K, engine="local")
@@ -109,8 +110,13 @@ def main() -> None:
     last = days[-1]
 
     if not ray.is_initialized():  # the pipeline's Ray steps (geometry) may have started it in this process
-        ray.init(num_cpus=2, object_store_memory=400 * 1024 * 1024, include_dashboard=False,
-                 _temp_dir=str(Path(tempfile.gettempdir()) / "bench-ray"), log_to_driver=False)
+        ray.init(
+            num_cpus=2,
+            object_store_memory=400 * 1024 * 1024,
+            include_dashboard=False,
+            _temp_dir=str(Path(tempfile.gettempdir()) / "bench-ray"),
+            log_to_driver=False,
+        )
     model = train(train_rows, TrainConfig(), scratch / "ray").model
     scores = evaluate(model, train_rows, held_out, K)
     config = SimulatorConfig(seed=args.seed, start_date=FIRST_DAY).scaled(args.scale)
@@ -124,14 +130,17 @@ def main() -> None:
     today = lake.read_partition("warehouse", "interactions", last).filter(pl.col("event_type") == "click")
     popular = today.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])["item_id"][:K]
     from engines.batch_inference import existing_items
+
     catalogue = sorted(existing_items(lake, last))
     lists = {
         "model": model_lists,
         "popularity": {u: popular.to_list() for u in model_lists},
         "oracle": {u: sorted(catalogue, key=lambda i: -key.expected_clicks(u, i))[:K] for u in model_lists},
     }
-    print(f"\nheld-out day {last} ({held_out.height} impressions), trained on {days[0]}..{days[-2]} "
-          f"({train_rows.height} rows)")
+    print(
+        f"\nheld-out day {last} ({held_out.height} impressions), trained on {days[0]}..{days[-2]} "
+        f"({train_rows.height} rows)"
+    )
     print(f"{'scorer':<12}{'AUC':>8}{'recall@10':>11}{'NDCG@10':>9}")
     for name in ("model", "popularity", "oracle"):
         s = scores[name]

@@ -45,11 +45,17 @@ def build_lake(data_dir: Path) -> None:
     first = date(2026, 1, 1)
     print(f"building a lake in {data_dir}: 3 simulated days, then the daily pipeline ...", flush=True)
     simulate(data_dir, 3, start_date=first)
-    materialize(all_assets, selection=daily_assets, resources=resources_for("local", data_dir=str(data_dir)),
-                instance=DagsterInstance.ephemeral(),
-                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-                tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
-                      ASSET_PARTITION_RANGE_END_TAG: (first + timedelta(days=2)).isoformat()})
+    materialize(
+        all_assets,
+        selection=daily_assets,
+        resources=resources_for("local", data_dir=str(data_dir)),
+        instance=DagsterInstance.ephemeral(),
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        tags={
+            ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
+            ASSET_PARTITION_RANGE_END_TAG: (first + timedelta(days=2)).isoformat(),
+        },
+    )
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -97,16 +103,33 @@ def main() -> None:
 
     port = free_port()
     feast = Path(sys.executable).with_name("feast")
-    server = subprocess.Popen([str(feast), "-c", str(engine.settings.repo_dir), "serve", "-p", str(port),
-                               "--no-access-log", "-w", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "FEAST_USAGE": "False"})
+    server = subprocess.Popen(
+        [str(feast), "-c", str(engine.settings.repo_dir), "serve", "-p", str(port), "--no-access-log", "-w", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "FEAST_USAGE": "False"},
+    )
     model_server_port = free_port()
     config = data_dir / "features_server.yaml"
     config.write_text(f"lake_root: {data_dir}\nvector_store: {data_dir / 'bench_features_vectors'}\nmodels: []\n")
-    model_server = subprocess.Popen([sys.executable, "-m", "serving.models", "--config", str(config), "--port",
-                                     str(model_server_port), "--grpc-port", "0", "--log-level", "warning"],
-                                    stdout=subprocess.DEVNULL, stderr=(data_dir / "features_server.log").open("w"),
-                                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    model_server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving.models",
+            "--config",
+            str(config),
+            "--port",
+            str(model_server_port),
+            "--grpc-port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(data_dir / "features_server.log").open("w"),
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
         for _ in range(240):
@@ -125,8 +148,11 @@ def main() -> None:
             raise RuntimeError("feast serve did not start")
 
         def via_feast_serve(rows):
-            body = {"feature_service": SERVICE, "full_feature_names": True,
-                    "entities": {k: [r[k] for r in rows] for k in ("user_id", "item_id")}}
+            body = {
+                "feature_service": SERVICE,
+                "full_feature_names": True,
+                "entities": {k: [r[k] for r in rows] for k in ("user_id", "item_id")},
+            }
             response = client.post("/get-online-features", json=body)
             response.raise_for_status()
             return response.json()
@@ -150,17 +176,25 @@ def main() -> None:
         ours = client.base_url.copy_with(port=model_server_port)
 
         def via_model_server(rows):
-            body = {"feature_service": SERVICE, "full_feature_names": True,
-                    "entities": {k: [r[k] for r in rows] for k in ("user_id", "item_id")}}
+            body = {
+                "feature_service": SERVICE,
+                "full_feature_names": True,
+                "entities": {k: [r[k] for r in rows] for k in ("user_id", "item_id")},
+            }
             response = client.post(ours.join("/get-online-features"), json=body)
             response.raise_for_status()
             return response.json()
 
         mine = via_model_server(check)  # a view's features may come in another order: match by name
-        assert mine["results"][mine["metadata"]["feature_names"].index(clicks)] == \
-            served["results"][names.index(clicks)]
-        paths = [("mlplane OnlineReader (in-process)", via_mlplane), ("Feast SDK (in-process)", via_feast_sdk),
-                 ("feast serve (HTTP, 1 worker)", via_feast_serve), ("mlplane serve models (HTTP)", via_model_server)]
+        assert (
+            mine["results"][mine["metadata"]["feature_names"].index(clicks)] == served["results"][names.index(clicks)]
+        )
+        paths = [
+            ("mlplane OnlineReader (in-process)", via_mlplane),
+            ("Feast SDK (in-process)", via_feast_sdk),
+            ("feast serve (HTTP, 1 worker)", via_feast_serve),
+            ("mlplane serve models (HTTP)", via_model_server),
+        ]
         for n, batches in workloads.items():
             base = None
             for name, fn in paths:
@@ -168,11 +202,15 @@ def main() -> None:
                 base = base or (p50, p99)
                 print(f"{n:>8}  {name:<34} {p50:>8.2f} {p99:>8.2f} {p50 / base[0]:>9.2f}x {p99 / base[1]:>9.2f}x")
         body = {"feature_service": SERVICE, "full_feature_names": True, "entities": {"user_id": [3], "item_id": [5]}}
-        rates = {name: requests_per_second(f"{url}/get-online-features", body, 32, args.repeat)
-                 for name, url in [("feast serve", f"http://127.0.0.1:{port}"), ("mlplane serve models", str(ours))]}
-        print("\none entity at 32 connections: " + ", ".join(f"{k} {v[0]:.0f} req/s ({v[1]} errors)"
-                                                          for k, v in rates.items())
-              + f"; ratio {rates['mlplane serve models'][0] / rates['feast serve'][0]:.2f}x")
+        rates = {
+            name: requests_per_second(f"{url}/get-online-features", body, 32, args.repeat)
+            for name, url in [("feast serve", f"http://127.0.0.1:{port}"), ("mlplane serve models", str(ours))]
+        }
+        print(
+            "\none entity at 32 connections: "
+            + ", ".join(f"{k} {v[0]:.0f} req/s ({v[1]} errors)" for k, v in rates.items())
+            + f"; ratio {rates['mlplane serve models'][0] / rates['feast serve'][0]:.2f}x"
+        )
         print("measured on a shared machine under load from other work")
     finally:
         for process in (server, model_server):
@@ -187,6 +225,7 @@ def requests_per_second(url: str, body: dict, connections: int, requests: int) -
     async def run() -> tuple[float, int]:
         left, errors = list(range(requests)), []
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=connections)) as client:
+
             async def worker():
                 while left:
                     left.pop()
@@ -196,6 +235,7 @@ def requests_per_second(url: str, body: dict, connections: int, requests: int) -
                             errors.append(f"{response.status_code} {response.text[:200]}")
                     except httpx.TransportError as error:  # a dropped connection counts as an error answer
                         errors.append(repr(error))
+
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(connections)))
             if errors:

@@ -33,8 +33,10 @@ from benchmarks.online_features import build_lake, free_port  # noqa: E402
 
 
 def kserve_installed() -> bool:
-    return KSERVE_PYTHON.exists() and subprocess.run([str(KSERVE_PYTHON), "-c", "import kserve"],
-                                                     capture_output=True).returncode == 0
+    return (
+        KSERVE_PYTHON.exists()
+        and subprocess.run([str(KSERVE_PYTHON), "-c", "import kserve"], capture_output=True).returncode == 0
+    )
 
 
 def spec_frame(data_dir: Path):
@@ -74,15 +76,22 @@ def register_model(data_dir: Path) -> Path:
         frame = spec_frame(data_dir)
         torch.manual_seed(0)
         PersonalizationModel(TwoTower(build_spec(frame, TrainConfig()))).save(folder)
-        version = registry.register("personalization", folder, {"mlplane.feature_service": "personalization_ranking"},
-                                    {})
+        version = registry.register(
+            "personalization", folder, {"mlplane.feature_service": "personalization_ranking"}, {}
+        )
         registry.set_alias("personalization", "champion", version.version, who="benchmark", reason="benchmark")
     return folder
 
 
 def start(command: list[str], url: str, env: dict | None = None) -> subprocess.Popen:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                               env={**os.environ, **(env or {})}, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while time.time() < deadline:
         if process.poll() is not None:
@@ -128,9 +137,14 @@ def measure(name: str, url: str, body: dict, pid: int, requests: int, connection
     latencies, wall = asyncio.run(drive(url, body, requests, connections))
     cpu = cpu_seconds(pid) - before
     ordered = sorted(latencies)
-    return {"server": name, "connections": connections, "p50": statistics.median(ordered) * 1000,
-            "p99": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1000,
-            "rps": len(latencies) / wall, "cpu_ms": cpu / len(latencies) * 1000}
+    return {
+        "server": name,
+        "connections": connections,
+        "p50": statistics.median(ordered) * 1000,
+        "p99": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1000,
+        "rps": len(latencies) / wall,
+        "cpu_ms": cpu / len(latencies) * 1000,
+    }
 
 
 def infer_body(model_dir: Path) -> dict:
@@ -148,8 +162,10 @@ def print_rows(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'server':<28}{'conns':>6}{'P50 ms':>9}{'P99 ms':>9}{'req/s':>9}{'CPU ms/req':>12}")
     for r in rows:
-        print(f"{r['server']:<28}{r['connections']:>6}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['rps']:>9.0f}"
-              f"{r['cpu_ms']:>12.2f}")
+        print(
+            f"{r['server']:<28}{r['connections']:>6}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['rps']:>9.0f}"
+            f"{r['cpu_ms']:>12.2f}"
+        )
 
 
 def main() -> None:
@@ -162,38 +178,97 @@ def main() -> None:
     if not (data_dir / "feature_repo" / "online_store.db").exists():
         build_lake(data_dir)
     model_dir = register_model(data_dir)
-    config = {"registry_root": str(data_dir / "bench_registry"), "lake_root": str(data_dir), "device": args.device,
-              "feature_log_sample": 0.0, "vector_store": str(data_dir / "bench_vectors"),
-              "models": [{"name": "personalization", "registry_model": "personalization", "kind": "two_tower"}]}
+    config = {
+        "registry_root": str(data_dir / "bench_registry"),
+        "lake_root": str(data_dir),
+        "device": args.device,
+        "feature_log_sample": 0.0,
+        "vector_store": str(data_dir / "bench_vectors"),
+        "models": [{"name": "personalization", "registry_model": "personalization", "kind": "two_tower"}],
+    }
     config_path = data_dir / "bench_server.yaml"
     config_path.write_text(yaml.safe_dump(config))
     ours_port, kserve_port = free_port(), free_port()
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    ours = start([sys.executable, "-m", "serving.models", "--config", str(config_path), "--port", str(ours_port),
-                  "--grpc-port", "0", "--log-level", "warning"], f"http://127.0.0.1:{ours_port}/v2/health/ready", env)
+    ours = start(
+        [
+            sys.executable,
+            "-m",
+            "serving.models",
+            "--config",
+            str(config_path),
+            "--port",
+            str(ours_port),
+            "--grpc-port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        f"http://127.0.0.1:{ours_port}/v2/health/ready",
+        env,
+    )
     peers = []
     try:
         body = infer_body(model_dir)
         infer_rows, recommend_rows = [], []
         if kserve_installed():
-            peers.append(start([str(KSERVE_PYTHON), "benchmarks/kserve_towers.py", "--model_dir", str(model_dir),
-                                "--http_port", str(kserve_port), "--grpc_port", str(free_port())],
-                               f"http://127.0.0.1:{kserve_port}/v2/health/ready", env))
+            peers.append(
+                start(
+                    [
+                        str(KSERVE_PYTHON),
+                        "benchmarks/kserve_towers.py",
+                        "--model_dir",
+                        str(model_dir),
+                        "--http_port",
+                        str(kserve_port),
+                        "--grpc_port",
+                        str(free_port()),
+                    ],
+                    f"http://127.0.0.1:{kserve_port}/v2/health/ready",
+                    env,
+                )
+            )
         else:
             print(f"KServe peer skipped: no kserve in {KSERVE_PYTHON} (see README: Online model server)")
         for connections in (1, 32):
-            infer_rows.append(measure("mlplane serving/models", f"http://127.0.0.1:{ours_port}/v2/models/"
-                                      "personalization/infer", body, ours.pid, args.requests, connections))
+            infer_rows.append(
+                measure(
+                    "mlplane serving/models",
+                    f"http://127.0.0.1:{ours_port}/v2/models/personalization/infer",
+                    body,
+                    ours.pid,
+                    args.requests,
+                    connections,
+                )
+            )
             if peers:
-                infer_rows.append(measure("KServe ModelServer", f"http://127.0.0.1:{kserve_port}/v2/models/"
-                                          "personalization/infer", body, peers[0].pid, args.requests, connections))
-            recommend_rows.append(measure("mlplane recommend", f"http://127.0.0.1:{ours_port}/recommend",
-                                          {"user_id": 7, "k": 10}, ours.pid, args.requests, connections))
+                infer_rows.append(
+                    measure(
+                        "KServe ModelServer",
+                        f"http://127.0.0.1:{kserve_port}/v2/models/personalization/infer",
+                        body,
+                        peers[0].pid,
+                        args.requests,
+                        connections,
+                    )
+                )
+            recommend_rows.append(
+                measure(
+                    "mlplane recommend",
+                    f"http://127.0.0.1:{ours_port}/recommend",
+                    {"user_id": 7, "k": 10},
+                    ours.pid,
+                    args.requests,
+                    connections,
+                )
+            )
         print_rows(f"OIP v2 JSON infer, personalization user tower, {args.requests} requests", infer_rows)
         if peers:
             for ours_row, peer_row in zip(infer_rows[0::2], infer_rows[1::2]):
-                print(f"  {ours_row['connections']:>2} conns: req/s ratio mlplane/KServe "
-                      f"{ours_row['rps'] / peer_row['rps']:.2f}x, P99 ratio {ours_row['p99'] / peer_row['p99']:.2f}x")
+                print(
+                    f"  {ours_row['connections']:>2} conns: req/s ratio mlplane/KServe "
+                    f"{ours_row['rps'] / peer_row['rps']:.2f}x, P99 ratio {ours_row['p99'] / peer_row['p99']:.2f}x"
+                )
         print_rows("recommend end to end (online features, user tower, vector DB, rerank; top 10)", recommend_rows)
         print("\nmeasured on a shared machine under load from other work; client and servers share its cores")
     finally:

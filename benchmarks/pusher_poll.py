@@ -64,8 +64,10 @@ def main() -> None:
             seconds = idle_polls(files, args.repeats, Path(scratch))
         median = statistics.median(seconds)
         first = first or median
-        print(f"{files:>15,}{median * 1000:>16.1f}{percentile(seconds, 0.99) * 1000:>13.1f}{median / first:>16.1f}",
-              flush=True)
+        print(
+            f"{files:>15,}{median * 1000:>16.1f}{percentile(seconds, 0.99) * 1000:>13.1f}{median / first:>16.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,14 @@ sys.path.insert(0, str(ROOT))
 
 from serving.gateway.vllm_process import VllmProcess, speculative_config  # noqa: E402
 
-PROMPTS = ["Hi, is the red wooden chair still available?", "low poly castle with four towers and a gate.",
-           "Can you ship the sword to Berlin?", "A cute robot toy, painted metal, small.",
-           "What is the price of the lamp?", "Thanks! I will buy the table tomorrow."]
+PROMPTS = [
+    "Hi, is the red wooden chair still available?",
+    "low poly castle with four towers and a gate.",
+    "Can you ship the sword to Berlin?",
+    "A cute robot toy, painted metal, small.",
+    "What is the price of the lamp?",
+    "Thanks! I will buy the table tomorrow.",
+]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -44,8 +49,15 @@ async def one_request(client, url: str, prompt: str, max_tokens: int) -> tuple[i
     import json
 
     started, first, tokens = time.perf_counter(), None, 0
-    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -66,6 +78,7 @@ async def phase(url: str, requests: int, concurrency: int, max_tokens: int) -> d
     queue = list(range(requests))
     results = []
     async with httpx.AsyncClient(timeout=600) as client:
+
         async def worker():
             while queue:
                 i = queue.pop()
@@ -80,9 +93,11 @@ async def phase(url: str, requests: int, concurrency: int, max_tokens: int) -> d
 
 def acceptance(server: VllmProcess) -> tuple[float, float]:
     metrics = server.metrics()
-    return (metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
-            metrics.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
-            metrics.get("vllm:spec_decode_num_drafts_total", 0.0))
+    return (
+        metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+        metrics.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
+        metrics.get("vllm:spec_decode_num_drafts_total", 0.0),
+    )
 
 
 def main() -> None:
@@ -101,10 +116,15 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="bench-speculative-"))
     backends = {
         "plain": VllmProcess(model, "bench", logs / "plain.log"),
-        "draft model": VllmProcess(model, "bench", logs / "draft.log", ["--speculative-config", speculative_config(
-            "draft_model", args.spec_tokens, draft)]),
-        "n-gram": VllmProcess(model, "bench", logs / "ngram.log", ["--speculative-config", speculative_config(
-            "ngram", args.spec_tokens)]),
+        "draft model": VllmProcess(
+            model,
+            "bench",
+            logs / "draft.log",
+            ["--speculative-config", speculative_config("draft_model", args.spec_tokens, draft)],
+        ),
+        "n-gram": VllmProcess(
+            model, "bench", logs / "ngram.log", ["--speculative-config", speculative_config("ngram", args.spec_tokens)]
+        ),
     }
     try:
         for server in backends.values():
@@ -137,17 +157,23 @@ def report(backends: dict[str, VllmProcess], args) -> None:
                 "acceptance": accepted / proposed if proposed else None,
                 "per_draft": accepted / drafts if drafts else None,
             }
-    print(f"\nspeculative decoding, vLLM CPU build, {args.requests} requests x {args.max_tokens} tokens, "
-          f"{args.spec_tokens} speculative tokens, median of {args.repeats} repeats")
-    print(f"{'backend':<12} {'conc':>4} {'tok/s':>8} {'TPOT P50 ms':>12} {'TPOT P99 ms':>12} {'accept':>7} "
-          f"{'acc/draft':>9} {'tok/s ratio':>11} {'TPOT ratio':>10}")
+    print(
+        f"\nspeculative decoding, vLLM CPU build, {args.requests} requests x {args.max_tokens} tokens, "
+        f"{args.spec_tokens} speculative tokens, median of {args.repeats} repeats"
+    )
+    print(
+        f"{'backend':<12} {'conc':>4} {'tok/s':>8} {'TPOT P50 ms':>12} {'TPOT P99 ms':>12} {'accept':>7} "
+        f"{'acc/draft':>9} {'tok/s ratio':>11} {'TPOT ratio':>10}"
+    )
     for (name, concurrency), row in rows.items():
         base = rows[("plain", concurrency)]
         acceptance_text = f"{row['acceptance']:.2f}" if row["acceptance"] is not None else "-"
         per_draft = f"{row['per_draft']:.2f}" if row["per_draft"] is not None else "-"
-        print(f"{name:<12} {concurrency:>4} {row['tokens_per_s']:>8.1f} {row['tpot_p50'] * 1000:>12.2f} "
-              f"{row['tpot_p99'] * 1000:>12.2f} {acceptance_text:>7} {per_draft:>9} "
-              f"{row['tokens_per_s'] / base['tokens_per_s']:>11.2f} {row['tpot_p50'] / base['tpot_p50']:>10.2f}")
+        print(
+            f"{name:<12} {concurrency:>4} {row['tokens_per_s']:>8.1f} {row['tpot_p50'] * 1000:>12.2f} "
+            f"{row['tpot_p99'] * 1000:>12.2f} {acceptance_text:>7} {per_draft:>9} "
+            f"{row['tokens_per_s'] / base['tokens_per_s']:>11.2f} {row['tpot_p50'] / base['tpot_p50']:>10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,17 @@ from feature_defs import catalogue  # noqa: E402
 from feature_defs.compile.polars import build_rows_at  # noqa: E402
 
 VIEW = "user_activity_realtime"
-SCHEMA = {"event_id": pl.String, "event_timestamp": pl.String, "user_id": pl.Int64, "item_id": pl.Int64,
-          "event_type": pl.String, "session_id": pl.String, "device": pl.String, "play_seconds": pl.Float64,
-          "amount": pl.Float64}
+SCHEMA = {
+    "event_id": pl.String,
+    "event_timestamp": pl.String,
+    "user_id": pl.Int64,
+    "item_id": pl.Int64,
+    "event_type": pl.String,
+    "session_id": pl.String,
+    "device": pl.String,
+    "play_seconds": pl.Float64,
+    "amount": pl.Float64,
+}
 DAY = date(2026, 1, 5)
 
 
@@ -85,11 +93,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def flink_run(root: Path, stream: EventStream, store, rates: list[int], seconds: float, repeats: int,
-              slide: int) -> dict[int, dict]:
-    job = FlinkJob(StreamingJobSettings("interactions", root / "job",
-                                        SourceOptions(path=str(stream.directory), monitor_seconds=0.2),
-                                        slide_seconds=slide, watermark_delay_seconds=1, checkpoint_interval_ms=1000))
+def flink_run(
+    root: Path, stream: EventStream, store, rates: list[int], seconds: float, repeats: int, slide: int
+) -> dict[int, dict]:
+    job = FlinkJob(
+        StreamingJobSettings(
+            "interactions",
+            root / "job",
+            SourceOptions(path=str(stream.directory), monitor_seconds=0.2),
+            slide_seconds=slide,
+            watermark_delay_seconds=1,
+            checkpoint_interval_ms=1000,
+        )
+    )
     recorder = Recorder()
     pusher = OnlinePusher(store, job.spec(), on_push=recorder.on_push)
     stop = threading.Event()
@@ -114,14 +130,25 @@ def flink_run(root: Path, stream: EventStream, store, rates: list[int], seconds:
                 caught_up = _wait(lambda total=written: job.metrics()["records"] >= total, 10 + 2 * slide)
                 time.sleep(slide + 3)  # the last windows close, commit and get pushed
                 lat = recorder.latencies(began)
-                runs.append({"p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99), "caught_up": caught_up,
-                             "events": len(lat)})
-            results[rate] = {"p50": statistics.median(r["p50"] for r in runs),
-                             "p99": statistics.median(r["p99"] for r in runs),
-                             "caught_up": all(r["caught_up"] for r in runs),
-                             "events": sum(r["events"] for r in runs)}
-            print(f"flink  rate {rate:>5}/s: P50 {results[rate]['p50']:.2f}s  P99 {results[rate]['p99']:.2f}s  "
-                  f"kept up: {results[rate]['caught_up']}", flush=True)
+                runs.append(
+                    {
+                        "p50": percentile(lat, 0.5),
+                        "p99": percentile(lat, 0.99),
+                        "caught_up": caught_up,
+                        "events": len(lat),
+                    }
+                )
+            results[rate] = {
+                "p50": statistics.median(r["p50"] for r in runs),
+                "p99": statistics.median(r["p99"] for r in runs),
+                "caught_up": all(r["caught_up"] for r in runs),
+                "events": sum(r["events"] for r in runs),
+            }
+            print(
+                f"flink  rate {rate:>5}/s: P50 {results[rate]['p50']:.2f}s  P99 {results[rate]['p99']:.2f}s  "
+                f"kept up: {results[rate]['caught_up']}",
+                flush=True,
+            )
     finally:
         stop.set()
         if pushing.is_alive():  # the pusher's SQLite connection must not close under a running poll
@@ -191,23 +218,41 @@ def main() -> None:
         engine = FeatureStoreEngine(FeatureStoreSettings(repo_dir=root / "repo", offline_root=root / "offline"))
         engine.apply()
         simulator = Simulator(SimulatorConfig(seed=3), root / "sim")
-        results = flink_run(root / "flink", EventStream(simulator, root / "flink" / "events"), engine.store,
-                            args.rates, args.seconds, args.repeats, args.slide)
-        naive = {rate: naive_run(root / f"naive-{rate}", EventStream(simulator, root / f"naive-{rate}" / "events"),
-                                 engine.store, rate, args.seconds)
-                 for rate in dict.fromkeys([args.rates[0], args.rates[-1]])}
+        results = flink_run(
+            root / "flink",
+            EventStream(simulator, root / "flink" / "events"),
+            engine.store,
+            args.rates,
+            args.seconds,
+            args.repeats,
+            args.slide,
+        )
+        naive = {
+            rate: naive_run(
+                root / f"naive-{rate}",
+                EventStream(simulator, root / f"naive-{rate}" / "events"),
+                engine.store,
+                rate,
+                args.seconds,
+            )
+            for rate in dict.fromkeys([args.rates[0], args.rates[-1]])
+        }
     first = results[args.rates[0]]
     sustained = [r for r, v in results.items() if v["caught_up"] and v["p99"] <= 3 * first["p99"]]
     print()
-    print(f"event -> online store latency, user_activity_realtime, 1h windows sliding every {args.slide}s "
-          f"(medians of {args.repeats} runs of {args.seconds:.0f}s):")
+    print(
+        f"event -> online store latency, user_activity_realtime, 1h windows sliding every {args.slide}s "
+        f"(medians of {args.repeats} runs of {args.seconds:.0f}s):"
+    )
     print(f"{'rate/s':>8} {'P50 s':>8} {'P99 s':>8} {'kept up':>8}")
     for rate, v in results.items():
         print(f"{rate:>8} {v['p50']:>8.2f} {v['p99']:>8.2f} {str(v['caught_up']):>8}")
     for rate, v in naive.items():
-        print(f"naive polars recompute-and-push after every file at {rate}/s: P50 {v['p50']:.2f}s  "
-              f"P99 {v['p99']:.2f}s  (Flink/naive P50 ratio {results[rate]['p50'] / v['p50']:.2f}, "
-              f"P99 ratio {results[rate]['p99'] / v['p99']:.2f})")
+        print(
+            f"naive polars recompute-and-push after every file at {rate}/s: P50 {v['p50']:.2f}s  "
+            f"P99 {v['p99']:.2f}s  (Flink/naive P50 ratio {results[rate]['p50'] / v['p50']:.2f}, "
+            f"P99 ratio {results[rate]['p99'] / v['p99']:.2f})"
+        )
     print(f"highest sustained rate tried: {max(sustained) if sustained else 'none'} events/s")
 
 

@@ -50,18 +50,26 @@ def existing_items(lake: Lake, day: date) -> set[int]:
     days = [d for d in lake.partition_days("warehouse", "items") if d <= day]
     if not days:
         raise FileNotFoundError(f"no warehouse/items partition on or before {day}")
-    return set(lake.scan_partitions("warehouse", "items", days).select("item_id").unique().collect()
-               .get_column("item_id").to_list())
+    return set(
+        lake.scan_partitions("warehouse", "items", days)
+        .select("item_id")
+        .unique()
+        .collect()
+        .get_column("item_id")
+        .to_list()
+    )
 
 
-def entity_features(lake: Lake, day: date, columns: list[str], key: str, entities: list[int],
-                    timing: Timing = LIVE_TIMING) -> AsOfResult:
+def entity_features(
+    lake: Lake, day: date, columns: list[str], key: str, entities: list[int], timing: Timing = LIVE_TIMING
+) -> AsOfResult:
     """The features among `columns` (`<view>__<feature>`) of every entity as of the end of `day`: what
     the online store holds once the day's run has loaded it (engines.point_in_time). The frame has
     `key`, `event_timestamp` and the features, one row per entity; a dimension view is the catalogue
     as known then, never the day's change set alone."""
     frame = pl.DataFrame({key: entities}, schema={key: pl.Int64}).with_columns(
-        pl.lit(day_end(day)).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP))
+        pl.lit(day_end(day)).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP)
+    )
     return features_as_of(lake.root, [c for c in columns if "__" in c], frame, timing)
 
 
@@ -72,7 +80,7 @@ def index_items(store: VectorStore, model: PersonalizationModel, items: pl.DataF
     vectors = model.item_vectors(items)
     norms = np.linalg.norm(vectors, axis=1)
     radius = float(norms.max()) if len(norms) else 1.0
-    padded = np.hstack([vectors, np.sqrt(np.maximum(radius ** 2 - norms ** 2, 0.0))[:, None]])
+    padded = np.hstack([vectors, np.sqrt(np.maximum(radius**2 - norms**2, 0.0))[:, None]])
     store.ensure_collection(name, {VECTOR_NAME: padded.shape[1]})
     ids = [str(i) for i in items.get_column("item_id").to_list()]
     store.upsert(name, ids, {VECTOR_NAME: padded}, [{"item_id": int(i)} for i in ids])
@@ -81,8 +89,9 @@ def index_items(store: VectorStore, model: PersonalizationModel, items: pl.DataF
     return radius
 
 
-def retrieve(store: VectorStore, name: str, radius: float, user_ids: list[int], vectors: np.ndarray,
-             k: int) -> pl.DataFrame:
+def retrieve(
+    store: VectorStore, name: str, radius: float, user_ids: list[int], vectors: np.ndarray, k: int
+) -> pl.DataFrame:
     """Top-k items for each user vector (rows of `vectors`) from the vector database, one batch query."""
     vectors = np.asarray(vectors, dtype=np.float32).reshape(len(user_ids), -1)
     queries = np.hstack([vectors, np.zeros((len(user_ids), 1), np.float32)])
@@ -99,14 +108,16 @@ def retrieve(store: VectorStore, name: str, radius: float, user_ids: list[int], 
 
 
 # --- recommendations: Ray Data or one process -------------------------------------------------------
-def recommend_block(users: pl.DataFrame, model: PersonalizationModel, store: VectorStore, name: str,
-                    radius: float, k: int) -> pl.DataFrame:
+def recommend_block(
+    users: pl.DataFrame, model: PersonalizationModel, store: VectorStore, name: str, radius: float, k: int
+) -> pl.DataFrame:
     """User vectors of a block of feature rows, then their top-k from the vector database."""
     return retrieve(store, name, radius, users.get_column("user_id").to_list(), model.user_vectors(users), k)
 
 
-def _recommend_task(batch, model: Shipped, index: Shipped, name: str, radius: float, k: int,
-                    fail_once_marker: str | None):
+def _recommend_task(
+    batch, model: Shipped, index: Shipped, name: str, radius: float, k: int, fail_once_marker: str | None
+):
     """Ray Data task: this worker process's model and read-only copy of the vector index (fetched
     through the object store on its first block), then `recommend_block`. `fail_once_marker`
     injects one worker crash (tests): the first task to find no marker file writes it and dies
@@ -132,9 +143,17 @@ def _close_replica(store: VectorStore) -> None:
         shutil.rmtree(store.location, ignore_errors=True)
 
 
-def recommend_ray(users: pl.DataFrame, store: VectorStore, model: PersonalizationModel, name: str, radius: float,
-                  k: int, workers: int | None, batch_size: int, fail_once_marker: str | None = None
-                  ) -> Iterator[pl.DataFrame]:
+def recommend_ray(
+    users: pl.DataFrame,
+    store: VectorStore,
+    model: PersonalizationModel,
+    name: str,
+    radius: float,
+    k: int,
+    workers: int | None,
+    batch_size: int,
+    fail_once_marker: str | None = None,
+) -> Iterator[pl.DataFrame]:
     """Recommendations computed by Ray Data tasks, one per CPU (at most `workers` at once), each with
     the model and the vector index shipped through the object store: a Qdrant server's URL, or a
     copy of the embedded index's points (Ray must be started)."""
@@ -145,18 +164,36 @@ def recommend_ray(users: pl.DataFrame, store: VectorStore, model: Personalizatio
     blocks = [table.slice(start, rows) for start in range(0, max(len(table), 1), rows)]
     shipped_model, index = Shipped.put(model), Shipped.put(store.replica(name))
     out = ray.data.from_arrow(blocks).map_batches(
-        _recommend_task, batch_size=None, batch_format="pyarrow", num_cpus=1,
-        fn_kwargs={"model": shipped_model, "index": index, "name": name, "radius": radius, "k": k,
-                   "fail_once_marker": fail_once_marker},
+        _recommend_task,
+        batch_size=None,
+        batch_format="pyarrow",
+        num_cpus=1,
+        fn_kwargs={
+            "model": shipped_model,
+            "index": index,
+            "name": name,
+            "radius": radius,
+            "k": k,
+            "fail_once_marker": fail_once_marker,
+        },
         compute=ray.data.TaskPoolStrategy(size=workers),
         # a crashed worker's block is re-run; outputs of a failed attempt are dropped
-        max_retries=3, retry_exceptions=True)
+        max_retries=3,
+        retry_exceptions=True,
+    )
     for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
         yield pl.from_arrow(batch)
 
 
-def recommend_local(users: pl.DataFrame, store: VectorStore, model: PersonalizationModel, name: str, radius: float,
-                    k: int, batch_size: int) -> Iterator[pl.DataFrame]:
+def recommend_local(
+    users: pl.DataFrame,
+    store: VectorStore,
+    model: PersonalizationModel,
+    name: str,
+    radius: float,
+    k: int,
+    batch_size: int,
+) -> Iterator[pl.DataFrame]:
     """The same recommendations in this process, block by block (the baseline of the benchmark)."""
     for start in range(0, users.height, batch_size):
         yield recommend_block(users.slice(start, batch_size), model, store, name, radius, k)
@@ -171,9 +208,18 @@ class BatchResult:
     unknown_items: list[int]
 
 
-def recommend(users: pl.DataFrame, store: VectorStore, model: PersonalizationModel, version: str, radius: float,
-              k: int, engine: str = "ray", workers: int | None = None, batch_size: int = 4096,
-              fail_once_marker: str | None = None) -> pl.DataFrame:
+def recommend(
+    users: pl.DataFrame,
+    store: VectorStore,
+    model: PersonalizationModel,
+    version: str,
+    radius: float,
+    k: int,
+    engine: str = "ray",
+    workers: int | None = None,
+    batch_size: int = 4096,
+    fail_once_marker: str | None = None,
+) -> pl.DataFrame:
     """Top-k recommendations for every row of `users` (user feature rows)."""
     name = collection_name(version)
     if engine == "ray":
@@ -188,11 +234,12 @@ def recommend(users: pl.DataFrame, store: VectorStore, model: PersonalizationMod
 def online_rows(recommendations: pl.DataFrame, day: date) -> pl.DataFrame:
     """One row per user for the online store: item ids and scores best first, stamped like the day's
     feature rows (midnight after the day)."""
-    return (recommendations.sort("user_id", "rank")
-            .group_by("user_id", maintain_order=True)
-            .agg(pl.col("item_id").alias("item_ids"), pl.col("score").alias("scores"),
-                 pl.col("model_version").first())
-            .with_columns(pl.lit(day_end(day)).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP)))
+    return (
+        recommendations.sort("user_id", "rank")
+        .group_by("user_id", maintain_order=True)
+        .agg(pl.col("item_id").alias("item_ids"), pl.col("score").alias("scores"), pl.col("model_version").first())
+        .with_columns(pl.lit(day_end(day)).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP))
+    )
 
 
 def coverage(recommendations: pl.DataFrame, active: list[int], items: set[int]) -> BatchResult:

@@ -44,8 +44,11 @@ def release_truth(lake_root: Path) -> ReleaseTruth | None:
     release = newest_release(lake_root, TASK)
     if release is None:
         return None
-    labels = release.labels().filter(pl.col("key").str.contains(r"^\d+$")).select(
-        pl.col("key").cast(pl.Int64).alias("item_id"), (pl.col("label") == VIOLATION).alias("is_violation"))
+    labels = (
+        release.labels()
+        .filter(pl.col("key").str.contains(r"^\d+$"))
+        .select(pl.col("key").cast(pl.Int64).alias("item_id"), (pl.col("label") == VIOLATION).alias("is_violation"))
+    )
     return ReleaseTruth(release, labels)
 
 
@@ -53,13 +56,26 @@ def flag_items(embeddings: pl.DataFrame, references: pl.DataFrame, threshold: fl
     """One row per embedded item: nearest reference, similarity, flagged. `embeddings` and
     `references` carry item_id and image_embedding; references are not flagged against themselves.
     Without references every item gets a row, unflagged, with no similarity."""
-    schema = {"item_id": pl.Int64, "nearest_reference_id": pl.Int64, "similarity": pl.Float32,
-              "flagged": pl.Boolean, "model_version": pl.String}
+    schema = {
+        "item_id": pl.Int64,
+        "nearest_reference_id": pl.Int64,
+        "similarity": pl.Float32,
+        "flagged": pl.Boolean,
+        "model_version": pl.String,
+    }
     if embeddings.is_empty():
         return pl.DataFrame(schema=schema)
     if references.is_empty():
-        return pl.DataFrame({"item_id": embeddings["item_id"], "nearest_reference_id": None, "similarity": None,
-                             "flagged": False, "model_version": embeddings["model_version"]}, schema=schema)
+        return pl.DataFrame(
+            {
+                "item_id": embeddings["item_id"],
+                "nearest_reference_id": None,
+                "similarity": None,
+                "flagged": False,
+                "model_version": embeddings["model_version"],
+            },
+            schema=schema,
+        )
     items = np.stack(embeddings["image_embedding"].to_numpy()).astype(np.float32)
     refs = np.stack(references["image_embedding"].to_numpy()).astype(np.float32)
     ref_ids = references["item_id"].to_numpy()
@@ -67,13 +83,16 @@ def flag_items(embeddings: pl.DataFrame, references: pl.DataFrame, threshold: fl
     similarity[embeddings["item_id"].to_numpy()[:, None] == ref_ids[None, :]] = -1.0
     nearest = similarity.argmax(axis=1)
     best = similarity[np.arange(len(items)), nearest]
-    return pl.DataFrame({
-        "item_id": embeddings["item_id"],
-        "nearest_reference_id": ref_ids[nearest],
-        "similarity": best,
-        "flagged": best >= threshold,
-        "model_version": embeddings["model_version"],
-    }, schema=schema)
+    return pl.DataFrame(
+        {
+            "item_id": embeddings["item_id"],
+            "nearest_reference_id": ref_ids[nearest],
+            "similarity": best,
+            "flagged": best >= threshold,
+            "model_version": embeddings["model_version"],
+        },
+        schema=schema,
+    )
 
 
 def calibrate_threshold(scores: pl.DataFrame, truth: pl.DataFrame) -> float | None:
@@ -100,5 +119,11 @@ def precision_recall(flags: pl.DataFrame, truth: pl.DataFrame) -> dict:
     tp = joined.filter(pl.col("flagged") & pl.col("is_violation")).height
     flagged = joined.filter(pl.col("flagged")).height
     violations = joined.filter(pl.col("is_violation")).height
-    return {"labelled_items": joined.height, "flagged": flagged, "violations": violations, "true_positives": tp,
-            "precision": tp / flagged if flagged else None, "recall": tp / violations if violations else None}
+    return {
+        "labelled_items": joined.height,
+        "flagged": flagged,
+        "violations": violations,
+        "true_positives": tp,
+        "precision": tp / flagged if flagged else None,
+        "recall": tp / violations if violations else None,
+    }

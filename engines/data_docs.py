@@ -18,23 +18,17 @@ SITE_FOLDER = Path("static") / "mlplane_offline"  # inside the Data Docs site
 CDN_FILES = {
     "https://maxcdn.bootstrapcdn.com/bootstrap/4.3.1/css/bootstrap.min.css": "bootstrap.min.css",
     "https://stackpath.bootstrapcdn.com/bootstrap/4.3.1/js/bootstrap.min.js": "bootstrap.min.js",
-    "https://cdn.jsdelivr.net/npm/@forevolve/bootstrap-dark@1.1.0/dist/css/bootstrap-prefers-dark.css":
-        "bootstrap-prefers-dark.css",
-    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/css/bootstrap-datepicker.min.css":
-        "bootstrap-datepicker.min.css",
-    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/js/bootstrap-datepicker.min.js":
-        "bootstrap-datepicker.min.js",
+    "https://cdn.jsdelivr.net/npm/@forevolve/bootstrap-dark@1.1.0/dist/css/bootstrap-prefers-dark.css": "bootstrap-prefers-dark.css",  # noqa: E501
+    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/css/bootstrap-datepicker.min.css": "bootstrap-datepicker.min.css",  # noqa: E501
+    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/js/bootstrap-datepicker.min.js": "bootstrap-datepicker.min.js",  # noqa: E501
     "https://cdnjs.cloudflare.com/ajax/libs/font-awesome/6.6.0/css/all.min.css": "fontawesome/css/all.min.css",
     "https://cdnjs.cloudflare.com/ajax/libs/popper.js/1.12.9/umd/popper.min.js": "popper.min.js",
     "https://code.jquery.com/jquery-3.7.1.min.js": "jquery.min.js",
     "https://unpkg.com/bootstrap-table@1.19.1/dist/bootstrap-table.min.css": "bootstrap-table.min.css",
     "https://unpkg.com/bootstrap-table@1.19.1/dist/bootstrap-table.min.js": "bootstrap-table.min.js",
-    "https://unpkg.com/bootstrap-table@1.19.0/dist/extensions/filter-control/bootstrap-table-filter-control.css":
-        "bootstrap-table-filter-control.min.css",
-    "https://unpkg.com/bootstrap-table@1.19.0/dist/extensions/filter-control/bootstrap-table-filter-control.min.css":
-        "bootstrap-table-filter-control.min.css",
-    "https://unpkg.com/bootstrap-table@1.19.1/dist/extensions/filter-control/bootstrap-table-filter-control.min.js":
-        "bootstrap-table-filter-control.min.js",
+    "https://unpkg.com/bootstrap-table@1.19.0/dist/extensions/filter-control/bootstrap-table-filter-control.css": "bootstrap-table-filter-control.min.css",  # noqa: E501
+    "https://unpkg.com/bootstrap-table@1.19.0/dist/extensions/filter-control/bootstrap-table-filter-control.min.css": "bootstrap-table-filter-control.min.css",  # noqa: E501
+    "https://unpkg.com/bootstrap-table@1.19.1/dist/extensions/filter-control/bootstrap-table-filter-control.min.js": "bootstrap-table-filter-control.min.js",  # noqa: E501
     "https://cdn.jsdelivr.net/npm/vega@5": "vega.min.js",
     "https://cdn.jsdelivr.net/npm/vega-lite@5": "vega-lite.min.js",
     "https://cdn.jsdelivr.net/npm/vega-embed@6": "vega-embed.min.js",
@@ -43,8 +37,9 @@ CDN_FILES = {
 # tracking request); the site ships the same image in static/images.
 _GX_IMAGE = re.compile(r'"https://great-expectations-web-assets\.s3\.us-east-2\.amazonaws\.com/([\w.-]+)(?:\?[^"]*)?"')
 # A stylesheet, script or image still loaded from the network after the rewrite.
-_REMOTE = re.compile(r"""<(?:script[^>]*\ssrc|link[^>]*\shref|img[^>]*\ssrc)=["'](https?://[^"']+)["']""",
-                     re.IGNORECASE)
+_REMOTE = re.compile(
+    r"""<(?:script[^>]*\ssrc|link[^>]*\shref|img[^>]*\ssrc)=["'](https?://[^"']+)["']""", re.IGNORECASE
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +57,11 @@ def make_offline(site_dir: Path) -> list[str]:
         for url in sorted(CDN_FILES, key=len, reverse=True):
             rewritten = rewritten.replace(f'"{url}"', f'"{prefix}/{CDN_FILES[url]}"')
         # A crossorigin fetch of a file:// page is refused by browsers; the copies' hashes are in SOURCES.txt.
-        rewritten = re.sub(rf'(<script[^>]*src="{re.escape(prefix)}/[^"]+")\s+integrity="[^"]*"\s+crossorigin="[^"]*"',
-                           r"\1", rewritten)
+        rewritten = re.sub(
+            rf'(<script[^>]*src="{re.escape(prefix)}/[^"]+")\s+integrity="[^"]*"\s+crossorigin="[^"]*"',
+            r"\1",
+            rewritten,
+        )
         images = Path(os.path.relpath(site_dir / "static" / "images", page.parent)).as_posix()
         rewritten = _GX_IMAGE.sub(f'"{images}/\\1"', rewritten)
         if rewritten != html:

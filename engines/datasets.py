@@ -25,8 +25,9 @@ class Labelled:
     without_session: int  # impressions dropped: no session id, so no outcome can be attributed
 
 
-def labelled_impressions(interactions: pl.DataFrame, next_day: pl.DataFrame | None = None,
-                         horizon: timedelta = LABEL_HORIZON) -> Labelled:
+def labelled_impressions(
+    interactions: pl.DataFrame, next_day: pl.DataFrame | None = None, horizon: timedelta = LABEL_HORIZON
+) -> Labelled:
     """One row per impression of the day in `interactions`: did the user click or play the shown item
     within `horizon` after it, in the same session, before the item was shown to them again? (A
     later impression gets its own outcome.) Outcomes are looked up in the day and in `next_day` (the
@@ -48,14 +49,15 @@ def labelled_impressions(interactions: pl.DataFrame, next_day: pl.DataFrame | No
         .sort("event_timestamp", "event_id")
         .with_columns(pl.col("event_timestamp").shift(-1).over(shown).alias("shown_again_at"))
     )
-    outcomes = (
-        events.filter(pl.col("event_type").is_in(LABEL_EVENTS))
-        .select(*shown, "event_type", pl.col("event_timestamp").alias("outcome_at"))
+    outcomes = events.filter(pl.col("event_type").is_in(LABEL_EVENTS)).select(
+        *shown, "event_type", pl.col("event_timestamp").alias("outcome_at")
     )
     joined = impressions.join(outcomes, on=shown, how="left")
-    attributed = ((pl.col("outcome_at") >= pl.col("event_timestamp"))
-                  & (pl.col("outcome_at") < pl.col("event_timestamp") + horizon)
-                  & (pl.col("shown_again_at").is_null() | (pl.col("outcome_at") < pl.col("shown_again_at"))))
+    attributed = (
+        (pl.col("outcome_at") >= pl.col("event_timestamp"))
+        & (pl.col("outcome_at") < pl.col("event_timestamp") + horizon)
+        & (pl.col("shown_again_at").is_null() | (pl.col("outcome_at") < pl.col("shown_again_at")))
+    )
     rows = (
         joined.group_by("event_id", *shown, "event_timestamp")
         .agg(
@@ -72,8 +74,13 @@ def service_features(catalogue: Catalogue, service: str) -> list[str]:
     return [f"{view.name}__{f.name}" for view in catalogue.service(service).views for f in view.features]
 
 
-def training_rows(lake_root: Path, labelled: pl.DataFrame, service: str, timing: Timing = LIVE_TIMING,
-                  catalogue: Catalogue = default_catalogue) -> AsOfResult:
+def training_rows(
+    lake_root: Path,
+    labelled: pl.DataFrame,
+    service: str,
+    timing: Timing = LIVE_TIMING,
+    catalogue: Catalogue = default_catalogue,
+) -> AsOfResult:
     """The service's features as of each row's `event_timestamp` (engines.point_in_time)."""
     if labelled.is_empty():
         raise ValueError("no labelled rows to build a training set from")

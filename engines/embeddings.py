@@ -38,8 +38,11 @@ ITEMS_TABLE = "items"
 COLLECTION = "items"
 PAYLOAD_INDEXES = {"category": "keyword", "creator": "integer", "price": "float", "flags": "keyword"}
 OUTPUT_SCHEMA = {
-    "item_id": pl.Int64, "image_embedding": pl.List(pl.Float32), "text_embedding": pl.List(pl.Float32),
-    "model_version": pl.String, "skip_reason": pl.String,
+    "item_id": pl.Int64,
+    "image_embedding": pl.List(pl.Float32),
+    "text_embedding": pl.List(pl.Float32),
+    "model_version": pl.String,
+    "skip_reason": pl.String,
 }
 
 
@@ -48,6 +51,7 @@ class FailureDrill:
     """For failure drills and tests: the first batch holding `item_id` in `stage` ('preprocess'
     raises, 'encode' kills its worker process or encoder actor) fails once; `marker` records that
     it happened."""
+
     item_id: int
     marker: str
     stage: str = "encode"
@@ -55,11 +59,11 @@ class FailureDrill:
 
 @dataclass(frozen=True)
 class EmbedConfig:
-    batch_size: int = 64            # rows per encoder call
-    actors: int = 0                 # encoder actors; 0: encode in the CPU tasks (cuda: one actor per GPU)
-    device: str = "cpu"             # "cuda" puts each encoder actor on a GPU
-    torch_threads: int = 1          # per task or encoder actor (each holds one CPU)
-    read_block_rows: int = 512      # rows per streamed block at most (fewer when that leaves a CPU idle)
+    batch_size: int = 64  # rows per encoder call
+    actors: int = 0  # encoder actors; 0: encode in the CPU tasks (cuda: one actor per GPU)
+    device: str = "cpu"  # "cuda" puts each encoder actor on a GPU
+    torch_threads: int = 1  # per task or encoder actor (each holds one CPU)
+    read_block_rows: int = 512  # rows per streamed block at most (fewer when that leaves a CPU idle)
     task_retries: int = 3
     drill: FailureDrill | None = field(default=None)
 
@@ -79,8 +83,9 @@ def current_catalogue(lake: Lake, through: date | None = None) -> pl.DataFrame:
     return frames.sort("updated_at").unique("item_id", keep="last").sort("item_id").collect()
 
 
-def embed_items(items: pl.DataFrame, landing: Path, spec: ClipSpec, config: EmbedConfig,
-                model_version: str) -> pl.DataFrame:
+def embed_items(
+    items: pl.DataFrame, landing: Path, spec: ClipSpec, config: EmbedConfig, model_version: str
+) -> pl.DataFrame:
     """Run the pipeline over `items` (item_id, title, thumbnail_path relative to `landing`, a folder
     every Ray node can read) and return one row per item (OUTPUT_SCHEMA). Ray must be started."""
     if items.is_empty():
@@ -88,19 +93,21 @@ def embed_items(items: pl.DataFrame, landing: Path, spec: ClipSpec, config: Embe
     if items["item_id"].n_unique() != items.height:
         raise ValueError("embed_items: duplicate item_id in the input")
     tables = list(embedding_batches(items, landing, spec, config, model_version))
-    written = pl.from_arrow(pa.concat_tables(tables)).cast(OUTPUT_SCHEMA) if tables \
-        else pl.DataFrame(schema=OUTPUT_SCHEMA)
+    written = (
+        pl.from_arrow(pa.concat_tables(tables)).cast(OUTPUT_SCHEMA) if tables else pl.DataFrame(schema=OUTPUT_SCHEMA)
+    )
     expected = set(items["item_id"].to_list())
     got = set(written["item_id"].to_list())
     twice = written.height - written["item_id"].n_unique()
     if got != expected or twice:
-        raise RuntimeError(f"embedding pipeline lost {len(expected - got)}, invented {len(got - expected)} "
-                           f"and duplicated {twice} items")
+        raise RuntimeError(
+            f"embedding pipeline lost {len(expected - got)}, invented {len(got - expected)} "
+            f"and duplicated {twice} items"
+        )
     return written.sort("item_id")
 
 
-def embedding_batches(items: pl.DataFrame, landing: Path, spec: ClipSpec, config: EmbedConfig,
-                      model_version: str):
+def embedding_batches(items: pl.DataFrame, landing: Path, spec: ClipSpec, config: EmbedConfig, model_version: str):
     """The pipeline's output blocks as they arrive (pyarrow tables), unchecked."""
     import ray
     from ray.data import ActorPoolStrategy
@@ -117,14 +124,25 @@ def embedding_batches(items: pl.DataFrame, landing: Path, spec: ClipSpec, config
     actors = _encoder_actors(config)
     if not actors:
         dataset = dataset.map_batches(
-            _embed_block, fn_kwargs={**prepare, "model": model, "config": config, "model_version": model_version},
-            batch_size=None, batch_format="pyarrow", num_cpus=1, **retries)
+            _embed_block,
+            fn_kwargs={**prepare, "model": model, "config": config, "model_version": model_version},
+            batch_size=None,
+            batch_format="pyarrow",
+            num_cpus=1,
+            **retries,
+        )
     else:
-        dataset = dataset.map_batches(_prepare_block, fn_kwargs=prepare, batch_size=None,
-                                      batch_format="pyarrow", num_cpus=1, **retries).map_batches(
-            _Encoder, fn_constructor_kwargs={"model": model, "config": config, "model_version": model_version},
-            batch_size=config.batch_size, batch_format="numpy", compute=ActorPoolStrategy(size=actors),
-            num_cpus=1, num_gpus=1 if config.device.startswith("cuda") else 0)
+        dataset = dataset.map_batches(
+            _prepare_block, fn_kwargs=prepare, batch_size=None, batch_format="pyarrow", num_cpus=1, **retries
+        ).map_batches(
+            _Encoder,
+            fn_constructor_kwargs={"model": model, "config": config, "model_version": model_version},
+            batch_size=config.batch_size,
+            batch_format="numpy",
+            compute=ActorPoolStrategy(size=actors),
+            num_cpus=1,
+            num_gpus=1 if config.device.startswith("cuda") else 0,
+        )
     yield from dataset.iter_batches(batch_format="pyarrow", batch_size=None)
 
 
@@ -142,9 +160,9 @@ def _encoder_actors(config: EmbedConfig) -> int:
 @dataclass
 class _Prepared:
     item_ids: np.ndarray
-    pixels: np.ndarray      # (n, 3, size, size) float32, zeros where skipped
-    tokens: np.ndarray      # (n, context) int64
-    reasons: list           # skip reason or None per row
+    pixels: np.ndarray  # (n, 3, size, size) float32, zeros where skipped
+    tokens: np.ndarray  # (n, context) int64
+    reasons: list  # skip reason or None per row
 
 
 def _prepare(batch: pa.Table, landing: str, model_name: str, drill: FailureDrill | None) -> _Prepared:
@@ -179,8 +197,15 @@ def _prepare(batch: pa.Table, landing: str, model_name: str, drill: FailureDrill
     return _Prepared(item_ids, pixels, tokens, reasons)
 
 
-def _embed_block(batch: pa.Table, landing: str, model_name: str, drill: FailureDrill | None, model: Shipped,
-                 config: EmbedConfig, model_version: str) -> pa.Table:
+def _embed_block(
+    batch: pa.Table,
+    landing: str,
+    model_name: str,
+    drill: FailureDrill | None,
+    model: Shipped,
+    config: EmbedConfig,
+    model_version: str,
+) -> pa.Table:
     """The fused CPU stage: prepare and encode one block in this worker process."""
     import torch
 
@@ -192,12 +217,14 @@ def _embed_block(batch: pa.Table, landing: str, model_name: str, drill: FailureD
 def _prepare_block(batch: pa.Table, landing: str, model_name: str, drill: FailureDrill | None) -> pa.Table:
     """The CPU stage in front of the encoder actors."""
     prepared = _prepare(batch, landing, model_name, drill)
-    return pa.table({
-        "item_id": pa.array(prepared.item_ids, pa.int64()),
-        "pixels": pa.FixedShapeTensorArray.from_numpy_ndarray(prepared.pixels),
-        "tokens": pa.FixedShapeTensorArray.from_numpy_ndarray(prepared.tokens),
-        "skip_reason": pa.array(prepared.reasons, pa.string()),
-    })
+    return pa.table(
+        {
+            "item_id": pa.array(prepared.item_ids, pa.int64()),
+            "pixels": pa.FixedShapeTensorArray.from_numpy_ndarray(prepared.pixels),
+            "tokens": pa.FixedShapeTensorArray.from_numpy_ndarray(prepared.tokens),
+            "skip_reason": pa.array(prepared.reasons, pa.string()),
+        }
+    )
 
 
 class _Encoder:
@@ -226,17 +253,19 @@ def _encode(model, prepared: _Prepared, config: EmbedConfig, model_version: str)
     rows = np.flatnonzero(ok)
     images, texts = [], []
     for start in range(0, len(rows), config.batch_size):
-        chunk = rows[start:start + config.batch_size]
+        chunk = rows[start : start + config.batch_size]
         images.append(encode_images(model, prepared.pixels[chunk], config.device))
         texts.append(encode_texts(model, prepared.tokens[chunk], config.device))
     n = len(prepared.item_ids)
-    return pa.table({
-        "item_id": pa.array(prepared.item_ids, pa.int64()),
-        "image_embedding": _vectors_column(images, ok),
-        "text_embedding": _vectors_column(texts, ok),
-        "model_version": pa.array([model_version] * n, pa.string()),
-        "skip_reason": pa.array(prepared.reasons, pa.string()),
-    })
+    return pa.table(
+        {
+            "item_id": pa.array(prepared.item_ids, pa.int64()),
+            "image_embedding": _vectors_column(images, ok),
+            "text_embedding": _vectors_column(texts, ok),
+            "model_version": pa.array([model_version] * n, pa.string()),
+            "skip_reason": pa.array(prepared.reasons, pa.string()),
+        }
+    )
 
 
 def _vectors_column(parts: list[np.ndarray], ok: np.ndarray) -> pa.Array:
@@ -244,8 +273,7 @@ def _vectors_column(parts: list[np.ndarray], ok: np.ndarray) -> pa.Array:
     values = np.concatenate(parts).astype(np.float32) if parts else np.zeros((0, 0), np.float32)
     dim = values.shape[1] if values.ndim == 2 else 0
     offsets = np.concatenate([[0], np.cumsum(ok.astype(np.int32) * dim)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), pa.float32()),
-                                    mask=pa.array(~ok))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), pa.float32()), mask=pa.array(~ok))
 
 
 def _fail_once(drill: FailureDrill, item_ids: list, kill: bool = False) -> None:
@@ -266,36 +294,52 @@ def latest_item_embeddings(lake_root: str | Path) -> pl.DataFrame:
     lake = Lake(Path(lake_root))
     days = lake.partition_days(EMBEDDINGS_ZONE, ITEMS_TABLE)
     if not days:
-        return pl.DataFrame(schema={**{k: v for k, v in OUTPUT_SCHEMA.items() if k != "skip_reason"},
-                                    "date": pl.Date})
-    frames = [lake.read_partition(EMBEDDINGS_ZONE, ITEMS_TABLE, d).with_columns(date=pl.lit(d))
-              for d in days]
-    return (pl.concat(frames).filter(pl.col("skip_reason").is_null()).drop("skip_reason")
-            .sort("date").unique("item_id", keep="last").sort("item_id"))
+        return pl.DataFrame(schema={**{k: v for k, v in OUTPUT_SCHEMA.items() if k != "skip_reason"}, "date": pl.Date})
+    frames = [lake.read_partition(EMBEDDINGS_ZONE, ITEMS_TABLE, d).with_columns(date=pl.lit(d)) for d in days]
+    return (
+        pl.concat(frames)
+        .filter(pl.col("skip_reason").is_null())
+        .drop("skip_reason")
+        .sort("date")
+        .unique("item_id", keep="last")
+        .sort("item_id")
+    )
 
 
 def item_payloads(items: pl.DataFrame, flags: dict[int, list[str]] | None = None) -> list[dict]:
     """Vector-store payloads of catalogue rows: category, creator, price, flags."""
     flags = flags or {}
-    return [{"item_id": row["item_id"], "category": row["category"], "creator": row["creator_id"],
-             "price": float(row["price"]), "title": row["title"], "flags": flags.get(row["item_id"], [])}
-            for row in items.select("item_id", "category", "creator_id", "price", "title").iter_rows(named=True)]
+    return [
+        {
+            "item_id": row["item_id"],
+            "category": row["category"],
+            "creator": row["creator_id"],
+            "price": float(row["price"]),
+            "title": row["title"],
+            "flags": flags.get(row["item_id"], []),
+        }
+        for row in items.select("item_id", "category", "creator_id", "price", "title").iter_rows(named=True)
+    ]
 
 
-def sync_vector_store(store, embeddings: pl.DataFrame, catalogue: pl.DataFrame,
-                      flags: dict[int, list[str]] | None = None) -> dict:
+def sync_vector_store(
+    store, embeddings: pl.DataFrame, catalogue: pl.DataFrame, flags: dict[int, list[str]] | None = None
+) -> dict:
     """Upsert every embedded item of the catalogue into the `items` collection (image and text
     vectors, payload) and delete points of items no longer in the catalogue."""
     if embeddings.is_empty():
         return {"upserted": 0, "deleted": 0}
     dim = len(embeddings["image_embedding"][0])
     store.ensure_collection(COLLECTION, {"image": dim, "text": dim}, PAYLOAD_INDEXES)
-    rows = embeddings.join(catalogue.select("item_id", "category", "creator_id", "price", "title"),
-                           on="item_id", how="inner").sort("item_id")
-    store.upsert(COLLECTION, [str(i) for i in rows["item_id"]],
-                 {"image": np.stack(rows["image_embedding"].to_numpy()),
-                  "text": np.stack(rows["text_embedding"].to_numpy())},
-                 item_payloads(rows, flags))
+    rows = embeddings.join(
+        catalogue.select("item_id", "category", "creator_id", "price", "title"), on="item_id", how="inner"
+    ).sort("item_id")
+    store.upsert(
+        COLLECTION,
+        [str(i) for i in rows["item_id"]],
+        {"image": np.stack(rows["image_embedding"].to_numpy()), "text": np.stack(rows["text_embedding"].to_numpy())},
+        item_payloads(rows, flags),
+    )
     known = {str(i) for i in catalogue["item_id"]}
     removed = [i for i in store.ids(COLLECTION) if i not in known]
     store.delete(COLLECTION, removed)
@@ -314,8 +358,12 @@ def save_model_manifest(lake: Lake, spec: ClipSpec, version: str, metrics: dict)
     path = model_manifest_path(lake)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"model_name": spec.model_name, "checkpoint": spec.checkpoint,
-                               "version": version, "metrics": metrics}, indent=2))
+    tmp.write_text(
+        json.dumps(
+            {"model_name": spec.model_name, "checkpoint": spec.checkpoint, "version": version, "metrics": metrics},
+            indent=2,
+        )
+    )
     os.replace(tmp, path)
     return path
 

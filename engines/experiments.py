@@ -81,8 +81,10 @@ def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
         if any(e.name == name for e in experiments):
             raise ExperimentConfigError(f"{where}: duplicate experiment name {name!r}")
         if salt in salts:
-            raise ExperimentConfigError(f"{where}: salt {salt!r} is already used by {salts[salt]!r}; "
-                                        "experiments sharing a salt would assign the same users together")
+            raise ExperimentConfigError(
+                f"{where}: salt {salt!r} is already used by {salts[salt]!r}; "
+                "experiments sharing a salt would assign the same users together"
+            )
         salts[salt] = name
         variants = []
         for v in entry["variants"]:
@@ -94,15 +96,22 @@ def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
             traffic = float(v["traffic"])
             if not 0 < traffic <= 1:
                 raise ExperimentConfigError(f"{vwhere}: traffic must be in (0, 1], got {traffic}")
-            variants.append(Variant(str(v["name"]), traffic, v.get("model_alias"),
-                                    str(v["model_version"]) if v.get("model_version") else None))
+            variants.append(
+                Variant(
+                    str(v["name"]),
+                    traffic,
+                    v.get("model_alias"),
+                    str(v["model_version"]) if v.get("model_version") else None,
+                )
+            )
         if len(variants) < 2 or len({v.name for v in variants}) != len(variants):
             raise ExperimentConfigError(f"{where}: needs two or more variants with distinct names")
         total = sum(v.traffic for v in variants)
         if abs(total - 1.0) > 1e-9:
             raise ExperimentConfigError(f"{where}: traffic of the variants sums to {total}, not 1")
-        experiments.append(Experiment(name, str(entry["model"]), salt, tuple(variants),
-                                      str(entry.get("description", ""))))
+        experiments.append(
+            Experiment(name, str(entry["model"]), salt, tuple(variants), str(entry.get("description", "")))
+        )
     return experiments
 
 
@@ -110,6 +119,7 @@ def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
 class Shadow(ModelReference):
     """A model version that gets a copy of every request to `model` off the response path: its answers
     are logged beside the live ones and never served."""
+
     name: str
     model: str
     model_alias: str | None = None
@@ -137,8 +147,14 @@ def parse_shadows(raw: dict, source: str = "experiments") -> list[Shadow]:
             raise ExperimentConfigError(f"{where}: duplicate shadow name {entry['name']!r}")
         if bool(entry.get("model_alias")) == bool(entry.get("model_version")):
             raise ExperimentConfigError(f"{where}: give exactly one of model_alias or model_version")
-        shadows.append(Shadow(str(entry["name"]), str(entry["model"]), entry.get("model_alias"),
-                              str(entry["model_version"]) if entry.get("model_version") else None))
+        shadows.append(
+            Shadow(
+                str(entry["name"]),
+                str(entry["model"]),
+                entry.get("model_alias"),
+                str(entry["model_version"]) if entry.get("model_version") else None,
+            )
+        )
     return shadows
 
 

@@ -30,13 +30,15 @@ def source_days(lake: Lake, view: FeatureView, day: date) -> list[date]:
     if first is None or day < first:
         raise MissingUpstreamError(
             f"feature view {view.name!r} for {day}: source {view.source.name!r} has no warehouse partition "
-            f"on or before {day}; ingest it first")
+            f"on or before {day}; ingest it first"
+        )
     needed = [d for d in wanted if d >= first]
     missing = [d.isoformat() for d in needed if d not in set(existing)]
     if missing:
         raise MissingUpstreamError(
             f"feature view {view.name!r} for {day}: warehouse partitions of {view.source.name!r} missing: "
-            f"{', '.join(missing)}; ingest them first")
+            f"{', '.join(missing)}; ingest them first"
+        )
     return needed
 
 
@@ -44,4 +46,3 @@ def build_view_day(lake: Lake, view: FeatureView, day: date) -> pl.DataFrame:
     scan = lake.scan_partitions("warehouse", view.source.name, source_days(lake, view, day))
     plan = build_table_rows(view, scan) if view.is_table_view else build_daily_rows(view, scan, day)
     return plan.collect()
-

@@ -40,10 +40,22 @@ class MeshMeasures:
         return asdict(self)
 
 
-MEASURE_TYPES = {"vertex_count": "int64", "face_count": "int64", "surface_area": "float64", "volume": "float64",
-                 "is_watertight": "bool", "bbox_x": "float64", "bbox_y": "float64", "bbox_z": "float64",
-                 "convex_hull_ratio": "float64", "symmetry_score": "float64", "silhouette_fill_top": "float64",
-                 "silhouette_fill_front": "float64", "silhouette_fill_side": "float64", "mesh_error": "string"}
+MEASURE_TYPES = {
+    "vertex_count": "int64",
+    "face_count": "int64",
+    "surface_area": "float64",
+    "volume": "float64",
+    "is_watertight": "bool",
+    "bbox_x": "float64",
+    "bbox_y": "float64",
+    "bbox_z": "float64",
+    "convex_hull_ratio": "float64",
+    "symmetry_score": "float64",
+    "silhouette_fill_top": "float64",
+    "silhouette_fill_front": "float64",
+    "silhouette_fill_side": "float64",
+    "mesh_error": "string",
+}
 
 
 def measure_file(data: bytes | None, file_type: str, resolution: int = RESOLUTION) -> MeshMeasures:
@@ -102,11 +114,20 @@ def measure(mesh, resolution: int = RESOLUTION) -> MeshMeasures:
     extent = np.ptp(mesh.vertices, axis=0)
     masks = silhouettes(np.asarray(mesh.vertices), np.asarray(mesh.faces), resolution)
     return MeshMeasures(
-        vertex_count=len(mesh.vertices), face_count=len(mesh.faces), surface_area=float(mesh.area),
-        volume=volume, is_watertight=watertight, bbox_x=float(extent[0]), bbox_y=float(extent[1]),
-        bbox_z=float(extent[2]), convex_hull_ratio=hull_ratio, symmetry_score=symmetry(masks["top"]),
-        silhouette_fill_top=float(masks["top"].mean()), silhouette_fill_front=float(masks["front"].mean()),
-        silhouette_fill_side=float(masks["side"].mean()))
+        vertex_count=len(mesh.vertices),
+        face_count=len(mesh.faces),
+        surface_area=float(mesh.area),
+        volume=volume,
+        is_watertight=watertight,
+        bbox_x=float(extent[0]),
+        bbox_y=float(extent[1]),
+        bbox_z=float(extent[2]),
+        convex_hull_ratio=hull_ratio,
+        symmetry_score=symmetry(masks["top"]),
+        silhouette_fill_top=float(masks["top"].mean()),
+        silhouette_fill_front=float(masks["front"].mean()),
+        silhouette_fill_side=float(masks["side"].mean()),
+    )
 
 
 def silhouettes(vertices: np.ndarray, faces: np.ndarray, resolution: int = RESOLUTION) -> dict[str, np.ndarray]:

@@ -25,14 +25,18 @@ from engines.lake import Lake
 GEOMETRY_TABLE = "item_geometry"  # in the warehouse zone, next to the ingested sources
 _ARROW = {"int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
 _POLARS = {"int64": pl.Int64, "float64": pl.Float64, "bool": pl.Boolean, "string": pl.String}
-OUTPUT_SCHEMA = {"item_id": pl.Int64, "updated_at": pl.Datetime("us", "UTC"),
-                 **{k: _POLARS[t] for k, t in MEASURE_TYPES.items()}}
+OUTPUT_SCHEMA = {
+    "item_id": pl.Int64,
+    "updated_at": pl.Datetime("us", "UTC"),
+    **{k: _POLARS[t] for k, t in MEASURE_TYPES.items()},
+}
 
 
 @dataclass(frozen=True)
 class FailureDrill:
     """For failure drills and tests: the first task holding `item_id` fails once (raises, or with
     `kill` its worker process dies); `marker` records that it happened."""
+
     item_id: int
     marker: str
     kill: bool = False
@@ -57,9 +61,13 @@ def measure_items(items: pl.DataFrame, landing: Path, config: GeometryConfig = G
     source = items.select("item_id", "updated_at", "mesh_path").to_arrow()
     blocks = [source.slice(start, config.block_rows) for start in range(0, source.num_rows, config.block_rows)]
     dataset = ray.data.from_arrow(blocks).map_batches(
-        measure_batch, fn_kwargs={"landing": str(landing), "resolution": config.resolution, "drill": config.drill},
-        batch_size=config.block_rows, batch_format="pyarrow", max_retries=config.task_retries,
-        retry_exceptions=True)
+        measure_batch,
+        fn_kwargs={"landing": str(landing), "resolution": config.resolution, "drill": config.drill},
+        batch_size=config.block_rows,
+        batch_format="pyarrow",
+        max_retries=config.task_retries,
+        retry_exceptions=True,
+    )
     tables = [t for t in ray.get(dataset.to_arrow_refs()) if t.num_rows]
     written = pl.from_arrow(pa.concat_tables(tables)) if tables else pl.DataFrame(schema=OUTPUT_SCHEMA)
     return _one_row_per_item(items, written.cast(OUTPUT_SCHEMA).unique("item_id", keep="first"))

@@ -57,7 +57,8 @@ def read_landing_file(path: Path, source: Source, day: date) -> pl.DataFrame:
     missing = [c for c in source.schema if c not in raw.columns]
     if missing:
         raise LandingFileError(
-            f"{path.name}: missing column(s) {', '.join(missing)} required by source {source.name!r}")
+            f"{path.name}: missing column(s) {', '.join(missing)} required by source {source.name!r}"
+        )
 
     columns = []
     for name, dtype in source.schema.items():
@@ -65,7 +66,8 @@ def read_landing_file(path: Path, source: Source, day: date) -> pl.DataFrame:
             columns.append(_cast(raw.get_column(name), dtype))
         except Exception as exc:
             raise LandingFileError(
-                f"{path.name}: column {name!r} cannot be read as {dtype} ({raw.schema[name]}): {exc}") from None
+                f"{path.name}: column {name!r} cannot be read as {dtype} ({raw.schema[name]}): {exc}"
+            ) from None
     frame = pl.DataFrame(columns)
 
     key_nulls = frame.get_column(source.key).null_count() if source.key else 0
@@ -92,7 +94,8 @@ def load_day(lake: Lake, source: Source, day: date) -> tuple[pl.DataFrame, Inges
     files = lake.landing_files_by_arrival(source.name, day)
     if not files and not lake.quarantined_files(source.name, day):
         raise FileNotFoundError(
-            f"no landing files for {source.name!r} on {day.isoformat()} in {lake.landing_dir(source.name, day)}")
+            f"no landing files for {source.name!r} on {day.isoformat()} in {lake.landing_dir(source.name, day)}"
+        )
     frames = []
     for path in files:  # arrival order: a later delivery of a key replaces an earlier one
         try:
@@ -106,8 +109,9 @@ def load_day(lake: Lake, source: Source, day: date) -> tuple[pl.DataFrame, Inges
     combined = pl.concat(frames) if frames else empty_frame(source)
     if frames:
         combined = combined.sort("_file", "_line").drop("_file", "_line")
-    deduped = (combined.unique(subset=[source.key], keep="last", maintain_order=True)
-               .sort(source.timestamp_field, source.key))
+    deduped = combined.unique(subset=[source.key], keep="last", maintain_order=True).sort(
+        source.timestamp_field, source.key
+    )
     report.duplicate_rows = combined.height - deduped.height
     report.rows = deduped.height
     return deduped, report

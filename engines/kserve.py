@@ -25,8 +25,10 @@ from engines.model_export import TRITON_REPOSITORY, ExportTarget
 
 KSERVE_FOLDER = Path("deploy") / "kserve"  # under the lake root
 SCHEMA_FOLDER = Path(__file__).resolve().parents[1] / "deploy" / "kserve" / "schema"
-SCHEMAS = {("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice-v1beta1.json",
-           ("v1", "ConfigMap"): "configmap-v1.json"}
+SCHEMAS = {
+    ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice-v1beta1.json",
+    ("v1", "ConfigMap"): "configmap-v1.json",
+}
 # KServe's webhook: "lower case alphanumeric characters or '-', and must start with alphabetical character"
 ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 CONFIG_MOUNT = "/etc/mlplane"
@@ -62,15 +64,17 @@ def isvc_name(model_name: str) -> str:
 def pod_server_config(server: dict, target: ExportTarget, lake_root: str, settings: KServeSettings) -> dict:
     """The model server's config (serving/models/config.py fields) for one served model at its pinned
     version, with the local lake's paths moved to where the pod mounts the lake."""
+
     def moved(value):
         if isinstance(value, str) and (value == lake_root or value.startswith(lake_root.rstrip("/") + "/")):
-            return settings.lake_mount + value[len(lake_root.rstrip("/")):]
+            return settings.lake_mount + value[len(lake_root.rstrip("/")) :]
         return value
 
     config = {k: moved(v) for k, v in server.items() if k != "models" and v is not None}
     config["workdir"] = "/tmp/mlplane-models"  # downloaded artifacts stay in the pod
-    config["models"] = [{"name": target.name, "registry_model": target.registry_model, "kind": target.kind,
-                         "version": target.version}]
+    config["models"] = [
+        {"name": target.name, "registry_model": target.registry_model, "kind": target.kind, "version": target.version}
+    ]
     return config
 
 
@@ -78,51 +82,88 @@ def predictor_manifests(target: ExportTarget, server: dict, lake_root: str, sett
     """The ConfigMap with the server's config and the InferenceService running it."""
     name = isvc_name(target.name)
     labels = {f"{LABEL}/model": name, "app.kubernetes.io/part-of": "mlplane", **settings.labels}
-    annotations = {f"{LABEL}/registry-model": target.registry_model, f"{LABEL}/registry-version": target.version,
-                   f"{LABEL}/follows": target.follows, f"{LABEL}/artifact-checksum": target.checksum}
-    config = {"apiVersion": "v1", "kind": "ConfigMap",
-              "metadata": {"name": f"{name}-server", "namespace": settings.namespace, "labels": labels},
-              "data": {"server.yaml": yaml.safe_dump(pod_server_config(server, target, lake_root, settings),
-                                                     sort_keys=False)}}
+    annotations = {
+        f"{LABEL}/registry-model": target.registry_model,
+        f"{LABEL}/registry-version": target.version,
+        f"{LABEL}/follows": target.follows,
+        f"{LABEL}/artifact-checksum": target.checksum,
+    }
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-server", "namespace": settings.namespace, "labels": labels},
+        "data": {
+            "server.yaml": yaml.safe_dump(pod_server_config(server, target, lake_root, settings), sort_keys=False)
+        },
+    }
     container = {
         "name": "kserve-container",
         "image": settings.image,
         "command": ["mlplane", "serve", "models"],
-        "args": ["--config", f"{CONFIG_MOUNT}/server.yaml", "--host", "0.0.0.0", "--port", str(PORT),
-                 "--grpc-port", "0"],
+        "args": [
+            "--config",
+            f"{CONFIG_MOUNT}/server.yaml",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(PORT),
+            "--grpc-port",
+            "0",
+        ],
         "ports": [{"name": "http1", "containerPort": PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": f"/v2/models/{target.name}/ready", "port": PORT},
-                           "periodSeconds": 5},
-        "resources": {"requests": {"cpu": settings.cpu, "memory": settings.memory},
-                      "limits": {"cpu": settings.cpu, "memory": settings.memory}},
-        "volumeMounts": [{"name": "server-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-                         {"name": "lake", "mountPath": settings.lake_mount}],
+        "readinessProbe": {"httpGet": {"path": f"/v2/models/{target.name}/ready", "port": PORT}, "periodSeconds": 5},
+        "resources": {
+            "requests": {"cpu": settings.cpu, "memory": settings.memory},
+            "limits": {"cpu": settings.cpu, "memory": settings.memory},
+        },
+        "volumeMounts": [
+            {"name": "server-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "lake", "mountPath": settings.lake_mount},
+        ],
     }
-    isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": settings.namespace, "labels": labels,
-                         "annotations": annotations},
-            "spec": {"predictor": {
-                "minReplicas": settings.min_replicas, "maxReplicas": settings.max_replicas,
+    isvc = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels, "annotations": annotations},
+        "spec": {
+            "predictor": {
+                "minReplicas": settings.min_replicas,
+                "maxReplicas": settings.max_replicas,
                 "containers": [container],
-                "volumes": [{"name": "server-config", "configMap": {"name": f"{name}-server"}},
-                            {"name": "lake", "persistentVolumeClaim": {"claimName": settings.lake_pvc}}]}}}
+                "volumes": [
+                    {"name": "server-config", "configMap": {"name": f"{name}-server"}},
+                    {"name": "lake", "persistentVolumeClaim": {"claimName": settings.lake_pvc}},
+                ],
+            }
+        },
+    }
     return [config, isvc]
 
 
 def triton_manifest(targets: list[ExportTarget], settings: KServeSettings) -> dict:
     """One InferenceService serving the exported repository with KServe's Triton runtime (Open Inference
     Protocol v2), its models' registry versions in an annotation."""
-    model = {"modelFormat": {"name": "triton"}, "protocolVersion": "v2",
-             "storageUri": f"pvc://{settings.lake_pvc}/{TRITON_REPOSITORY.as_posix()}"}
+    model = {
+        "modelFormat": {"name": "triton"},
+        "protocolVersion": "v2",
+        "storageUri": f"pvc://{settings.lake_pvc}/{TRITON_REPOSITORY.as_posix()}",
+    }
     if settings.triton_runtime_version:
         model["runtimeVersion"] = settings.triton_runtime_version
     versions = {t.name: t.version for t in targets}
-    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-            "metadata": {"name": "mlplane-triton", "namespace": settings.namespace,
-                         "labels": {"app.kubernetes.io/part-of": "mlplane", **settings.labels},
-                         "annotations": {f"{LABEL}/registry-versions": json.dumps(versions, sort_keys=True)}},
-            "spec": {"predictor": {"minReplicas": settings.min_replicas, "maxReplicas": settings.max_replicas,
-                                   "model": model}}}
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": "mlplane-triton",
+            "namespace": settings.namespace,
+            "labels": {"app.kubernetes.io/part-of": "mlplane", **settings.labels},
+            "annotations": {f"{LABEL}/registry-versions": json.dumps(versions, sort_keys=True)},
+        },
+        "spec": {
+            "predictor": {"minReplicas": settings.min_replicas, "maxReplicas": settings.max_replicas, "model": model}
+        },
+    }
 
 
 @functools.cache
@@ -142,8 +183,10 @@ def problems(manifest: dict) -> list[str]:
         validator = _validator(str(manifest.get("apiVersion")), str(manifest.get("kind")))
     except ManifestError as error:
         return [str(error)]
-    found = [f"{'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
-             for e in sorted(validator.iter_errors(manifest), key=lambda e: list(map(str, e.absolute_path)))]
+    found = [
+        f"{'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
+        for e in sorted(validator.iter_errors(manifest), key=lambda e: list(map(str, e.absolute_path)))
+    ]
     name = manifest.get("metadata", {}).get("name", "")
     if manifest.get("kind") == "InferenceService" and not (ISVC_NAME.match(name) and len(name) <= 63):
         found.append(f"metadata.name: {name!r} is not a valid InferenceService name")

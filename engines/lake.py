@@ -35,8 +35,9 @@ class Lake:
         folder = self.landing_dir(stream, day)
         if not folder.is_dir():
             return []
-        return sorted(p for p in folder.iterdir()
-                      if p.is_file() and p.suffix in LANDING_SUFFIXES and not p.name.startswith("."))
+        return sorted(
+            p for p in folder.iterdir() if p.is_file() and p.suffix in LANDING_SUFFIXES and not p.name.startswith(".")
+        )
 
     def landing_files_by_arrival(self, stream: str, day: date) -> list[Path]:
         """The day's landing files in arrival order: by the time the file landed (its modification
@@ -83,8 +84,13 @@ class Lake:
 
     def partition_days(self, zone: str, table: str) -> list[date]:
         folder = self.table_dir(zone, table)
-        return sorted(date.fromisoformat(p.parent.name.removeprefix("date="))
-                      for p in folder.glob("date=*/part-0.parquet")) if folder.is_dir() else []
+        return (
+            sorted(
+                date.fromisoformat(p.parent.name.removeprefix("date=")) for p in folder.glob("date=*/part-0.parquet")
+            )
+            if folder.is_dir()
+            else []
+        )
 
     def read_partition(self, zone: str, table: str, day: date) -> pl.DataFrame:
         path = self.partition_path(zone, table, day)

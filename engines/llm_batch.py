@@ -18,8 +18,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-PROMPT = ("Write a one-sentence description for this marketplace listing.\n"
-          "Title: {title}\nCategory: {category}\nDescription:")
+PROMPT = (
+    "Write a one-sentence description for this marketplace listing.\nTitle: {title}\nCategory: {category}\nDescription:"
+)
 RETRIED = (429, 503)
 
 
@@ -72,10 +73,15 @@ class BatchRun:
     def totals(self) -> dict[str, int]:
         r = self.results
         failed = sum(x.error is not None for x in r)
-        return {"items": len(r), "generated": len(r) - failed, "failed": failed,
-                "prompt_tokens": sum(x.prompt_tokens for x in r),
-                "completion_tokens": sum(x.completion_tokens for x in r),
-                "rate_limited_retries": sum(x.rate_limited for x in r), "attempts": sum(x.attempts for x in r)}
+        return {
+            "items": len(r),
+            "generated": len(r) - failed,
+            "failed": failed,
+            "prompt_tokens": sum(x.prompt_tokens for x in r),
+            "completion_tokens": sum(x.completion_tokens for x in r),
+            "rate_limited_retries": sum(x.rate_limited for x in r),
+            "attempts": sum(x.attempts for x in r),
+        }
 
 
 # call(body) -> (status, headers, payload): one HTTP call to the gateway's chat completions
@@ -88,9 +94,13 @@ def prompt_for(item: dict) -> str:
 
 def describe_one(item: dict, call: Call, spec: BatchSpec, sleep=time.sleep) -> ItemResult:
     result = ItemResult(int(item["item_id"]), None)
-    body = {"model": spec.model, "max_tokens": spec.max_tokens, "min_tokens": spec.min_tokens,
-            "temperature": spec.temperature,
-            "messages": [{"role": "user", "content": prompt_for(item)}]}
+    body = {
+        "model": spec.model,
+        "max_tokens": spec.max_tokens,
+        "min_tokens": spec.min_tokens,
+        "temperature": spec.temperature,
+        "messages": [{"role": "user", "content": prompt_for(item)}],
+    }
     for attempt in range(1, spec.retry.max_attempts + 1):
         result.attempts = attempt
         try:
@@ -125,8 +135,9 @@ def describe_items(items: list[dict], call: Call, spec: BatchSpec, sleep=time.sl
     return BatchRun(results, time.perf_counter() - started)
 
 
-def describe_items_ray_vllm(items: list[dict], model_dir: str, spec: BatchSpec, replicas: int = 1,
-                            num_gpus: float = 1.0) -> BatchRun:
+def describe_items_ray_vllm(
+    items: list[dict], model_dir: str, spec: BatchSpec, replicas: int = 1, num_gpus: float = 1.0
+) -> BatchRun:
     """Production path: vLLM's offline batch API on a Ray actor pool (each actor loads the model once)."""
     import ray
 
@@ -135,8 +146,9 @@ def describe_items_ray_vllm(items: list[dict], model_dir: str, spec: BatchSpec, 
             from vllm import LLM, SamplingParams
 
             self.llm = LLM(model_dir)
-            self.params = SamplingParams(temperature=spec.temperature, max_tokens=spec.max_tokens,
-                                         min_tokens=spec.min_tokens)
+            self.params = SamplingParams(
+                temperature=spec.temperature, max_tokens=spec.max_tokens, min_tokens=spec.min_tokens
+            )
 
         def __call__(self, batch: dict) -> dict:
             chats = [[{"role": "user", "content": p}] for p in batch["prompt"]]
@@ -149,9 +161,18 @@ def describe_items_ray_vllm(items: list[dict], model_dir: str, spec: BatchSpec, 
     started = time.perf_counter()
     rows = [{"item_id": int(i["item_id"]), "prompt": prompt_for(i)} for i in items]
     dataset = ray.data.from_items(rows).map_batches(
-        Generator, batch_size=64, num_gpus=num_gpus, compute=ray.data.ActorPoolStrategy(size=replicas))
-    results = [ItemResult(int(r["item_id"]), r["description"], int(r["prompt_tokens"]), int(r["completion_tokens"]),
-                          attempts=1, error=None if r["description"] else "the model returned an empty description")
-               for r in dataset.take_all()]
+        Generator, batch_size=64, num_gpus=num_gpus, compute=ray.data.ActorPoolStrategy(size=replicas)
+    )
+    results = [
+        ItemResult(
+            int(r["item_id"]),
+            r["description"],
+            int(r["prompt_tokens"]),
+            int(r["completion_tokens"]),
+            attempts=1,
+            error=None if r["description"] else "the model returned an empty description",
+        )
+        for r in dataset.take_all()
+    ]
     order = {int(i["item_id"]): n for n, i in enumerate(items)}
     return BatchRun(sorted(results, key=lambda r: order[r.item_id]), time.perf_counter() - started)

@@ -53,13 +53,23 @@ def summarize_partitions(partitions: dict[str, list[date]]) -> dict[str, dict]:
     summary = {}
     for table, days in sorted(partitions.items()):
         listed = sorted(d.isoformat() for d in days)
-        summary[table] = {"first": listed[0] if listed else None, "last": listed[-1] if listed else None,
-                          "days": len(listed), "sha256": hashlib.sha256(",".join(listed).encode()).hexdigest()[:16]}
+        summary[table] = {
+            "first": listed[0] if listed else None,
+            "last": listed[-1] if listed else None,
+            "days": len(listed),
+            "sha256": hashlib.sha256(",".join(listed).encode()).hexdigest()[:16],
+        }
     return summary
 
 
-def register_llm(registry: ModelRegistry, name: str, model_dir: Path, lineage: LlmLineage,
-                 metrics: dict[str, float], params: dict[str, str] | None = None) -> RegisteredVersion:
+def register_llm(
+    registry: ModelRegistry,
+    name: str,
+    model_dir: Path,
+    lineage: LlmLineage,
+    metrics: dict[str, float],
+    params: dict[str, str] | None = None,
+) -> RegisteredVersion:
     numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     return registry.register(name, model_dir, lineage.tags(), numeric, params)
 
@@ -121,6 +131,8 @@ def materialize_llm(registry: ModelRegistry, reference: LlmReference, cache_dir:
 def check_draft(target: ResolvedLlm, draft: ResolvedLlm) -> None:
     """A draft model must share its target's tokenizer (vLLM verifies draft tokens by id)."""
     if not target.tokenizer_sha256 or target.tokenizer_sha256 != draft.tokenizer_sha256:
-        raise ValueError(f"draft {draft.reference} (v{draft.version.version}) does not share the tokenizer of "
-                         f"{target.reference} (v{target.version.version}): "
-                         f"{draft.tokenizer_sha256} != {target.tokenizer_sha256}")
+        raise ValueError(
+            f"draft {draft.reference} (v{draft.version.version}) does not share the tokenizer of "
+            f"{target.reference} (v{target.version.version}): "
+            f"{draft.tokenizer_sha256} != {target.tokenizer_sha256}"
+        )

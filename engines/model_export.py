@@ -48,6 +48,7 @@ EXPORTED_KINDS = {"two_tower": ("user_tower", "item_tower"), "clip_text": ("text
 @dataclass(frozen=True)
 class ExportTarget:
     """One served model resolved to the registry version it serves now."""
+
     name: str  # the model server's name for it
     registry_model: str
     kind: str  # serving/models/config.py KINDS
@@ -85,14 +86,15 @@ def triton_name(target: ExportTarget, part: str) -> str:
 
 # --- the exported modules -------------------------------------------------------------------------
 class TowerModule(nn.Module):
-    """One tower on the dict of tensors TowerSpec.encode makes (Triton passes a single Dict[str, Tensor]
-    argument keyed by the config's input names). The user tower's vector gets the constant 1 that meets
-    the item tower's bias, as TwoTower.user_vectors does, written so a trace keeps the batch size free."""
+    """One side of the two-tower network on the dict of tensors TowerSpec.encode makes (Triton passes a
+    single Dict[str, Tensor] argument keyed by the config's input names): the network's own user_vectors
+    or item_vectors, so the user's constant 1 and the item's bias plus popularity prior are exported
+    with the towers (the bare item tower lacks the prior)."""
 
-    def __init__(self, tower: nn.Module, append_one: bool, absent: frozenset[str]):
+    def __init__(self, network: nn.Module, part: str, absent: frozenset[str]):
         super().__init__()
-        self.tower = tower
-        self.append_one = append_one
+        self.network = network
+        self.part = part
         self.absent = absent  # inputs of zero width (no numeric or categorical columns): made inside
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -102,10 +104,7 @@ class TowerModule(nn.Module):
             full["numeric"] = ids.new_zeros((ids.shape[0], 0), dtype=torch.float32)
         if "categorical" in self.absent:
             full["categorical"] = ids.new_zeros((ids.shape[0], 0))
-        vectors = self.tower(full)
-        if self.append_one:
-            vectors = torch.cat([vectors, torch.ones_like(vectors[:, :1])], dim=1)
-        return vectors
+        return self.network.user_vectors(full) if self.part == "user_tower" else self.network.item_vectors(full)
 
 
 class TextEncoderModule(nn.Module):
@@ -144,8 +143,11 @@ def example_inputs(inputs: tuple[TritonTensor, ...], rows: int = 3) -> dict[str,
     out = {}
     for tensor in inputs:
         shape = (rows, *(tensor.reshape if tensor.reshape is not None else tensor.dims))
-        out[tensor.name] = torch.zeros(shape, dtype=torch.float32) if tensor.data_type == "TYPE_FP32" else \
-            torch.ones(shape, dtype=torch.int64)
+        out[tensor.name] = (
+            torch.zeros(shape, dtype=torch.float32)
+            if tensor.data_type == "TYPE_FP32"
+            else torch.ones(shape, dtype=torch.int64)
+        )
     return out
 
 
@@ -170,12 +172,12 @@ def export_towers(target: ExportTarget, folder: Path) -> list[tuple[TritonModel,
     model = PersonalizationModel.load(folder)
     network = model.network
     out = []
-    for part, spec, tower in (("user_tower", model.spec.user, network.user_tower),
-                              ("item_tower", model.spec.item, network.item_tower)):
+    for part, spec in (("user_tower", model.spec.user), ("item_tower", model.spec.item)):
         inputs = tower_inputs(spec)
-        absent = frozenset(k for k, columns in (("numeric", spec.numeric), ("categorical", spec.categorical))
-                           if not columns)
-        module = TowerModule(tower, append_one=part == "user_tower", absent=absent)
+        absent = frozenset(
+            k for k, columns in (("numeric", spec.numeric), ("categorical", spec.categorical)) if not columns
+        )
+        module = TowerModule(network, part, absent)
         dim = model.spec.config.dim + 1  # the user's 1 or the item's bias
         output = TritonTensor("user_vector" if part == "user_tower" else "item_vector", "TYPE_FP32", (dim,))
         triton = TritonModel(triton_name(target, part), part, target, inputs, (output,))
@@ -201,8 +203,13 @@ def export_encoder(target: ExportTarget, folder: Path) -> list[tuple[TritonModel
         inputs = (TritonTensor("pixels", "TYPE_FP32", (3, size, size)),)
         module = ImageEncoderModule(clip)
     example = next(iter(example_inputs(inputs).values()))
-    triton = TritonModel(triton_name(target, EXPORTED_KINDS[target.kind][0]), EXPORTED_KINDS[target.kind][0],
-                         target, inputs, (TritonTensor("embedding", "TYPE_FP32", (dim,)),))
+    triton = TritonModel(
+        triton_name(target, EXPORTED_KINDS[target.kind][0]),
+        EXPORTED_KINDS[target.kind][0],
+        target,
+        inputs,
+        (TritonTensor("embedding", "TYPE_FP32", (dim,)),),
+    )
     return [(triton, trace(module, (example,)), {"open_clip_model": spec.model_name})]
 
 
@@ -244,9 +251,16 @@ def export_target(target: ExportTarget, folder: Path, repository: Path) -> list[
         version_dir.mkdir(parents=True, exist_ok=True)
         with _jit_deprecation_hushed():
             torch.jit.save(script, str(version_dir / MODEL_FILE))
-        source = {"registry_model": target.registry_model, "version": target.version, "checksum": target.checksum,
-                  "served_as": target.name, "follows": target.follows, "part": model.part,
-                  "torch": torch.__version__, **encoding}
+        source = {
+            "registry_model": target.registry_model,
+            "version": target.version,
+            "checksum": target.checksum,
+            "served_as": target.name,
+            "follows": target.follows,
+            "part": model.part,
+            "torch": torch.__version__,
+            **encoding,
+        }
         (version_dir / SOURCE_FILE).write_text(json.dumps(source, indent=2))
         (model.folder(repository) / CONFIG_FILE).write_text(config_pbtxt(model))
     return [model for model, _, _ in exported]
@@ -274,8 +288,11 @@ def publish(staging: Path, repository: Path, models: list[TritonModel]) -> dict[
             changed.append(model.name)
         _write_atomically(model.folder(repository) / CONFIG_FILE, (model.folder(staging) / CONFIG_FILE).read_text())
     wanted = {m.name for m in models}
-    removed = [f.name for f in sorted(repository.iterdir()) if f.is_dir() and f.name not in wanted
-               and not f.name.startswith(".")]
+    removed = [
+        f.name
+        for f in sorted(repository.iterdir())
+        if f.is_dir() and f.name not in wanted and not f.name.startswith(".")
+    ]
     for name in removed:
         shutil.rmtree(repository / name)
     return {"written": changed, "unchanged": kept, "removed": removed}

@@ -56,6 +56,7 @@ class AccuracySettings:
 @dataclass(frozen=True)
 class Ratio:
     """Σ numerator / Σ denominator over units (users), with its delta-method standard error."""
+
     value: float
     se: float
     units: int
@@ -79,36 +80,60 @@ class Ratio:
 # --- per answer ------------------------------------------------------------------------------------------
 def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
     """One row per recommend answer that succeeded: its hits, items shown, NDCG and expected hits at k."""
-    answers = logs.filter((pl.col("endpoint") == "recommend") & (pl.col("status") == OK)) \
-        .with_row_index("answer")
-    shown = answers.select("answer", "user_id", "served_at", "item_ids", "scores") \
-        .explode("item_ids", "scores").rename({"item_ids": "item_id", "scores": "score"}) \
-        .drop_nulls("item_id") \
-        .with_columns(pl.int_range(1, pl.len() + 1).over("answer").alias("rank")) \
+    answers = logs.filter((pl.col("endpoint") == "recommend") & (pl.col("status") == OK)).with_row_index("answer")
+    shown = (
+        answers.select("answer", "user_id", "served_at", "item_ids", "scores")
+        .explode("item_ids", "scores")
+        .rename({"item_ids": "item_id", "scores": "score"})
+        .drop_nulls("item_id")
+        .with_columns(pl.int_range(1, pl.len() + 1).over("answer").alias("rank"))
         .filter(pl.col("rank") <= settings.k)
-    events = interactions.filter(pl.col("event_type").is_in(list(settings.outcomes))) \
-        .select("user_id", "item_id", pl.col("event_timestamp").alias("at"))
-    hits = shown.join(events, on=["user_id", "item_id"]) \
-        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon)) \
-        .select("answer", "rank").unique().with_columns(pl.lit(1).alias("hit"))
+    )
+    events = interactions.filter(pl.col("event_type").is_in(list(settings.outcomes))).select(
+        "user_id", "item_id", pl.col("event_timestamp").alias("at")
+    )
+    hits = (
+        shown.join(events, on=["user_id", "item_id"])
+        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon))
+        .select("answer", "rank")
+        .unique()
+        .with_columns(pl.lit(1).alias("hit"))
+    )
     shown = shown.join(hits, on=["answer", "rank"], how="left").with_columns(pl.col("hit").fill_null(0))
     per_answer = shown.group_by("answer").agg(
-        pl.col("hit").sum().alias("hits"), pl.len().alias("shown"),
+        pl.col("hit").sum().alias("hits"),
+        pl.len().alias("shown"),
         (pl.col("hit") / (pl.col("rank") + 1).log(2)).sum().alias("dcg"),
-        (1 / (1 + (-pl.col("score")).exp())).sum().alias("expected"))
+        (1 / (1 + (-pl.col("score")).exp())).sum().alias("expected"),
+    )
     answers = answers.join(per_answer, on="answer", how="left").with_columns(
-        pl.col("hits").fill_null(0), pl.col("shown").fill_null(0), pl.col("dcg").fill_null(0.0),
-        pl.col("expected").fill_null(0.0))
-    ideal = pl.DataFrame({"hits": range(settings.k + 1),
-                          "idcg": [sum(1 / math.log2(r + 1) for r in range(1, h + 1)) for h in range(settings.k + 1)]},
-                         schema={"hits": answers.schema["hits"], "idcg": pl.Float64})
-    return answers.join(ideal, on="hits", how="left").with_columns(
-        pl.when(pl.col("hits") > 0).then(pl.col("dcg") / pl.col("idcg")).otherwise(0.0).alias("ndcg")).drop("idcg")
+        pl.col("hits").fill_null(0),
+        pl.col("shown").fill_null(0),
+        pl.col("dcg").fill_null(0.0),
+        pl.col("expected").fill_null(0.0),
+    )
+    ideal = pl.DataFrame(
+        {
+            "hits": range(settings.k + 1),
+            "idcg": [sum(1 / math.log2(r + 1) for r in range(1, h + 1)) for h in range(settings.k + 1)],
+        },
+        schema={"hits": answers.schema["hits"], "idcg": pl.Float64},
+    )
+    return (
+        answers.join(ideal, on="hits", how="left")
+        .with_columns(pl.when(pl.col("hits") > 0).then(pl.col("dcg") / pl.col("idcg")).otherwise(0.0).alias("ndcg"))
+        .drop("idcg")
+    )
 
 
 def _per_user(answers: pl.DataFrame) -> pl.DataFrame:
-    return answers.group_by("user_id").agg(pl.col("hits").sum(), pl.col("shown").sum(), pl.col("ndcg").sum(),
-                                           pl.len().alias("answers"), pl.col("expected").sum())
+    return answers.group_by("user_id").agg(
+        pl.col("hits").sum(),
+        pl.col("shown").sum(),
+        pl.col("ndcg").sum(),
+        pl.len().alias("answers"),
+        pl.col("expected").sum(),
+    )
 
 
 def _metrics(users: pl.DataFrame, settings: AccuracySettings) -> dict:
@@ -116,8 +141,7 @@ def _metrics(users: pl.DataFrame, settings: AccuracySettings) -> dict:
     ctr = Ratio.of(h, n)
     ndcg = Ratio.of(users["ndcg"].to_numpy(), users["answers"].to_numpy().astype(float))
     calibration = Ratio.of(h, users["expected"].to_numpy())
-    row = {"users": users.height, "answers": int(users["answers"].sum()), "shown": int(n.sum()),
-           "hits": int(h.sum())}
+    row = {"users": users.height, "answers": int(users["answers"].sum()), "shown": int(n.sum()), "hits": int(h.sum())}
     for name, ratio in (("ctr", ctr), ("ndcg", ndcg), ("calibration", calibration)):
         low, high = ratio.interval(settings.z)
         row.update({name: ratio.value, f"{name}_low": low, f"{name}_high": high, f"{name}_se": ratio.se})
@@ -140,13 +164,17 @@ def by_model(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
 def by_experiment(answers: pl.DataFrame, controls: dict[str, str], settings: AccuracySettings) -> pl.DataFrame:
     """Each experiment's variants against its control on CTR@k (live answers, intent to treat)."""
     live = answers.filter(pl.col("role") == LIVE)
-    assigned = live.with_columns(pl.col("assignments").map_elements(json.loads, return_dtype=pl.Object)
-                                 .alias("_a")) if live.height else live
+    assigned = (
+        live.with_columns(pl.col("assignments").map_elements(json.loads, return_dtype=pl.Object).alias("_a"))
+        if live.height
+        else live
+    )
     names = sorted({e for a in (assigned["_a"].to_list() if live.height else []) for e in a})
     rows = []
     for experiment in names:
-        arm = live.with_columns(pl.Series("arm", [a.get(experiment) for a in assigned["_a"].to_list()],
-                                          dtype=pl.String)).drop_nulls("arm")
+        arm = live.with_columns(
+            pl.Series("arm", [a.get(experiment) for a in assigned["_a"].to_list()], dtype=pl.String)
+        ).drop_nulls("arm")
         arms = {v: arm.filter(pl.col("arm") == v) for v in sorted(set(arm["arm"].to_list()))}
         control = controls.get(experiment) or ("control" if "control" in arms else min(arms))
         if control not in arms:
@@ -157,14 +185,32 @@ def by_experiment(answers: pl.DataFrame, controls: dict[str, str], settings: Acc
     return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 
-def compare(experiment: str, control: str, control_answers: pl.DataFrame, variant: str, answers: pl.DataFrame,
-            settings: AccuracySettings) -> dict:
+def compare(
+    experiment: str,
+    control: str,
+    control_answers: pl.DataFrame,
+    variant: str,
+    answers: pl.DataFrame,
+    settings: AccuracySettings,
+) -> dict:
     c, t = _per_user(control_answers), _per_user(answers)
     rc = Ratio.of(c["hits"].to_numpy().astype(float), c["shown"].to_numpy().astype(float))
     rt = Ratio.of(t["hits"].to_numpy().astype(float), t["shown"].to_numpy().astype(float))
     se = math.hypot(rc.se, rt.se)
-    return _comparison(experiment, control, variant, rc, rt, rt.value - rc.value, se,
-                       (rc.se ** 2 * rc.units, rt.se ** 2 * rt.units), control_answers, answers, settings, False)
+    return _comparison(
+        experiment,
+        control,
+        variant,
+        rc,
+        rt,
+        rt.value - rc.value,
+        se,
+        (rc.se**2 * rc.units, rt.se**2 * rt.units),
+        control_answers,
+        answers,
+        settings,
+        False,
+    )
 
 
 def shadow_against_live(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
@@ -172,9 +218,9 @@ def shadow_against_live(answers: pl.DataFrame, settings: AccuracySettings) -> pl
     live = answers.filter(pl.col("role") == LIVE)
     rows = []
     for (shadow,), group in answers.filter(pl.col("role") == SHADOW).group_by(["variant"], maintain_order=True):
-        paired = group.select("request_id", "user_id", pl.col("hits").alias("h_s"), pl.col("shown").alias("n_s")) \
-            .join(live.select("request_id", pl.col("hits").alias("h_l"), pl.col("shown").alias("n_l")),
-                  on="request_id")
+        paired = group.select("request_id", "user_id", pl.col("hits").alias("h_s"), pl.col("shown").alias("n_s")).join(
+            live.select("request_id", pl.col("hits").alias("h_l"), pl.col("shown").alias("n_l")), on="request_id"
+        )
         users = paired.group_by("user_id").agg(pl.col("h_s", "n_s", "h_l", "n_l").sum())
         hs, ns = users["h_s"].to_numpy().astype(float), users["n_s"].to_numpy().astype(float)
         hl, nl = users["h_l"].to_numpy().astype(float), users["n_l"].to_numpy().astype(float)
@@ -185,46 +231,87 @@ def shadow_against_live(answers: pl.DataFrame, settings: AccuracySettings) -> pl
             se = math.sqrt(float(np.var(residual, ddof=1)) / len(users))
         else:
             se = math.nan
-        sigma2 = se ** 2 * len(users) / 2
-        rows.append(_comparison(f"shadow:{shadow}", "live", shadow, rl, rs, diff, se, (sigma2, sigma2),
-                                live.join(group.select("request_id"), on="request_id"), group, settings, True))
+        sigma2 = se**2 * len(users) / 2
+        rows.append(
+            _comparison(
+                f"shadow:{shadow}",
+                "live",
+                shadow,
+                rl,
+                rs,
+                diff,
+                se,
+                (sigma2, sigma2),
+                live.join(group.select("request_id"), on="request_id"),
+                group,
+                settings,
+                True,
+            )
+        )
     return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 
-def _comparison(experiment: str, control: str, variant: str, rc: Ratio, rt: Ratio, diff: float, se: float,
-                variances: tuple[float, float], control_answers: pl.DataFrame, answers: pl.DataFrame,
-                settings: AccuracySettings, counterfactual: bool) -> dict:
+def _comparison(
+    experiment: str,
+    control: str,
+    variant: str,
+    rc: Ratio,
+    rt: Ratio,
+    diff: float,
+    se: float,
+    variances: tuple[float, float],
+    control_answers: pl.DataFrame,
+    answers: pl.DataFrame,
+    settings: AccuracySettings,
+    counterfactual: bool,
+) -> dict:
     z = diff / se if se and not math.isnan(se) else math.nan
     p = float(2 * norm.sf(abs(z))) if not math.isnan(z) else math.nan
     effect = settings.minimum_effect * rc.value
     z_sum = float(norm.ppf(1 - settings.alpha / 2) + norm.ppf(settings.power))
-    needed = math.ceil(z_sum ** 2 * sum(variances) / effect ** 2) if effect and not math.isnan(sum(variances)) \
-        else None
-    return {"experiment": experiment, "control": control, "variant": variant,
-            "control_versions": ",".join(sorted(set(control_answers["model_version"].to_list()))),
-            "variant_versions": ",".join(sorted(set(answers["model_version"].to_list()))),
-            "control_users": rc.units, "variant_users": rt.units, "control_ctr": rc.value, "variant_ctr": rt.value,
-            "difference": diff, "difference_low": diff - settings.z * se, "difference_high": diff + settings.z * se,
-            "p_value": p, "significant": bool(p < settings.alpha) if not math.isnan(p) else False,
-            "users_needed_per_arm": needed,
-            "users_still_needed": max(0, needed - min(rc.units, rt.units)) if needed is not None else None,
-            "counterfactual": counterfactual}
+    needed = math.ceil(z_sum**2 * sum(variances) / effect**2) if effect and not math.isnan(sum(variances)) else None
+    return {
+        "experiment": experiment,
+        "control": control,
+        "variant": variant,
+        "control_versions": ",".join(sorted(set(control_answers["model_version"].to_list()))),
+        "variant_versions": ",".join(sorted(set(answers["model_version"].to_list()))),
+        "control_users": rc.units,
+        "variant_users": rt.units,
+        "control_ctr": rc.value,
+        "variant_ctr": rt.value,
+        "difference": diff,
+        "difference_low": diff - settings.z * se,
+        "difference_high": diff + settings.z * se,
+        "p_value": p,
+        "significant": bool(p < settings.alpha) if not math.isnan(p) else False,
+        "users_needed_per_arm": needed,
+        "users_still_needed": max(0, needed - min(rc.units, rt.units)) if needed is not None else None,
+        "counterfactual": counterfactual,
+    }
 
 
 # --- latency, time series, drops -------------------------------------------------------------------------
 def latency(logs: pl.DataFrame) -> pl.DataFrame:
     """Latency percentiles per role, endpoint, served entry and version, from the logs."""
-    return logs.group_by("role", "endpoint", "served_model", "model_version").agg(
-        pl.len().alias("answers"),
-        *[pl.col("latency_ms").quantile(q, "linear").alias(f"p{int(q * 100)}_ms") for q in (0.5, 0.9, 0.99)],
-    ).sort("role", "endpoint", "served_model", "model_version")
+    return (
+        logs.group_by("role", "endpoint", "served_model", "model_version")
+        .agg(
+            pl.len().alias("answers"),
+            *[pl.col("latency_ms").quantile(q, "linear").alias(f"p{int(q * 100)}_ms") for q in (0.5, 0.9, 0.99)],
+        )
+        .sort("role", "endpoint", "served_model", "model_version")
+    )
 
 
 def ctr_over_time(answers: pl.DataFrame, every: str = "1h") -> pl.DataFrame:
     """CTR@k per variant (live and shadow) per time bucket."""
-    return answers.sort("served_at").group_by_dynamic("served_at", every=every, group_by=["role", "variant"]).agg(
-        (pl.col("hits").sum() / pl.col("shown").sum()).alias("ctr"), pl.len().alias("answers")) \
+    return (
+        answers.sort("served_at")
+        .group_by_dynamic("served_at", every=every, group_by=["role", "variant"])
+        .agg((pl.col("hits").sum() / pl.col("shown").sum()).alias("ctr"), pl.len().alias("answers"))
         .sort("role", "variant", "served_at")
+    )
 
 
 @dataclass(frozen=True)
@@ -244,10 +331,18 @@ def drops(today: pl.DataFrame, history: pl.DataFrame, threshold: float, alpha: f
         return found
 
     def pooled(frame: pl.DataFrame, name: str) -> pl.DataFrame:  # one CTR per entry over its groups
-        return frame.filter(pl.col("role") == LIVE).group_by("served_model").agg(
-            (pl.col("hits").sum() / pl.col("shown").sum()).alias(name),
-            ((pl.col("ctr_se").fill_nan(0.0) * pl.col("shown")) ** 2).sum().sqrt()
-            .truediv(pl.col("shown").sum()).alias(f"{name}_se"))
+        return (
+            frame.filter(pl.col("role") == LIVE)
+            .group_by("served_model")
+            .agg(
+                (pl.col("hits").sum() / pl.col("shown").sum()).alias(name),
+                ((pl.col("ctr_se").fill_nan(0.0) * pl.col("shown")) ** 2)
+                .sum()
+                .sqrt()
+                .truediv(pl.col("shown").sum())
+                .alias(f"{name}_se"),
+            )
+        )
 
     for row in pooled(today, "ctr").join(pooled(history, "baseline"), on="served_model").iter_rows(named=True):
         if not row["baseline"]:
@@ -291,11 +386,20 @@ def online_verdict(comparisons: pl.DataFrame, challenger: str, champion: str, ma
     best = fitting.sort(pl.col("variant_users") + pl.col("control_users"), descending=True).row(0, named=True)
     source = best["experiment"]
     if not best["significant"]:
-        return Evidence(False, f"{source}: difference {best['difference']:+.4f} not significant "
-                               f"(p={best['p_value']:.3g}; {best['users_still_needed']} more users per arm needed)",
-                        source,
-                        best["difference"], best["p_value"])
+        return Evidence(
+            False,
+            f"{source}: difference {best['difference']:+.4f} not significant "
+            f"(p={best['p_value']:.3g}; {best['users_still_needed']} more users per arm needed)",
+            source,
+            best["difference"],
+            best["p_value"],
+        )
     passed = best["difference"] > margin
-    return Evidence(passed, f"{source}: CTR@k {best['variant_ctr']:.4f} vs {best['control_ctr']:.4f} "
-                            f"(difference {best['difference']:+.4f}, p={best['p_value']:.3g}, margin {margin})",
-                    source, best["difference"], best["p_value"])
+    return Evidence(
+        passed,
+        f"{source}: CTR@k {best['variant_ctr']:.4f} vs {best['control_ctr']:.4f} "
+        f"(difference {best['difference']:+.4f}, p={best['p_value']:.3g}, margin {margin})",
+        source,
+        best["difference"],
+        best["p_value"],
+    )

@@ -128,13 +128,27 @@ class AsOfResult:
     reports: list[ViewReport] = field(default_factory=list)
 
     def report_rows(self) -> list[dict]:
-        return [{"view": r.view, "kind": str(r.kind), "rows": r.rows, "nulls": r.nulls,
-                 "null_rate": round(r.null_rate, 4), "before_data": r.before_data, "no_value": r.no_value}
-                for r in self.reports]
+        return [
+            {
+                "view": r.view,
+                "kind": str(r.kind),
+                "rows": r.rows,
+                "nulls": r.nulls,
+                "null_rate": round(r.null_rate, 4),
+                "before_data": r.before_data,
+                "no_value": r.no_value,
+            }
+            for r in self.reports
+        ]
 
 
-def features_as_of(lake_root: Path | str, features: Sequence[str | FeatureRef], entities: pl.DataFrame,
-                   timing: Timing = LIVE_TIMING, catalogue: Catalogue = default_catalogue) -> AsOfResult:
+def features_as_of(
+    lake_root: Path | str,
+    features: Sequence[str | FeatureRef],
+    entities: pl.DataFrame,
+    timing: Timing = LIVE_TIMING,
+    catalogue: Catalogue = default_catalogue,
+) -> AsOfResult:
     """The requested features (`<view>__<feature>`) of every row of `entities` as of the row's
     `event_timestamp`, by the rules in this module's docstring. Rows keep their order."""
     if TIMESTAMP not in entities.columns:
@@ -144,8 +158,7 @@ def features_as_of(lake_root: Path | str, features: Sequence[str | FeatureRef], 
     for ref in refs:
         by_view.setdefault(ref.view, []).append(ref.feature)
     lake = Lake(Path(lake_root))
-    frame = entities.with_columns(pl.col(TIMESTAMP).cast(POLARS_TYPES["timestamp"]),
-                                  pl.int_range(pl.len()).alias(_ROW))
+    frame = entities.with_columns(pl.col(TIMESTAMP).cast(POLARS_TYPES["timestamp"]), pl.int_range(pl.len()).alias(_ROW))
     reports = []
     for name, wanted in by_view.items():
         view = catalogue.view(name)
@@ -161,8 +174,9 @@ def features_as_of(lake_root: Path | str, features: Sequence[str | FeatureRef], 
     return AsOfResult(frame.sort(_ROW).drop(_ROW), reports)
 
 
-def _view_as_of(lake: Lake, view: FeatureView, wanted: list[str], rows: pl.DataFrame, timing: Timing
-                ) -> tuple[pl.DataFrame, ViewReport]:
+def _view_as_of(
+    lake: Lake, view: FeatureView, wanted: list[str], rows: pl.DataFrame, timing: Timing
+) -> tuple[pl.DataFrame, ViewReport]:
     kind = view_kind(view)
     first = _first_day(lake, view)
     ts = pl.col(TIMESTAMP)
@@ -181,14 +195,24 @@ def _view_as_of(lake: Lake, view: FeatureView, wanted: list[str], rows: pl.DataF
         known = lookup.filter(pl.col(_AS_OF) > _midnight(first)) if first else lookup.clear()
         joined = _streaming_values(lake, view, known, timing)
     columns = {f: POLARS_TYPES[view.dtype_of(next(x for x in view.features if x.name == f))] for f in wanted}
-    out = rows.select(_ROW).join(joined.select(_ROW, *[c for c in columns if c in joined.columns]),
-                                 on=_ROW, how="left")
-    out = out.select(_ROW, *[(pl.col(c).cast(t) if c in out.columns else pl.lit(None, t)).alias(f"{view.name}__{c}")
-                             for c, t in columns.items()])
+    out = rows.select(_ROW).join(joined.select(_ROW, *[c for c in columns if c in joined.columns]), on=_ROW, how="left")
+    out = out.select(
+        _ROW,
+        *[
+            (pl.col(c).cast(t) if c in out.columns else pl.lit(None, t)).alias(f"{view.name}__{c}")
+            for c, t in columns.items()
+        ],
+    )
     probe = pl.col(f"{view.name}__{wanted[0]}")
     no_value = joined.filter(pl.col(wanted[0]).is_null()).height if wanted[0] in joined.columns else joined.height
-    report = ViewReport(view.name, kind, rows.height, out.filter(probe.is_null()).height,
-                        rows.height - known.height, no_value if kind != ViewKind.STREAMING else 0)
+    report = ViewReport(
+        view.name,
+        kind,
+        rows.height,
+        out.filter(probe.is_null()).height,
+        rows.height - known.height,
+        no_value if kind != ViewKind.STREAMING else 0,
+    )
     return out, report
 
 
@@ -210,16 +234,26 @@ def dimension_versions(lake: Lake, view: FeatureView, through: date) -> pl.DataF
         raise ValueError(f"feature view {view.name!r} is not a dimension view")
     first = _first_day(lake, view)
     if first is None or through < first:
-        return pl.DataFrame(schema={**{k: pl.Int64 for k in view.join_keys}, TIMESTAMP: POLARS_TYPES["timestamp"],
-                                    KNOWN_AT: POLARS_TYPES["timestamp"]})
+        return pl.DataFrame(
+            schema={
+                **{k: pl.Int64 for k in view.join_keys},
+                TIMESTAMP: POLARS_TYPES["timestamp"],
+                KNOWN_AT: POLARS_TYPES["timestamp"],
+            }
+        )
     days = [first + timedelta(days=n) for n in range((through - first).days + 1)]
-    frames = [_read(lake, OFFLINE_ZONE, view.name, d).with_columns(
-        pl.lit(day_end(d)).cast(POLARS_TYPES["timestamp"]).alias(KNOWN_AT)) for d in days]
+    frames = [
+        _read(lake, OFFLINE_ZONE, view.name, d).with_columns(
+            pl.lit(day_end(d)).cast(POLARS_TYPES["timestamp"]).alias(KNOWN_AT)
+        )
+        for d in days
+    ]
     keys = view.join_keys
     changes = pl.concat(frames).sort(KNOWN_AT, TIMESTAMP)
     # in force: a version whose updated_at is not older than every version delivered before it
-    in_force = changes.filter(pl.col(TIMESTAMP) >= pl.col(TIMESTAMP).cum_max().shift(1).over(keys)
-                              .fill_null(pl.col(TIMESTAMP)))
+    in_force = changes.filter(
+        pl.col(TIMESTAMP) >= pl.col(TIMESTAMP).cum_max().shift(1).over(keys).fill_null(pl.col(TIMESTAMP))
+    )
     return in_force.unique([*keys, KNOWN_AT], keep="last", maintain_order=True)
 
 
@@ -246,7 +280,8 @@ def _streaming_values(lake: Lake, view: FeatureView, rows: pl.DataFrame, timing:
         if slide != timing.slide_seconds:
             raise MissingPartitionError(
                 f"{HISTORY_ZONE}/{view.name}/date={day} was recorded at a {slide}s slide; the live job slides "
-                f"every {timing.slide_seconds}s: re-run the backfill at the live slide")
+                f"every {timing.slide_seconds}s: re-run the backfill at the live slide"
+            )
         frames.append(history.rename({TIMESTAMP: _AS_OF}).with_columns(pl.lit(True).alias("_found")))
     if not frames:
         return rows
@@ -289,12 +324,23 @@ def item_embeddings_as_of(lake_root: Path | str, entities: pl.DataFrame) -> pl.D
     frame = entities.with_columns(pl.col(TIMESTAMP).cast(POLARS_TYPES["timestamp"]), pl.int_range(pl.len()).alias(_ROW))
     if not days:
         return frame.drop(_ROW).with_columns(pl.lit(None, pl.List(pl.Float32)).alias("item_embedding"))
-    versions = pl.concat([
-        lake.read_partition(EMBEDDINGS_ZONE, ITEMS_TABLE, d).filter(pl.col("skip_reason").is_null())
-        .select("item_id", pl.col("image_embedding").alias("item_embedding"),
-                pl.lit(day_end(d)).cast(POLARS_TYPES["timestamp"]).alias(_AS_OF)) for d in days]).sort(_AS_OF)
-    joined = frame.with_columns(pl.col(TIMESTAMP).alias(_AS_OF)).sort(_AS_OF).join_asof(
-        versions, on=_AS_OF, by="item_id", strategy="backward", check_sortedness=False)
+    versions = pl.concat(
+        [
+            lake.read_partition(EMBEDDINGS_ZONE, ITEMS_TABLE, d)
+            .filter(pl.col("skip_reason").is_null())
+            .select(
+                "item_id",
+                pl.col("image_embedding").alias("item_embedding"),
+                pl.lit(day_end(d)).cast(POLARS_TYPES["timestamp"]).alias(_AS_OF),
+            )
+            for d in days
+        ]
+    ).sort(_AS_OF)
+    joined = (
+        frame.with_columns(pl.col(TIMESTAMP).alias(_AS_OF))
+        .sort(_AS_OF)
+        .join_asof(versions, on=_AS_OF, by="item_id", strategy="backward", check_sortedness=False)
+    )
     return joined.sort(_ROW).drop(_ROW, _AS_OF)
 
 
@@ -309,8 +355,9 @@ def _read(lake: Lake, zone: str, table: str, day: date) -> pl.DataFrame:
     try:
         return lake.read_partition(zone, table, day)
     except FileNotFoundError:
-        raise MissingPartitionError(f"{zone}/{table}/date={day} is missing: materialize it before reading "
-                                    f"features as of a time that needs it") from None
+        raise MissingPartitionError(
+            f"{zone}/{table}/date={day} is missing: materialize it before reading features as of a time that needs it"
+        ) from None
 
 
 def _midnight(day: date) -> datetime:

@@ -118,8 +118,11 @@ def frame(records: list[PredictionRecord]) -> pl.DataFrame:
 
 def spool_days(lake_root: Path) -> list[date]:
     folder = Path(lake_root) / ZONE / SPOOL
-    return sorted(date.fromisoformat(p.name.removeprefix("date=")) for p in folder.glob("date=*")
-                  if p.is_dir()) if folder.is_dir() else []
+    return (
+        sorted(date.fromisoformat(p.name.removeprefix("date=")) for p in folder.glob("date=*") if p.is_dir())
+        if folder.is_dir()
+        else []
+    )
 
 
 def read_spool(lake_root: Path, day: date) -> pl.DataFrame:

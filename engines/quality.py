@@ -123,13 +123,15 @@ class QualityEngine:
                 continue
             result = json.loads(newest.read_text())
             stats = result["statistics"]
-            rows.append({
-                "suite": result["suite_name"],
-                "run": result["meta"]["run_id"]["run_name"],
-                "success": bool(result["success"]),
-                "evaluated": stats["evaluated_expectations"],
-                "failed": stats["unsuccessful_expectations"],
-            })
+            rows.append(
+                {
+                    "suite": result["suite_name"],
+                    "run": result["meta"]["run_id"]["run_name"],
+                    "success": bool(result["success"]),
+                    "evaluated": stats["evaluated_expectations"],
+                    "failed": stats["unsuccessful_expectations"],
+                }
+            )
         return rows
 
     @contextlib.contextmanager

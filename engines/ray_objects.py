@@ -24,6 +24,7 @@ _CACHE: dict[str, tuple[str, Any, Callable[[Any], None] | None]] = {}
 class Shipped:
     """An object in Ray's object store, passed by reference (the driver keeps it alive while a
     pipeline runs)."""
+
     ref: Any  # ray.ObjectRef
 
     @classmethod
@@ -33,8 +34,7 @@ class Shipped:
         return cls(ray.put(value))
 
 
-def cached(kind: str, shipped: Shipped, build: Callable[[Any], T],
-           release: Callable[[T], None] | None = None) -> T:
+def cached(kind: str, shipped: Shipped, build: Callable[[Any], T], release: Callable[[T], None] | None = None) -> T:
     """This process's `build(object)` of `shipped`, made on first use; `release` disposes of the
     previous object of the same kind when a new one replaces it."""
     import ray

@@ -48,8 +48,11 @@ class RegisteredVersion:
 
 def file_checksums(folder: Path) -> dict[str, str]:
     """sha256 of every file under `folder` (relative paths), except the checksum file itself."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != CHECKSUMS_FILE}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != CHECKSUMS_FILE
+    }
 
 
 class ModelRegistry:
@@ -70,17 +73,27 @@ class ModelRegistry:
         found = self.client.get_experiment_by_name(self.experiment)
         if found:
             return found.experiment_id
-        location = Path(self.artifact_root).resolve().as_uri() if self.artifact_root and "://" not in \
-            self.artifact_root else self.artifact_root
+        location = (
+            Path(self.artifact_root).resolve().as_uri()
+            if self.artifact_root and "://" not in self.artifact_root
+            else self.artifact_root
+        )
         return self.client.create_experiment(self.experiment, artifact_location=location)
 
     # --- registering ------------------------------------------------------------------------
-    def register(self, name: str, model_dir: Path, tags: dict[str, str], metrics: dict[str, float],
-                 params: dict[str, str] | None = None) -> RegisteredVersion:
+    def register(
+        self,
+        name: str,
+        model_dir: Path,
+        tags: dict[str, str],
+        metrics: dict[str, float],
+        params: dict[str, str] | None = None,
+    ) -> RegisteredVersion:
         """Log the model folder with its checksums in a run and register it as a new version of
         `name`, tagged with its lineage (code version, data, run, asset, metrics)."""
-        run = self.client.create_run(self._experiment_id(), run_name=f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}",
-                                     tags=tags)
+        run = self.client.create_run(
+            self._experiment_id(), run_name=f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}", tags=tags
+        )
         run_id = run.info.run_id
         try:
             for key, value in (params or {}).items():
@@ -102,8 +115,9 @@ class ModelRegistry:
         except MlflowException:
             self.client.create_registered_model(name, description="Registered by mlplane")
         version_tags = {**tags, **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()}, CHECKSUM_TAG: checksum}
-        created = self.client.create_model_version(name, f"runs:/{run_id}/{ARTIFACT_PATH}", run_id=run_id,
-                                                   tags=version_tags)
+        created = self.client.create_model_version(
+            name, f"runs:/{run_id}/{ARTIFACT_PATH}", run_id=run_id, tags=version_tags
+        )
         return self.get(name, created.version)
 
     # --- reading ----------------------------------------------------------------------------
@@ -127,8 +141,9 @@ class ModelRegistry:
         for alias, version in sorted(aliases.items()):
             held.setdefault(str(version), []).append(alias)
         found = self.client.search_model_versions(f"name = '{name}'")
-        return sorted((_registered(name, mv, held.get(str(mv.version), [])) for mv in found),
-                      key=lambda v: int(v.version))
+        return sorted(
+            (_registered(name, mv, held.get(str(mv.version), [])) for mv in found), key=lambda v: int(v.version)
+        )
 
     def load(self, name: str, version: str, destination: Path) -> Path:
         """Download a version's model folder and verify every file against its checksums."""
@@ -139,13 +154,17 @@ class ModelRegistry:
         if not recorded_file.exists():
             raise CorruptArtifactError(f"{name} v{version}: {CHECKSUMS_FILE} is missing from the artifact")
         if hashlib.sha256(recorded_file.read_bytes()).hexdigest() != mv.tags.get(CHECKSUM_TAG):
-            raise CorruptArtifactError(f"{name} v{version}: {CHECKSUMS_FILE} does not match the checksum "
-                                       "registered with the version; refusing to load")
+            raise CorruptArtifactError(
+                f"{name} v{version}: {CHECKSUMS_FILE} does not match the checksum "
+                "registered with the version; refusing to load"
+            )
         recorded, actual = json.loads(recorded_file.read_text()), file_checksums(folder)
         bad = sorted(f for f in recorded.keys() | actual.keys() if recorded.get(f) != actual.get(f))
         if bad:
-            raise CorruptArtifactError(f"{name} v{version}: artifact files {bad} do not match their registered "
-                                       "sha256 checksums (corrupted or altered); refusing to load")
+            raise CorruptArtifactError(
+                f"{name} v{version}: artifact files {bad} do not match their registered "
+                "sha256 checksums (corrupted or altered); refusing to load"
+            )
         return folder
 
     # --- aliases ----------------------------------------------------------------------------
@@ -155,8 +174,9 @@ class ModelRegistry:
         if not stack or stack[-1] != str(version):
             stack.append(str(version))
         self.client.set_registered_model_alias(name, alias, str(version))
-        self._write_history(name, alias, stack, {"action": "set", "version": str(version), "who": who,
-                                                 "reason": reason})
+        self._write_history(
+            name, alias, stack, {"action": "set", "version": str(version), "who": who, "reason": reason}
+        )
 
     def rollback(self, name: str, alias: str, who: str, reason: str) -> tuple[str, str]:
         """Move `alias` back to the version it pointed at before; returns (from, to)."""
@@ -172,10 +192,18 @@ class ModelRegistry:
             raise ValueError(f"{name!r} {alias!r} has no earlier version than v{current.version} to roll back to")
         target = stack[-1]
         self.client.set_registered_model_alias(name, alias, target)
-        self.client.set_model_version_tag(name, current.version, f"mlplane.rolled_back_from.{alias}",
-                                          json.dumps({"who": who, "reason": reason, "at": _now()}))
-        self._write_history(name, alias, stack, {"action": "rollback", "from": current.version, "version": target,
-                                                 "who": who, "reason": reason})
+        self.client.set_model_version_tag(
+            name,
+            current.version,
+            f"mlplane.rolled_back_from.{alias}",
+            json.dumps({"who": who, "reason": reason, "at": _now()}),
+        )
+        self._write_history(
+            name,
+            alias,
+            stack,
+            {"action": "rollback", "from": current.version, "version": target, "who": who, "reason": reason},
+        )
         return current.version, target
 
     def alias_log(self, name: str, alias: str) -> list[dict]:
@@ -195,8 +223,14 @@ class ModelRegistry:
 
 
 def _registered(name: str, mv, aliases: list[str]) -> RegisteredVersion:
-    return RegisteredVersion(name, str(mv.version), mv.run_id, aliases, dict(mv.tags),
-                             datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC))
+    return RegisteredVersion(
+        name,
+        str(mv.version),
+        mv.run_id,
+        aliases,
+        dict(mv.tags),
+        datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC),
+    )
 
 
 def _now() -> str:

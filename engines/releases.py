@@ -13,8 +13,12 @@ from pathlib import Path
 import polars as pl
 
 ZONE = "ground_truth"
-LABELS_FILE, MANIFEST_FILE, CARD_FILE, LABEL_STUDIO_FILE = "labels.parquet", "manifest.json", "README.md", \
-    "label_studio.json"
+LABELS_FILE, MANIFEST_FILE, CARD_FILE, LABEL_STUDIO_FILE = (
+    "labels.parquet",
+    "manifest.json",
+    "README.md",
+    "label_studio.json",
+)
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,18 @@ class ItemSearch:
         self.model = load_model(spec)
         self.geometry = geometry  # item_geometry's current rows (engines.geometry_job.current_geometry)
 
-    def search(self, text: str | None = None, image: Path | bytes | None = None, k: int = 10,
-               category: str | list[str] | None = None, price_min: float | None = None,
-               price_max: float | None = None, using: str = "image", max_faces: int | None = None,
-               watertight: bool = False) -> list[Hit]:
+    def search(
+        self,
+        text: str | None = None,
+        image: Path | bytes | None = None,
+        k: int = 10,
+        category: str | list[str] | None = None,
+        price_min: float | None = None,
+        price_max: float | None = None,
+        using: str = "image",
+        max_faces: int | None = None,
+        watertight: bool = False,
+    ) -> list[Hit]:
         """Top-k items for a text or an image query. `using` picks the stored vector the query is
         compared with: 'image' (thumbnails) or 'text' (titles). `max_faces` and `watertight` keep items
         whose measured mesh fits (items with a broken or unmeasured mesh never do)."""

@@ -53,24 +53,37 @@ class ViewSkew:
 
     @property
     def passed(self) -> bool:
-        return not self.mismatch_definition and not self.mismatch_warehouse \
+        return (
+            not self.mismatch_definition
+            and not self.mismatch_warehouse
             and abs(self.null_rate_path - self.null_rate_definition) < 1e-12
+        )
 
     def to_row(self) -> dict:
-        return {"view": self.view, "kind": self.kind, "rows": self.rows,
-                "mismatch_vs_definition": self.mismatch_definition, "mismatch_vs_warehouse": self.mismatch_warehouse,
-                "null_rate_path": round(self.null_rate_path, 4),
-                "null_rate_definition": round(self.null_rate_definition, 4),
-                "null_rate_difference": round(self.null_rate_path - self.null_rate_definition, 4),
-                "example": self.example}
+        return {
+            "view": self.view,
+            "kind": self.kind,
+            "rows": self.rows,
+            "mismatch_vs_definition": self.mismatch_definition,
+            "mismatch_vs_warehouse": self.mismatch_warehouse,
+            "null_rate_path": round(self.null_rate_path, 4),
+            "null_rate_definition": round(self.null_rate_definition, 4),
+            "null_rate_difference": round(self.null_rate_path - self.null_rate_definition, 4),
+            "example": self.example,
+        }
 
 
 def sample_rows(frame: pl.DataFrame, n: int, seed: int = 0) -> pl.DataFrame:
     return frame.sample(min(n, frame.height), seed=seed) if frame.height else frame
 
 
-def skew(lake_root: Path | str, path_rows: pl.DataFrame, features: list[str], timing: Timing = LIVE_TIMING,
-         catalogue: Catalogue = default_catalogue) -> list[ViewSkew]:
+def skew(
+    lake_root: Path | str,
+    path_rows: pl.DataFrame,
+    features: list[str],
+    timing: Timing = LIVE_TIMING,
+    catalogue: Catalogue = default_catalogue,
+) -> list[ViewSkew]:
     """Per view: how many of `path_rows` (keys, `event_timestamp`, the `features` columns as the path
     gave them) differ from the definition and from the warehouse, and the null rates."""
     rows = path_rows.with_columns(pl.int_range(pl.len()).alias(_ROW))
@@ -84,14 +97,29 @@ def skew(lake_root: Path | str, path_rows: pl.DataFrame, features: list[str], ti
     for view, columns in by_view.items():
         differs_def = _differs(rows, definition, columns)
         differs_wh = _differs(rows, warehouse, columns)
-        out.append(ViewSkew(view, str(view_kind(catalogue.view(view))), rows.height, int(differs_def.sum()),
-                            int(differs_wh.sum()), _null_rate(rows, columns[0]), _null_rate(definition, columns[0]),
-                            _example(rows, definition, warehouse, columns, keys, differs_def | differs_wh)))
+        out.append(
+            ViewSkew(
+                view,
+                str(view_kind(catalogue.view(view))),
+                rows.height,
+                int(differs_def.sum()),
+                int(differs_wh.sum()),
+                _null_rate(rows, columns[0]),
+                _null_rate(definition, columns[0]),
+                _example(rows, definition, warehouse, columns, keys, differs_def | differs_wh),
+            )
+        )
     return out
 
 
-def _example(rows: pl.DataFrame, definition: pl.DataFrame, warehouse: pl.DataFrame, columns: list[str],
-             keys: list[str], differs: pl.Series) -> str:
+def _example(
+    rows: pl.DataFrame,
+    definition: pl.DataFrame,
+    warehouse: pl.DataFrame,
+    columns: list[str],
+    keys: list[str],
+    differs: pl.Series,
+) -> str:
     """The first differing row: its keys and time, and one feature on the three paths."""
     bad = rows.filter(differs)
     if not bad.height:
@@ -99,8 +127,9 @@ def _example(rows: pl.DataFrame, definition: pl.DataFrame, warehouse: pl.DataFra
     got = bad.row(0, named=True)
     want = definition.filter(pl.col(_ROW) == got[_ROW]).row(0, named=True)
     recomputed = warehouse.filter(pl.col(_ROW) == got[_ROW]).row(0, named=True)
-    wrong = next((c for c in columns if not (_same_value(got[c], want[c]) and _same_value(got[c], recomputed[c]))),
-                 columns[0])
+    wrong = next(
+        (c for c in columns if not (_same_value(got[c], want[c]) and _same_value(got[c], recomputed[c]))), columns[0]
+    )
     where = {k: str(got[k]) for k in keys if k != _ROW}
     return f"{where} {wrong}: path={got[wrong]} definition={want[wrong]} warehouse={recomputed[wrong]}"
 
@@ -127,8 +156,13 @@ def _null_rate(frame: pl.DataFrame, column: str) -> float:
 
 
 # --- the independent recomputation ---------------------------------------------------------------
-def warehouse_features(lake_root: Path | str, features: list[str], entities: pl.DataFrame,
-                       timing: Timing = LIVE_TIMING, catalogue: Catalogue = default_catalogue) -> pl.DataFrame:
+def warehouse_features(
+    lake_root: Path | str,
+    features: list[str],
+    entities: pl.DataFrame,
+    timing: Timing = LIVE_TIMING,
+    catalogue: Catalogue = default_catalogue,
+) -> pl.DataFrame:
     """The same values as features_as_of, computed from warehouse partitions with the views' polars
     plans: daily views at the midnight that started T's day, dimension views from every delivery before
     T's day, streaming views at the window end the live job had published at T."""
@@ -141,11 +175,14 @@ def warehouse_features(lake_root: Path | str, features: list[str], entities: pl.
     for name, wanted in by_view.items():
         view = catalogue.view(name)
         frame = frame.with_columns(_end_of(view, timing).alias("_end"))
-        values = [_rows_at(lake, view, end).with_columns(pl.lit(end).cast(POLARS_TYPES["timestamp"]).alias("_end"))
-                  for end in sorted(set(frame.get_column("_end").drop_nulls().to_list()))]
+        values = [
+            _rows_at(lake, view, end).with_columns(pl.lit(end).cast(POLARS_TYPES["timestamp"]).alias("_end"))
+            for end in sorted(set(frame.get_column("_end").drop_nulls().to_list()))
+        ]
         if values:
-            table = pl.concat(values).select(*view.join_keys, "_end",
-                                             *[pl.col(f).alias(f"{name}__{f}") for f in wanted])
+            table = pl.concat(values).select(
+                *view.join_keys, "_end", *[pl.col(f).alias(f"{name}__{f}") for f in wanted]
+            )
             frame = frame.join(table, on=[*view.join_keys, "_end"], how="left")
         if view_kind(view) == ViewKind.STREAMING:
             days = lake.partition_days("warehouse", view.source.name)
@@ -153,8 +190,9 @@ def warehouse_features(lake_root: Path | str, features: list[str], entities: pl.
             frame = frame.with_columns(_zero_if_absent(view, wanted, after_first))
         for f in wanted:
             if f"{name}__{f}" not in frame.columns:
-                frame = frame.with_columns(pl.lit(None, POLARS_TYPES[view.dtype_of(_feature(view, f))])
-                                           .alias(f"{name}__{f}"))
+                frame = frame.with_columns(
+                    pl.lit(None, POLARS_TYPES[view.dtype_of(_feature(view, f))]).alias(f"{name}__{f}")
+                )
         frame = frame.drop("_end")
     return frame
 
@@ -172,8 +210,12 @@ def _rows_at(lake: Lake, view: FeatureView, end: datetime) -> pl.DataFrame:
         delivered = [d for d in days if day_end(d) <= end]
         if not delivered:
             return pl.DataFrame(schema=output_schema(view))
-        changes = pl.concat([lake.read_partition("warehouse", view.source.name, d)
-                             .with_columns(pl.lit(d).alias("_delivered")) for d in delivered])
+        changes = pl.concat(
+            [
+                lake.read_partition("warehouse", view.source.name, d).with_columns(pl.lit(d).alias("_delivered"))
+                for d in delivered
+            ]
+        )
         ts = view.source.timestamp_field
         newest = changes.sort(ts, "_delivered").unique([view.source_column(k) for k in view.join_keys], keep="last")
         return build_table_rows(view, newest.drop("_delivered").lazy()).collect()
@@ -211,8 +253,9 @@ def _feature(view: FeatureView, name: str):
 
 
 # --- the online store: the definition "now" ---------------------------------------------------------
-def online_skew(store, lake_root: Path | str, day: date, sample: int = 50, seed: int = 0,
-                catalogue: Catalogue = default_catalogue) -> list[ViewSkew]:
+def online_skew(
+    store, lake_root: Path | str, day: date, sample: int = 50, seed: int = 0, catalogue: Catalogue = default_catalogue
+) -> list[ViewSkew]:
     """The batch-owned views online (`store`: a FeatureStoreEngine) against the definition and the
     warehouse as of the end of `day`, for a sample of the entities that have a row then."""
     lake, at = Lake(Path(lake_root)), day_end(day)
@@ -227,22 +270,24 @@ def online_skew(store, lake_root: Path | str, day: date, sample: int = 50, seed:
         entities = sample_rows(entities.sort(view.join_keys), sample, seed)
         found = store.online_view(view.name, entities.to_dicts(), view.feature_names)
         schema = {f"{view.name}__{f.name}": POLARS_TYPES[view.dtype_of(f)] for f in view.features}
-        values = pl.DataFrame([{f"{view.name}__{k}": v for k, v in row.items()} for _, row in found],
-                              schema=schema)
+        values = pl.DataFrame([{f"{view.name}__{k}": v for k, v in row.items()} for _, row in found], schema=schema)
         path = pl.concat([entities, values], how="horizontal").with_columns(
-            pl.lit(at).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP))
+            pl.lit(at).cast(POLARS_TYPES["timestamp"]).alias(TIMESTAMP)
+        )
         out += skew(lake_root, path, list(schema), catalogue=catalogue)
     return out
 
 
-def streaming_snapshot(store, lake_root: Path | str, day: date, sample: int = 50, seed: int = 0,
-                       catalogue: Catalogue = default_catalogue) -> dict[str, tuple[list[dict], list]]:
+def streaming_snapshot(
+    store, lake_root: Path | str, day: date, sample: int = 50, seed: int = 0, catalogue: Catalogue = default_catalogue
+) -> dict[str, tuple[list[dict], list]]:
     """For a sample of each streaming view's entities with a row on `day`: their online timestamps."""
     lake, out = Lake(Path(lake_root)), {}
     for view in catalogue.views:
         if view.streaming and day in lake.partition_days("offline", view.name):
-            entities = sample_rows(lake.read_partition("offline", view.name, day).select(view.join_keys)
-                                   .sort(view.join_keys), sample, seed).to_dicts()
+            entities = sample_rows(
+                lake.read_partition("offline", view.name, day).select(view.join_keys).sort(view.join_keys), sample, seed
+            ).to_dicts()
             out[view.name] = (entities, store.online_timestamps(view.name, entities))
     return out
 

@@ -61,8 +61,9 @@ class VectorStore:
             raise ValueError(f"vector store location {location!r}: only local folders and http(s):// URLs")
         return cls(_EdgeEngine(Path(location)), location)
 
-    def ensure_collection(self, name: str, vectors: dict[str, int],
-                          payload_indexes: dict[str, str] | None = None) -> None:
+    def ensure_collection(
+        self, name: str, vectors: dict[str, int], payload_indexes: dict[str, str] | None = None
+    ) -> None:
         """Create the collection if missing (named vectors -> dimension), and its payload indexes.
         An existing collection with other vectors is an error, not silently recreated."""
         if not vectors:
@@ -72,8 +73,7 @@ class VectorStore:
                 raise ValueError(f"payload index {field!r}: type {kind!r} is not one of {PAYLOAD_INDEX_TYPES}")
         self._engine.ensure_collection(name, {k: int(v) for k, v in vectors.items()}, payload_indexes or {})
 
-    def upsert(self, name: str, ids: Sequence[str], vectors: dict[str, np.ndarray],
-               payloads: Sequence[dict]) -> None:
+    def upsert(self, name: str, ids: Sequence[str], vectors: dict[str, np.ndarray], payloads: Sequence[dict]) -> None:
         ids = [str(i) for i in ids]
         if len(set(ids)) != len(ids):
             raise ValueError(f"upsert into {name!r}: duplicate ids")
@@ -83,8 +83,9 @@ class VectorStore:
         for vector_name, array in vectors.items():
             array = np.asarray(array, dtype=np.float32)
             if array.ndim != 2 or array.shape[0] != len(ids):
-                raise ValueError(f"upsert into {name!r}: vector {vector_name!r} has shape {array.shape}, "
-                                 f"expected ({len(ids)}, dim)")
+                raise ValueError(
+                    f"upsert into {name!r}: vector {vector_name!r} has shape {array.shape}, expected ({len(ids)}, dim)"
+                )
             arrays[vector_name] = array
         for start in range(0, len(ids), UPSERT_BATCH):
             end = start + UPSERT_BATCH
@@ -116,8 +117,10 @@ class VectorStore:
         if k <= 0 or not len(queries):
             return [[] for _ in range(len(queries))]
         results = self._engine.search_batch(name, queries.tolist(), using, k)
-        return [[Hit(id=payload.pop(ID_KEY), score=float(score), payload=payload) for score, payload in points]
-                for points in results]
+        return [
+            [Hit(id=payload.pop(ID_KEY), score=float(score), payload=payload) for score, payload in points]
+            for points in results
+        ]
 
     def replica(self, name: str) -> Replica:
         """What another process (a Ray worker on any node) needs to query collection `name`: the
@@ -154,6 +157,7 @@ class _Points:
 @dataclass(frozen=True)
 class Replica:
     """A collection to query from another process: by server URL, or points to copy locally."""
+
     name: str
     url: str | None = None
     points: _Points | None = None
@@ -167,23 +171,29 @@ class Replica:
         store._engine.ensure_collection(self.name, {n: int(v.shape[1]) for n, v in points.vectors.items()}, {})
         for start in range(0, len(points.point_ids), UPSERT_BATCH):
             end = start + UPSERT_BATCH
-            vectors = [{n: v[row].tolist() for n, v in points.vectors.items()}
-                       for row in range(start, min(end, len(points.point_ids)))]
+            vectors = [
+                {n: v[row].tolist() for n, v in points.vectors.items()}
+                for row in range(start, min(end, len(points.point_ids)))
+            ]
             store._engine.upsert(self.name, points.point_ids[start:end], vectors, points.payloads[start:end])
         return store
 
 
 def _points(ids: list[str], vectors: list[dict], payloads: list[dict], dims: dict[str, int]) -> _Points:
-    return _Points(ids, {n: np.asarray([v[n] for v in vectors], np.float32).reshape(len(ids), d)
-                         for n, d in dims.items()}, payloads)
+    return _Points(
+        ids,
+        {n: np.asarray([v[n] for v in vectors], np.float32).reshape(len(ids), d) for n, d in dims.items()},
+        payloads,
+    )
 
 
 @dataclass(frozen=True)
 class _Conditions:
     """Filters parsed once, translated by each engine."""
-    equals: dict          # field -> value or list of values
-    ranges: dict          # field -> {gte: .., lte: ..}
-    exclude_ids: list     # point ids
+
+    equals: dict  # field -> value or list of values
+    ranges: dict  # field -> {gte: .., lte: ..}
+    exclude_ids: list  # point ids
 
 
 def _parse_filters(filters: dict) -> _Conditions:
@@ -203,8 +213,9 @@ def _parse_filters(filters: dict) -> _Conditions:
         elif isinstance(condition, str | int | bool):
             equals[field] = condition
         else:
-            raise ValueError(f"filter on {field!r}: unsupported value {condition!r} (use str/int/bool, a list, "
-                             "or a range dict)")
+            raise ValueError(
+                f"filter on {field!r}: unsupported value {condition!r} (use str/int/bool, a list, or a range dict)"
+            )
     return _Conditions(equals, ranges, exclude)
 
 
@@ -212,10 +223,12 @@ class _Engine:
     def ensure_collection(self, name: str, vectors: dict[str, int], payload_indexes: dict[str, str]) -> None: ...
     def upsert(self, name: str, point_ids: list[str], vectors: list[dict], payloads: list[dict]) -> None: ...
     def delete(self, name: str, point_ids: list[str]) -> None: ...
-    def search(self, name: str, query: list[float], using: str, k: int,
-               conditions: _Conditions) -> list[tuple[float, dict]]: ...
-    def search_batch(self, name: str, queries: list[list[float]], using: str,
-                     k: int) -> list[list[tuple[float, dict]]]: ...
+    def search(
+        self, name: str, query: list[float], using: str, k: int, conditions: _Conditions
+    ) -> list[tuple[float, dict]]: ...
+    def search_batch(
+        self, name: str, queries: list[list[float]], using: str, k: int
+    ) -> list[list[tuple[float, dict]]]: ...
     def export(self, name: str) -> _Points: ...
     def ids(self, name: str) -> list[str]: ...
     def count(self, name: str) -> int: ...
@@ -254,12 +267,17 @@ class _EdgeEngine(_Engine):
         else:
             if folder.exists():
                 shutil.rmtree(folder)  # a create that failed half-way
-            config = q.EdgeConfig(vectors={n: q.EdgeVectorParams(size=d, distance=q.Distance.Cosine)
-                                           for n, d in vectors.items()})
+            config = q.EdgeConfig(
+                vectors={n: q.EdgeVectorParams(size=d, distance=q.Distance.Cosine) for n, d in vectors.items()}
+            )
             self._shards[name] = shard = q.EdgeShard.create(str(folder), config)
         indexed = shard.info().payload_schema
-        kinds = {"keyword": q.PayloadSchemaType.Keyword, "integer": q.PayloadSchemaType.Integer,
-                 "float": q.PayloadSchemaType.Float, "bool": q.PayloadSchemaType.Bool}
+        kinds = {
+            "keyword": q.PayloadSchemaType.Keyword,
+            "integer": q.PayloadSchemaType.Integer,
+            "float": q.PayloadSchemaType.Float,
+            "bool": q.PayloadSchemaType.Bool,
+        }
         for field, kind in payload_indexes.items():
             if field not in indexed:
                 shard.update(q.UpdateOperation.create_field_index(field, kinds[kind]))
@@ -268,8 +286,11 @@ class _EdgeEngine(_Engine):
     def upsert(self, name, point_ids, vectors, payloads):
         q = self._q
         shard = self._shard(name)
-        shard.update(q.UpdateOperation.upsert_points(
-            [q.Point(pid, vec, payload) for pid, vec, payload in zip(point_ids, vectors, payloads)]))
+        shard.update(
+            q.UpdateOperation.upsert_points(
+                [q.Point(pid, vec, payload) for pid, vec, payload in zip(point_ids, vectors, payloads)]
+            )
+        )
         self._dirty.add(name)
 
     def delete(self, name, point_ids):
@@ -299,16 +320,24 @@ class _EdgeEngine(_Engine):
     def search(self, name, query, using, k, conditions):
         q = self._q
         shard = self._prepare(name)
-        points = shard.query(q.QueryRequest(limit=k, query=q.Query.Nearest(query, using=using),
-                                            filter=self._filter(conditions), with_payload=True))
+        points = shard.query(
+            q.QueryRequest(
+                limit=k, query=q.Query.Nearest(query, using=using), filter=self._filter(conditions), with_payload=True
+            )
+        )
         return [(p.score, dict(p.payload)) for p in points]
 
     def search_batch(self, name, queries, using, k):
         q = self._q
         shard = self._prepare(name)
-        results = shard.query_batch(q.QueryBatchRequest([
-            q.QueryRequest(limit=k, query=q.Query.Nearest(query, using=using), with_payload=True)
-            for query in queries]))
+        results = shard.query_batch(
+            q.QueryBatchRequest(
+                [
+                    q.QueryRequest(limit=k, query=q.Query.Nearest(query, using=using), with_payload=True)
+                    for query in queries
+                ]
+            )
+        )
         return [[(p.score, dict(p.payload)) for p in points] for points in results]
 
     def export(self, name):
@@ -316,8 +345,9 @@ class _EdgeEngine(_Engine):
         shard, offset = self._prepare(name), None
         ids, vectors, payloads = [], [], []
         while True:
-            records, offset = shard.scroll(q.ScrollRequest(offset=offset, limit=1000, with_payload=True,
-                                                           with_vector=True))
+            records, offset = shard.scroll(
+                q.ScrollRequest(offset=offset, limit=1000, with_payload=True, with_vector=True)
+            )
             for record in records:
                 ids.append(str(record.id))
                 vectors.append(record.vector)
@@ -367,17 +397,28 @@ class _ServerEngine(_Engine):
             if existing != vectors:
                 raise ValueError(f"collection {name!r} exists with vectors {existing}, not {vectors}")
         else:
-            self._client.create_collection(name, vectors_config={
-                n: m.VectorParams(size=d, distance=m.Distance.COSINE) for n, d in vectors.items()})
-        kinds = {"keyword": m.PayloadSchemaType.KEYWORD, "integer": m.PayloadSchemaType.INTEGER,
-                 "float": m.PayloadSchemaType.FLOAT, "bool": m.PayloadSchemaType.BOOL}
+            self._client.create_collection(
+                name, vectors_config={n: m.VectorParams(size=d, distance=m.Distance.COSINE) for n, d in vectors.items()}
+            )
+        kinds = {
+            "keyword": m.PayloadSchemaType.KEYWORD,
+            "integer": m.PayloadSchemaType.INTEGER,
+            "float": m.PayloadSchemaType.FLOAT,
+            "bool": m.PayloadSchemaType.BOOL,
+        }
         for field, kind in payload_indexes.items():
             self._client.create_payload_index(name, field, kinds[kind], wait=True)
 
     def upsert(self, name, point_ids, vectors, payloads):
         m = self._models
-        self._client.upsert(name, [m.PointStruct(id=pid, vector=vec, payload=payload)
-                                   for pid, vec, payload in zip(point_ids, vectors, payloads)], wait=True)
+        self._client.upsert(
+            name,
+            [
+                m.PointStruct(id=pid, vector=vec, payload=payload)
+                for pid, vec, payload in zip(point_ids, vectors, payloads)
+            ],
+            wait=True,
+        )
 
     def delete(self, name, point_ids):
         self._client.delete(name, points_selector=self._models.PointIdsList(points=point_ids), wait=True)
@@ -394,22 +435,23 @@ class _ServerEngine(_Engine):
         return m.Filter(must=must or None, must_not=must_not) if must or must_not else None
 
     def search(self, name, query, using, k, conditions):
-        points = self._client.query_points(name, query=query, using=using, limit=k,
-                                           query_filter=self._filter(conditions), with_payload=True).points
+        points = self._client.query_points(
+            name, query=query, using=using, limit=k, query_filter=self._filter(conditions), with_payload=True
+        ).points
         return [(p.score, dict(p.payload)) for p in points]
 
     def search_batch(self, name, queries, using, k):
         m = self._models
-        responses = self._client.query_batch_points(name, requests=[
-            m.QueryRequest(query=query, using=using, limit=k, with_payload=True) for query in queries])
+        responses = self._client.query_batch_points(
+            name, requests=[m.QueryRequest(query=query, using=using, limit=k, with_payload=True) for query in queries]
+        )
         return [[(p.score, dict(p.payload)) for p in response.points] for response in responses]
 
     def export(self, name):
         params = self._client.get_collection(name).config.params.vectors
         ids, vectors, payloads, offset = [], [], [], None
         while True:
-            records, offset = self._client.scroll(name, limit=1000, offset=offset, with_payload=True,
-                                                  with_vectors=True)
+            records, offset = self._client.scroll(name, limit=1000, offset=offset, with_payload=True, with_vectors=True)
             for record in records:
                 ids.append(str(record.id))
                 vectors.append(record.vector)

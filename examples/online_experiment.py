@@ -40,10 +40,18 @@ from engines.simulator.answer_key import AnswerKey  # noqa: E402
 from orchestration.profiles import local_data_dir  # noqa: E402
 
 EXPERIMENTS = {
-    "experiments": [{"name": "demo_ab", "model": "personalization", "salt": "demo-ab-1",
-                     "description": "champion against challenger, half the users each",
-                     "variants": [{"name": "control", "model_alias": "champion", "traffic": 0.5},
-                                  {"name": "treatment", "model_alias": "challenger", "traffic": 0.5}]}],
+    "experiments": [
+        {
+            "name": "demo_ab",
+            "model": "personalization",
+            "salt": "demo-ab-1",
+            "description": "champion against challenger, half the users each",
+            "variants": [
+                {"name": "control", "model_alias": "champion", "traffic": 0.5},
+                {"name": "treatment", "model_alias": "challenger", "traffic": 0.5},
+            ],
+        }
+    ],
     "shadows": [{"name": "first_version", "model": "personalization", "model_version": 1}],
 }
 
@@ -82,16 +90,43 @@ def simulate_outcomes(answers: pl.DataFrame, key: AnswerKey, seed: int) -> pl.Da
         for rank, item in enumerate(answer["item_ids"], start=1):
             if rng.random() < key.click_probability(user, item) / math.log2(rank + 1):
                 at = answer["served_at"] + timedelta(minutes=rng.uniform(0.5, 20))
-                rows.append({"event_id": f"demo-{len(rows)}", "event_timestamp": at, "user_id": answer["user_id"],
-                             "item_id": item, "event_type": "click", "session_id": answer["request_id"],
-                             "device": "web", "play_seconds": None, "amount": None})
+                rows.append(
+                    {
+                        "event_id": f"demo-{len(rows)}",
+                        "event_timestamp": at,
+                        "user_id": answer["user_id"],
+                        "item_id": item,
+                        "event_type": "click",
+                        "session_id": answer["request_id"],
+                        "device": "web",
+                        "play_seconds": None,
+                        "amount": None,
+                    }
+                )
                 if rng.random() < key.play_probability(user, item):
-                    rows.append({**rows[-1], "event_id": f"demo-{len(rows)}", "event_type": "play",
-                                 "event_timestamp": at + timedelta(seconds=5), "play_seconds": 30.0})
-    return pl.DataFrame(rows, schema={"event_id": pl.String, "event_timestamp": pl.Datetime("us", "UTC"),
-                                      "user_id": pl.Int64, "item_id": pl.Int64, "event_type": pl.String,
-                                      "session_id": pl.String, "device": pl.String, "play_seconds": pl.Float64,
-                                      "amount": pl.Float64})
+                    rows.append(
+                        {
+                            **rows[-1],
+                            "event_id": f"demo-{len(rows)}",
+                            "event_type": "play",
+                            "event_timestamp": at + timedelta(seconds=5),
+                            "play_seconds": 30.0,
+                        }
+                    )
+    return pl.DataFrame(
+        rows,
+        schema={
+            "event_id": pl.String,
+            "event_timestamp": pl.Datetime("us", "UTC"),
+            "user_id": pl.Int64,
+            "item_id": pl.Int64,
+            "event_type": pl.String,
+            "session_id": pl.String,
+            "device": pl.String,
+            "play_seconds": pl.Float64,
+            "amount": pl.Float64,
+        },
+    )
 
 
 def materialize_today(data_dir: Path, day) -> None:
@@ -101,9 +136,14 @@ def materialize_today(data_dir: Path, day) -> None:
     from orchestration.profiles import resources_for
 
     keys = [AssetKey(["serving", "prediction_logs"]), AssetKey(["monitoring", "online_accuracy"])]
-    result = materialize([*all_assets, *all_asset_checks], selection=keys, partition_key=day.isoformat(),
-                         resources=resources_for("local", data_dir=str(data_dir)),
-                         instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    result = materialize(
+        [*all_assets, *all_asset_checks],
+        selection=keys,
+        partition_key=day.isoformat(),
+        resources=resources_for("local", data_dir=str(data_dir)),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
     if not result.success:
         raise SystemExit("materializing the prediction logs and online accuracy failed; see the log above")
 
@@ -145,12 +185,32 @@ def main() -> None:
     materialize_today(data_dir, today)
     pl.Config.set_tbl_cols(20)
     pl.Config.set_tbl_width_chars(200)
-    columns = ["role", "variant", "model_version", "users", "answers", "ctr", "ctr_low", "ctr_high", "ndcg",
-               "calibration"]
+    columns = [
+        "role",
+        "variant",
+        "model_version",
+        "users",
+        "answers",
+        "ctr",
+        "ctr_low",
+        "ctr_high",
+        "ndcg",
+        "calibration",
+    ]
     print(lake.read_partition("monitoring", "online_accuracy", today).select(columns))
-    print(lake.read_partition("monitoring", "online_comparisons", today).select(
-        "experiment", "control", "variant", "control_ctr", "variant_ctr", "difference", "p_value",
-        "users_still_needed", "counterfactual"))
+    print(
+        lake.read_partition("monitoring", "online_comparisons", today).select(
+            "experiment",
+            "control",
+            "variant",
+            "control_ctr",
+            "variant_ctr",
+            "difference",
+            "p_value",
+            "users_still_needed",
+            "counterfactual",
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -293,7 +293,8 @@ class FeatureView:
         if isinstance(spec, Transform):
             if not self.is_table_view:
                 raise FeatureDefinitionError(
-                    f"{where}: row-level transforms belong in a table view; use an aggregation")
+                    f"{where}: row-level transforms belong in a table view; use an aggregation"
+                )
             _check_columns(spec.expr, schema, where, self.source.name)
             return
         if self.is_table_view:
@@ -341,8 +342,12 @@ class Catalogue:
     services: tuple[FeatureService, ...]
 
     def __post_init__(self) -> None:
-        for kind, items in (("entity", self.entities), ("source", self.sources),
-                            ("feature view", self.views), ("feature service", self.services)):
+        for kind, items in (
+            ("entity", self.entities),
+            ("source", self.sources),
+            ("feature view", self.views),
+            ("feature service", self.services),
+        ):
             names = [i.name for i in items]
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
@@ -388,8 +393,13 @@ def _infer_dtype(expr: Expr | None, schema: dict[str, DType]) -> DType:
         return schema[expr.name]
     if isinstance(expr, Lit):
         v = expr.value
-        return "bool" if isinstance(v, bool) else "int64" if isinstance(v, int) else (
-            "float64" if isinstance(v, float) else "string")
+        return (
+            "bool"
+            if isinstance(v, bool)
+            else "int64"
+            if isinstance(v, int)
+            else ("float64" if isinstance(v, float) else "string")
+        )
     if isinstance(expr, IsIn):
         return "bool"
     if isinstance(expr, BinaryOp):

@@ -44,8 +44,11 @@ item_sales_today = FeatureView(
         Feature("buyers_today", distinct_count("user_id", "1d", where=purchase, running=True)),
         Feature("revenue_today", sum_("amount", "1d", where=purchase, running=True)),
         Feature("conversion_today", ratio("purchases_today", "clicks_today"), "Purchases per click since midnight"),
-        Feature("last_buyers_today", last_n("user_id", 5, "1d", where=purchase, running=True),
-                "The last 5 users who bought the item since midnight"),
+        Feature(
+            "last_buyers_today",
+            last_n("user_id", 5, "1d", where=purchase, running=True),
+            "The last 5 users who bought the item since midnight",
+        ),
     ],
 )
 

@@ -26,7 +26,7 @@ user_recommendations = OutputView(
     schema={"item_ids": "int64_list", "scores": "float64_list", "model_version": "string"},
     service="recommendations",
     description="The champion personalization model's daily top-k items per active user, best first "
-                "(batch inference on Ray Data)",
+    "(batch inference on Ray Data)",
 )
 
 all_outputs = [user_recommendations]

@@ -12,8 +12,16 @@ from feature_defs.user_item_features import user_item_affinity
 
 personalization_ranking = FeatureService(
     "personalization_ranking",
-    views=[user_profile, user_engagement, user_activity_realtime, item_popularity, item_trending, item_content,
-           item_geometry_view, user_item_affinity],
+    views=[
+        user_profile,
+        user_engagement,
+        user_activity_realtime,
+        item_popularity,
+        item_trending,
+        item_content,
+        item_geometry_view,
+        user_item_affinity,
+    ],
     description="Features of a (user, item) pair for the recommendation ranker",
 )
 

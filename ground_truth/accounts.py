@@ -51,9 +51,14 @@ def create_account(engine: Engine, username: str, password: str, role: Role) -> 
         raise ValueError("password must be at least 8 characters")
     try:
         with engine.begin() as conn:
-            account_id = conn.execute(insert(accounts).values(
-                username=username, password_hash=hash_password(password), role=Role(role).value,
-                created_at=datetime.now(UTC))).inserted_primary_key[0]
+            account_id = conn.execute(
+                insert(accounts).values(
+                    username=username,
+                    password_hash=hash_password(password),
+                    role=Role(role).value,
+                    created_at=datetime.now(UTC),
+                )
+            ).inserted_primary_key[0]
     except IntegrityError as error:
         raise AccountExists(f"account {username!r} exists") from error
     return Account(account_id, username, Role(role))
@@ -67,15 +72,21 @@ def sign_in(engine: Engine, username: str, password: str) -> str | None:
         return None
     token = secrets.token_urlsafe(32)
     with engine.begin() as conn:
-        conn.execute(insert(sessions).values(token_hash=_token_hash(token), account_id=row.id,
-                                             expires_at=datetime.now(UTC) + timedelta(hours=SESSION_HOURS)))
+        conn.execute(
+            insert(sessions).values(
+                token_hash=_token_hash(token),
+                account_id=row.id,
+                expires_at=datetime.now(UTC) + timedelta(hours=SESSION_HOURS),
+            )
+        )
     return token
 
 
 def account_for(engine: Engine, token: str) -> Account | None:
     with engine.begin() as conn:
-        row = conn.execute(select(accounts, sessions.c.expires_at).join(sessions)
-                           .where(sessions.c.token_hash == _token_hash(token))).first()
+        row = conn.execute(
+            select(accounts, sessions.c.expires_at).join(sessions).where(sessions.c.token_hash == _token_hash(token))
+        ).first()
     if row is None or _aware(row.expires_at) < datetime.now(UTC):
         return None
     return Account(row.id, row.username, Role(row.role))

@@ -63,9 +63,11 @@ def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
     def require(*roles: Role):
         def check(account: Annotated[acc.Account, Depends(signed_in)]) -> acc.Account:
             if account.role not in roles:
-                raise HTTPException(403, f"a {account.role.value} may not do this (needs "
-                                         f"{' or '.join(r.value for r in roles)})")
+                raise HTTPException(
+                    403, f"a {account.role.value} may not do this (needs {' or '.join(r.value for r in roles)})"
+                )
             return account
+
         return check
 
     known_tasks: dict[str, q.Task] = {}

@@ -28,7 +28,8 @@ from sqlalchemy.engine import Engine
 metadata = MetaData()
 
 tasks = Table(
-    "gt_tasks", metadata,
+    "gt_tasks",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("name", String(63), nullable=False, unique=True),
     Column("spec", JSON, nullable=False),
@@ -36,7 +37,8 @@ tasks = Table(
 )
 
 accounts = Table(
-    "gt_accounts", metadata,
+    "gt_accounts",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("username", String(64), nullable=False, unique=True),
     Column("password_hash", String(300), nullable=False),
@@ -45,14 +47,16 @@ accounts = Table(
 )
 
 sessions = Table(
-    "gt_sessions", metadata,
+    "gt_sessions",
+    metadata,
     Column("token_hash", String(64), primary_key=True),
     Column("account_id", Integer, ForeignKey("gt_accounts.id"), nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
 )
 
 items = Table(
-    "gt_items", metadata,
+    "gt_items",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("task_id", Integer, ForeignKey("gt_tasks.id"), nullable=False),
     Column("key", String(128), nullable=False),
@@ -69,14 +73,16 @@ items = Table(
 ITEMS_BY_PRIORITY = Index("gt_items_task_priority", items.c.task_id, items.c.priority.desc(), items.c.id)
 
 item_sources = Table(
-    "gt_item_sources", metadata,
+    "gt_item_sources",
+    metadata,
     Column("item_id", Integer, ForeignKey("gt_items.id"), primary_key=True),
     Column("queue", String(64), primary_key=True),
     Column("added_at", DateTime(timezone=True), nullable=False),
 )
 
 slots = Table(
-    "gt_slots", metadata,
+    "gt_slots",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("item_id", Integer, ForeignKey("gt_items.id"), nullable=False, index=True),
     Column("slot", Integer),  # 0..k-1; NULL for a gold question's per-annotator slot
@@ -89,20 +95,21 @@ slots = Table(
 )
 
 skips = Table(
-    "gt_skips", metadata,
+    "gt_skips",
+    metadata,
     Column("item_id", Integer, ForeignKey("gt_items.id"), primary_key=True),
     Column("account_id", Integer, ForeignKey("gt_accounts.id"), primary_key=True),
 )
 SKIPS_BY_ACCOUNT = Index("gt_skips_account", skips.c.account_id, skips.c.item_id)
 
 verdicts = Table(
-    "gt_verdicts", metadata,
+    "gt_verdicts",
+    metadata,
     Column("item_id", Integer, ForeignKey("gt_items.id"), primary_key=True),
     Column("reviewer_id", Integer, ForeignKey("gt_accounts.id"), nullable=False),
     Column("label", Text, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False),
 )
-
 
 
 def connect(url: str) -> Engine:
@@ -116,8 +123,9 @@ def connect(url: str) -> Engine:
     or an OS crash. With FULL every answer waited for an fsync (about 25 ms here) behind every other
     annotator's, which was most of the labeling round trip; production runs on PostgreSQL."""
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=1,
-                               max_overflow=0, pool_timeout=60)
+        engine = create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=1, max_overflow=0, pool_timeout=60
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -49,8 +49,9 @@ def create_task(engine: Engine, spec: TaskSpec) -> Task:
             if TaskSpec.model_validate(row.spec) != spec:
                 raise Conflict(f"task {spec.name!r} exists with another spec")
             return Task(row.id, spec)
-        task_id = conn.execute(insert(tasks).values(name=spec.name, spec=spec.model_dump(mode="json"),
-                                                    created_at=now())).inserted_primary_key[0]
+        task_id = conn.execute(
+            insert(tasks).values(name=spec.name, spec=spec.model_dump(mode="json"), created_at=now())
+        ).inserted_primary_key[0]
     return Task(task_id, spec)
 
 
@@ -81,13 +82,15 @@ def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
         for item in new:
             item_id = existing.get(item.key)
             if item_id is None:
-                item_id = conn.execute(insert(items).values(
-                    task_id=task.id, created_at=now(), **item.model_dump(exclude={"queue"}))).inserted_primary_key[0]
+                item_id = conn.execute(
+                    insert(items).values(task_id=task.id, created_at=now(), **item.model_dump(exclude={"queue"}))
+                ).inserted_primary_key[0]
                 existing[item.key] = item_id
                 added += 1
                 if item.gold_label is None:
-                    conn.execute(insert(slots), [{"item_id": item_id, "slot": s}
-                                                 for s in range(task.spec.annotators_per_item)])
+                    conn.execute(
+                        insert(slots), [{"item_id": item_id, "slot": s} for s in range(task.spec.annotators_per_item)]
+                    )
             known = conn.execute(select(item_sources.c.queue).where(item_sources.c.item_id == item_id)).scalars()
             if item.queue not in set(known):
                 conn.execute(insert(item_sources).values(item_id=item_id, queue=item.queue, added_at=now()))
@@ -97,8 +100,11 @@ def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
 def _existing_ids(conn: Connection, task: Task, keys: list[str]) -> dict[str, int]:
     found: dict[str, int] = {}
     for start in range(0, len(keys), 500):
-        rows = conn.execute(select(items.c.key, items.c.id).where(items.c.task_id == task.id,
-                                                                   items.c.key.in_(keys[start:start + 500])))
+        rows = conn.execute(
+            select(items.c.key, items.c.id).where(
+                items.c.task_id == task.id, items.c.key.in_(keys[start : start + 500])
+            )
+        )
         found.update({r.key: r.id for r in rows})
     return found
 
@@ -133,25 +139,45 @@ def _serve_once(conn: Connection, task: Task, account_id: int) -> tuple[int | No
         return held.item_id, True
     every = task.spec.gold_every
     if every:
-        answered = conn.execute(select(func.count()).select_from(slots.join(items)).where(
-            items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))).scalar()
+        answered = conn.execute(
+            select(func.count())
+            .select_from(slots.join(items))
+            .where(items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))
+        ).scalar()
         if answered % every == every - 1:
-            gold = conn.execute(select(items.c.id).where(
-                items.c.task_id == task.id, items.c.gold_label.is_not(None), _not_seen_by(account_id))
-                .order_by(func.random()).limit(1)).scalar()
+            gold = conn.execute(
+                select(items.c.id)
+                .where(items.c.task_id == task.id, items.c.gold_label.is_not(None), _not_seen_by(account_id))
+                .order_by(func.random())
+                .limit(1)
+            ).scalar()
             if gold is not None:
-                conn.execute(insert(slots).values(item_id=gold, slot=None, holder=account_id,
-                                                  leased_until=moment + LEASE))
+                conn.execute(
+                    insert(slots).values(item_id=gold, slot=None, holder=account_id, leased_until=moment + LEASE)
+                )
                 return gold, True
     free = or_(slots.c.holder.is_(None), slots.c.leased_until < moment)
-    candidate = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
-        items.c.task_id == task.id, slots.c.slot.is_not(None), slots.c.answered_at.is_(None), free,
-        _not_seen_by(account_id)).order_by(items.c.priority.desc(), items.c.id, slots.c.slot).limit(1)).first()
+    candidate = conn.execute(
+        select(slots.c.id, slots.c.item_id)
+        .join(items)
+        .where(
+            items.c.task_id == task.id,
+            slots.c.slot.is_not(None),
+            slots.c.answered_at.is_(None),
+            free,
+            _not_seen_by(account_id),
+        )
+        .order_by(items.c.priority.desc(), items.c.id, slots.c.slot)
+        .limit(1)
+    ).first()
     if candidate is None:
         return None, True
     # the conditional UPDATE is the claim: a concurrent claimer of the same slot updates nothing
-    claimed = conn.execute(update(slots).where(slots.c.id == candidate.id, slots.c.answered_at.is_(None), free)
-                           .values(holder=account_id, leased_until=moment + LEASE)).rowcount
+    claimed = conn.execute(
+        update(slots)
+        .where(slots.c.id == candidate.id, slots.c.answered_at.is_(None), free)
+        .values(holder=account_id, leased_until=moment + LEASE)
+    ).rowcount
     return candidate.item_id, claimed == 1
 
 
@@ -162,9 +188,18 @@ class _Held:
 
 
 def _held(conn: Connection, task: Task, account_id: int) -> _Held | None:
-    row = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
-        items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_(None),
-        slots.c.leased_until >= now()).order_by(slots.c.id).limit(1)).first()
+    row = conn.execute(
+        select(slots.c.id, slots.c.item_id)
+        .join(items)
+        .where(
+            items.c.task_id == task.id,
+            slots.c.holder == account_id,
+            slots.c.answered_at.is_(None),
+            slots.c.leased_until >= now(),
+        )
+        .order_by(slots.c.id)
+        .limit(1)
+    ).first()
     return _Held(row.id, row.item_id) if row else None
 
 
@@ -180,8 +215,9 @@ def answer(engine: Engine, task: Task, account_id: int, item_id: int, label: str
         _answer(conn, task, account_id, item_id, label)
 
 
-def answer_and_serve(engine: Engine, task: Task, account_id: int, item_id: int,
-                     label: str) -> tuple[Shown | None, bool]:
+def answer_and_serve(
+    engine: Engine, task: Task, account_id: int, item_id: int, label: str
+) -> tuple[Shown | None, bool]:
     """Record the answer and claim the next item in one transaction (one commit per round trip instead of
     two): (next item, retry). retry: the answer is saved but every claim lost a race; ask again."""
     with engine.begin() as conn:
@@ -197,25 +233,41 @@ def _answer(conn: Connection, task: Task, account_id: int, item_id: int, label: 
         raise ValueError(f"label must be one of {task.spec.labels}, not {label!r}")
     if task.spec.labels is None and not 1 <= len(label.strip()) <= 2000:
         raise ValueError("a free-text answer must be 1-2000 characters")
-    done = conn.execute(update(slots).where(
-        slots.c.item_id == item_id, slots.c.holder == account_id, slots.c.answered_at.is_(None),
-        slots.c.item_id.in_(select(items.c.id).where(items.c.task_id == task.id)))
-        .values(label=label, answered_at=now(), leased_until=None)).rowcount
+    done = conn.execute(
+        update(slots)
+        .where(
+            slots.c.item_id == item_id,
+            slots.c.holder == account_id,
+            slots.c.answered_at.is_(None),
+            slots.c.item_id.in_(select(items.c.id).where(items.c.task_id == task.id)),
+        )
+        .values(label=label, answered_at=now(), leased_until=None)
+    ).rowcount
     if done == 1:
         return
-    mine = conn.execute(select(slots.c.answered_at).where(slots.c.item_id == item_id,
-                                                          slots.c.holder == account_id)).first()
+    mine = conn.execute(
+        select(slots.c.answered_at).where(slots.c.item_id == item_id, slots.c.holder == account_id)
+    ).first()
     if mine is not None:
         raise Conflict(f"item {item_id} is already answered: undo it first to change the answer")
-    raise Conflict(f"item {item_id} is not assigned to you (never served, skipped, or the lease ran out "
-                   "and someone else took it): ask for the next item")
+    raise Conflict(
+        f"item {item_id} is not assigned to you (never served, skipped, or the lease ran out "
+        "and someone else took it): ask for the next item"
+    )
 
 
 def skip(engine: Engine, task: Task, account_id: int, item_id: int) -> None:
     with engine.begin() as conn:
-        held = conn.execute(select(slots.c.id, slots.c.slot).join(items).where(
-            items.c.task_id == task.id, slots.c.item_id == item_id, slots.c.holder == account_id,
-            slots.c.answered_at.is_(None))).first()
+        held = conn.execute(
+            select(slots.c.id, slots.c.slot)
+            .join(items)
+            .where(
+                items.c.task_id == task.id,
+                slots.c.item_id == item_id,
+                slots.c.holder == account_id,
+                slots.c.answered_at.is_(None),
+            )
+        ).first()
         if held is None:
             raise Conflict(f"item {item_id} is not assigned to you unanswered, so it cannot be skipped")
         if held.slot is None:
@@ -229,28 +281,43 @@ def undo(engine: Engine, task: Task, account_id: int) -> Shown:
     """Take back this annotator's newest answer (unless a reviewer already ruled on the item) and serve
     that item again; any item they held unanswered goes back to the pool."""
     with engine.begin() as conn:
-        last = conn.execute(select(slots.c.id, slots.c.item_id).join(items).where(
-            items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))
-            .order_by(slots.c.answered_at.desc(), slots.c.id.desc()).limit(1)).first()
+        last = conn.execute(
+            select(slots.c.id, slots.c.item_id)
+            .join(items)
+            .where(items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))
+            .order_by(slots.c.answered_at.desc(), slots.c.id.desc())
+            .limit(1)
+        ).first()
         if last is None:
             raise Conflict("nothing to undo")
         if conn.execute(select(exists().where(verdicts.c.item_id == last.item_id))).scalar():
             raise Conflict(f"item {last.item_id} is already adjudicated; the answer stays")
-        held = conn.execute(select(slots.c.id, slots.c.slot).join(items).where(
-            items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_(None))).all()
+        held = conn.execute(
+            select(slots.c.id, slots.c.slot)
+            .join(items)
+            .where(items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_(None))
+        ).all()
         for row in held:
             if row.slot is None:
                 conn.execute(delete(slots).where(slots.c.id == row.id))
             else:
                 conn.execute(update(slots).where(slots.c.id == row.id).values(holder=None, leased_until=None))
-        conn.execute(update(slots).where(slots.c.id == last.id).values(label=None, answered_at=None,
-                                                                       leased_until=now() + LEASE))
+        conn.execute(
+            update(slots).where(slots.c.id == last.id).values(label=None, answered_at=None, leased_until=now() + LEASE)
+        )
         return _shown(conn, task, last.item_id)
 
 
 def _shown(conn: Connection, task: Task, item_id: int) -> Shown:
     row = conn.execute(select(items).where(items.c.id == item_id)).one()
-    return Shown(item_id=row.id, key=row.key, title=row.title, description=row.description,
-                 thumbnail_url=f"/media/{row.thumbnail}" if row.thumbnail else None,
-                 model_score=row.model_score if task.spec.show_model_score else None,
-                 labels=task.spec.labels, question=task.spec.question, instructions=task.spec.instructions)
+    return Shown(
+        item_id=row.id,
+        key=row.key,
+        title=row.title,
+        description=row.description,
+        thumbnail_url=f"/media/{row.thumbnail}" if row.thumbnail else None,
+        model_score=row.model_score if task.spec.show_model_score else None,
+        labels=task.spec.labels,
+        question=task.spec.question,
+        instructions=task.spec.instructions,
+    )

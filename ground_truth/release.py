@@ -27,9 +27,18 @@ from engines.releases import (
 from ground_truth.queue import Task
 from ground_truth.review import ItemState, TaskQuality
 
-SCHEMA = {"key": pl.String, "label": pl.String, "resolved_by": pl.String, "answers": pl.Int64,
-          "annotators": pl.List(pl.String), "answer_labels": pl.List(pl.String), "queues": pl.List(pl.String),
-          "title": pl.String, "thumbnail": pl.String, "model_score": pl.Float64}
+SCHEMA = {
+    "key": pl.String,
+    "label": pl.String,
+    "resolved_by": pl.String,
+    "answers": pl.Int64,
+    "annotators": pl.List(pl.String),
+    "answer_labels": pl.List(pl.String),
+    "queues": pl.List(pl.String),
+    "title": pl.String,
+    "thumbnail": pl.String,
+    "model_score": pl.Float64,
+}
 
 
 @dataclass(frozen=True)
@@ -52,14 +61,22 @@ class Candidate:
     def summary(self) -> pl.DataFrame:
         """One row of release-level figures for the blocking checks."""
         balance = self.class_balance()
-        return pl.DataFrame({
-            "items": [self.labels.height],
-            "krippendorff_alpha": [self.quality.krippendorff_alpha],
-            "unresolved_disagreements": [self.quality.disputed_open],
-            "smallest_class_share": [min((balance.get(label, 0.0) for label in self.task.spec.labels or []),
-                                         default=None)],
-        }, schema={"items": pl.Int64, "krippendorff_alpha": pl.Float64, "unresolved_disagreements": pl.Int64,
-                   "smallest_class_share": pl.Float64})
+        return pl.DataFrame(
+            {
+                "items": [self.labels.height],
+                "krippendorff_alpha": [self.quality.krippendorff_alpha],
+                "unresolved_disagreements": [self.quality.disputed_open],
+                "smallest_class_share": [
+                    min((balance.get(label, 0.0) for label in self.task.spec.labels or []), default=None)
+                ],
+            },
+            schema={
+                "items": pl.Int64,
+                "krippendorff_alpha": pl.Float64,
+                "unresolved_disagreements": pl.Int64,
+                "smallest_class_share": pl.Float64,
+            },
+        )
 
 
 def candidate(task: Task, states: list[ItemState], quality: TaskQuality) -> Candidate:
@@ -69,10 +86,20 @@ def candidate(task: Task, states: list[ItemState], quality: TaskQuality) -> Cand
         label = s.resolved_label(k)
         if s.is_gold_question or label is None:
             continue
-        rows.append({"key": s.key, "label": label, "resolved_by": "verdict" if s.verdict else "unanimous",
-                     "answers": len(s.answers), "annotators": sorted(s.answers),
-                     "answer_labels": [s.answers[a] for a in sorted(s.answers)], "queues": sorted(s.queues),
-                     "title": s.title, "thumbnail": s.thumbnail, "model_score": s.model_score})
+        rows.append(
+            {
+                "key": s.key,
+                "label": label,
+                "resolved_by": "verdict" if s.verdict else "unanimous",
+                "answers": len(s.answers),
+                "annotators": sorted(s.answers),
+                "answer_labels": [s.answers[a] for a in sorted(s.answers)],
+                "queues": sorted(s.queues),
+                "title": s.title,
+                "thumbnail": s.thumbnail,
+                "model_score": s.model_score,
+            }
+        )
     return Candidate(task, pl.DataFrame(rows, schema=SCHEMA).sort("key"), quality)
 
 
@@ -102,13 +129,18 @@ def write_release(lake_root: Path, found: Candidate, checks: dict) -> tuple[Rele
 def _manifest(found: Candidate, release: Release, checks: dict) -> dict:
     queues = found.labels.explode("queues")["queues"].value_counts()
     return {
-        "task": found.task.spec.name, "version": release.version, "created_at": datetime.now(UTC).isoformat(),
-        "content_hash": found.content_hash, "items": found.labels.height,
+        "task": found.task.spec.name,
+        "version": release.version,
+        "created_at": datetime.now(UTC).isoformat(),
+        "content_hash": found.content_hash,
+        "items": found.labels.height,
         "resolved_by": dict(found.labels["resolved_by"].value_counts().iter_rows()),
         "class_balance": found.class_balance(),
         "class_counts": dict(found.labels["label"].value_counts().iter_rows()),
-        "agreement": {"krippendorff_alpha": found.quality.krippendorff_alpha,
-                      "fleiss_kappa": found.quality.fleiss_kappa},
+        "agreement": {
+            "krippendorff_alpha": found.quality.krippendorff_alpha,
+            "fleiss_kappa": found.quality.fleiss_kappa,
+        },
         "annotators": [asdict(a) for a in found.quality.annotators],
         "source_queues": dict(queues.iter_rows()),
         "task_spec": found.task.spec.model_dump(mode="json"),
@@ -120,21 +152,21 @@ def dataset_card(found: Candidate, manifest: dict) -> str:
     spec = found.task.spec
     balance = ", ".join(f"{k} {v:.1%}" for k, v in sorted(manifest["class_balance"].items()))
     alpha = manifest["agreement"]["krippendorff_alpha"]
-    return f"""# {spec.name} v{manifest['version']:04d}
+    return f"""# {spec.name} v{manifest["version"]:04d}
 
 {spec.question}
 
-- Items: {manifest['items']} ({', '.join(f'{k}: {v}' for k, v in manifest['resolved_by'].items())})
+- Items: {manifest["items"]} ({", ".join(f"{k}: {v}" for k, v in manifest["resolved_by"].items())})
 - Labels: {balance}
-- Annotators per item: {spec.annotators_per_item}; annotators: {len(manifest['annotators'])}
-- Krippendorff's alpha: {'n/a' if alpha is None else f'{alpha:.3f}'}
-- Source queues: {', '.join(f'{k} {v}' for k, v in sorted(manifest['source_queues'].items()))}
-- Content hash (sha256 of sorted key, label): {manifest['content_hash']}
+- Annotators per item: {spec.annotators_per_item}; annotators: {len(manifest["annotators"])}
+- Krippendorff's alpha: {"n/a" if alpha is None else f"{alpha:.3f}"}
+- Source queues: {", ".join(f"{k} {v}" for k, v in sorted(manifest["source_queues"].items()))}
+- Content hash (sha256 of sorted key, label): {manifest["content_hash"]}
 
 A label is the unanimous answer of all annotators of the item, or a reviewer's verdict where they
 disagreed. Gold questions are not part of the release. Instructions given to annotators:
 
-> {spec.instructions or '(none)'}
+> {spec.instructions or "(none)"}
 """
 
 
@@ -143,13 +175,22 @@ def label_studio_tasks(found: Candidate) -> list[dict]:
     resolved label as the ground-truth annotation."""
     tasks = []
     for row in found.labels.iter_rows(named=True):
+
         def choice(label: str, ground_truth: bool, who: str) -> dict:
-            return {"ground_truth": ground_truth, "completed_by": who, "result": [
-                {"from_name": "label", "to_name": "item", "type": "choices", "value": {"choices": [label]}}]}
-        tasks.append({
-            "data": {"key": row["key"], "title": row["title"], "image": row["thumbnail"]},
-            "annotations": [choice(label, False, who) for who, label in zip(row["annotators"],
-                                                                              row["answer_labels"], strict=True)]
-            + [choice(row["label"], True, row["resolved_by"])],
-        })
+            return {
+                "ground_truth": ground_truth,
+                "completed_by": who,
+                "result": [{"from_name": "label", "to_name": "item", "type": "choices", "value": {"choices": [label]}}],
+            }
+
+        tasks.append(
+            {
+                "data": {"key": row["key"], "title": row["title"], "image": row["thumbnail"]},
+                "annotations": [
+                    choice(label, False, who)
+                    for who, label in zip(row["annotators"], row["answer_labels"], strict=True)
+                ]
+                + [choice(row["label"], True, row["resolved_by"])],
+            }
+        )
     return tasks

@@ -49,19 +49,40 @@ class ItemState:
 def item_states(engine: Engine, task: Task) -> list[ItemState]:
     with engine.begin() as conn:
         rows = conn.execute(select(items).where(items.c.task_id == task.id).order_by(items.c.id)).all()
-        answers = conn.execute(select(slots.c.item_id, slots.c.slot, slots.c.label, accounts.c.username)
-                               .join(items, items.c.id == slots.c.item_id)
-                               .join(accounts, accounts.c.id == slots.c.holder)
-                               .where(items.c.task_id == task.id, slots.c.answered_at.is_not(None))).all()
-        ruled = conn.execute(select(verdicts.c.item_id, verdicts.c.label).join(items)
-                             .where(items.c.task_id == task.id)).all()
-        sources = conn.execute(select(item_sources.c.item_id, item_sources.c.queue).join(items)
-                               .where(items.c.task_id == task.id)).all()
+        answers = conn.execute(
+            select(slots.c.item_id, slots.c.slot, slots.c.label, accounts.c.username)
+            .join(items, items.c.id == slots.c.item_id)
+            .join(accounts, accounts.c.id == slots.c.holder)
+            .where(items.c.task_id == task.id, slots.c.answered_at.is_not(None))
+        ).all()
+        ruled = conn.execute(
+            select(verdicts.c.item_id, verdicts.c.label).join(items).where(items.c.task_id == task.id)
+        ).all()
+        sources = conn.execute(
+            select(item_sources.c.item_id, item_sources.c.queue).join(items).where(items.c.task_id == task.id)
+        ).all()
         # an item without regular slots was added as a gold question
-        slotted = set(conn.execute(select(slots.c.item_id).join(items).where(
-            items.c.task_id == task.id, slots.c.slot.is_not(None)).distinct()).scalars())
-    states = {r.id: ItemState(r.id, r.key, r.title, r.description, r.thumbnail, r.model_score, r.gold_label,
-                              is_gold_question=r.id not in slotted) for r in rows}
+        slotted = set(
+            conn.execute(
+                select(slots.c.item_id)
+                .join(items)
+                .where(items.c.task_id == task.id, slots.c.slot.is_not(None))
+                .distinct()
+            ).scalars()
+        )
+    states = {
+        r.id: ItemState(
+            r.id,
+            r.key,
+            r.title,
+            r.description,
+            r.thumbnail,
+            r.model_score,
+            r.gold_label,
+            is_gold_question=r.id not in slotted,
+        )
+        for r in rows
+    }
     for a in answers:
         (states[a.item_id].answers if a.slot is not None else states[a.item_id].gold_answers)[a.username] = a.label
     for v in ruled:
@@ -74,8 +95,11 @@ def item_states(engine: Engine, task: Task) -> list[ItemState]:
 def disputes(engine: Engine, task: Task) -> list[ItemState]:
     """Items all k annotators answered without agreeing, not yet adjudicated (labelled tasks only)."""
     k = task.spec.annotators_per_item
-    return [s for s in item_states(engine, task)
-            if task.spec.labels is not None and s.complete(k) and s.disputed and s.verdict is None]
+    return [
+        s
+        for s in item_states(engine, task)
+        if task.spec.labels is not None and s.complete(k) and s.disputed and s.verdict is None
+    ]
 
 
 def adjudicate(engine: Engine, task: Task, reviewer_id: int, item_id: int, label: str) -> None:
@@ -87,8 +111,9 @@ def adjudicate(engine: Engine, task: Task, reviewer_id: int, item_id: int, label
             found = conn.execute(select(items.c.id).where(items.c.id == item_id, items.c.task_id == task.id)).first()
             if found is None:
                 raise NotFound(f"no item {item_id} in task {task.spec.name!r}")
-            conn.execute(insert(verdicts).values(item_id=item_id, reviewer_id=reviewer_id, label=label,
-                                                 decided_at=now()))
+            conn.execute(
+                insert(verdicts).values(item_id=item_id, reviewer_id=reviewer_id, label=label, decided_at=now())
+            )
             conn.execute(update(items).where(items.c.id == item_id).values(gold_label=label))
     except IntegrityError as error:
         raise Conflict(f"item {item_id} already has a verdict") from error
@@ -131,18 +156,25 @@ def task_quality(engine: Engine, task: Task, states: list[ItemState] | None = No
     people = []
     for person in sorted(set(per_person) | set(gold)):
         pairs = [(a, r) for a, r in per_person[person] if r is not None]
-        people.append(AnnotatorQuality(
-            annotator=person, answers=len(per_person[person]),
-            agreement_with_resolved=sum(a == r for a, r in pairs) / len(pairs) if pairs else None,
-            kappa_vs_resolved=cohen_kappa([a for a, _ in pairs], [r for _, r in pairs]) if pairs else None,
-            gold_answered=len(gold[person]),
-            gold_accuracy=sum(gold[person]) / len(gold[person]) if gold[person] else None))
+        people.append(
+            AnnotatorQuality(
+                annotator=person,
+                answers=len(per_person[person]),
+                agreement_with_resolved=sum(a == r for a, r in pairs) / len(pairs) if pairs else None,
+                kappa_vs_resolved=cohen_kappa([a for a, _ in pairs], [r for _, r in pairs]) if pairs else None,
+                gold_answered=len(gold[person]),
+                gold_accuracy=sum(gold[person]) / len(gold[person]) if gold[person] else None,
+            )
+        )
     nominal = task.spec.labels is not None
     return TaskQuality(
-        items=len(labelled), complete=len(complete),
+        items=len(labelled),
+        complete=len(complete),
         resolved=sum(s.resolved_label(k) is not None for s in labelled),
         disputed_open=sum(s.disputed and s.verdict is None for s in complete),
         krippendorff_alpha=krippendorff_alpha([list(s.answers.values()) for s in labelled]) if nominal else None,
-        fleiss_kappa=fleiss_kappa([list(s.answers.values())[:k] for s in complete]) if nominal and complete
-        and k >= 2 else None,
-        annotators=people)
+        fleiss_kappa=fleiss_kappa([list(s.answers.values())[:k] for s in complete])
+        if nominal and complete and k >= 2
+        else None,
+        annotators=people,
+    )

@@ -28,8 +28,9 @@ class TaskSpec(BaseModel):
     labels: list[str] | None = Field(default=None, description="The label set; None for free text")
     annotators_per_item: int = Field(default=3, ge=1, le=20)
     show_model_score: bool = False
-    gold_share: float = Field(default=0.1, ge=0.0, lt=1.0, description="Share of served items that are gold "
-                                                                         "questions with a known answer")
+    gold_share: float = Field(
+        default=0.1, ge=0.0, lt=1.0, description="Share of served items that are gold questions with a known answer"
+    )
 
     @model_validator(mode="after")
     def _labels_distinct(self) -> TaskSpec:
@@ -77,8 +78,8 @@ CONTENT_VIOLATION = TaskSpec(
     name="content_violation",
     question="Is this item a disguised copy of someone else's design (an IP violation)?",
     instructions="Compare the thumbnail, title and description with designs you know. Answer 'violation' "
-                 "only for copies of another creator's work; 'ok' otherwise. Keys: 1 = violation, 2 = ok, "
-                 "s = skip, u = undo.",
+    "only for copies of another creator's work; 'ok' otherwise. Keys: 1 = violation, 2 = ok, "
+    "s = skip, u = undo.",
     labels=["violation", "ok"],
     annotators_per_item=3,
     show_model_score=False,

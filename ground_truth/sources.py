@@ -26,8 +26,12 @@ def latest_flags(lake: Lake, through: date) -> pl.DataFrame:
     if not days:
         return pl.DataFrame(schema={"item_id": pl.Int64, "similarity": pl.Float32, "flagged": pl.Boolean})
     frames = [lake.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, d).with_columns(day=pl.lit(d)) for d in days]
-    return pl.concat(frames, how="diagonal_relaxed").sort("day").unique("item_id", keep="last") \
+    return (
+        pl.concat(frames, how="diagonal_relaxed")
+        .sort("day")
+        .unique("item_id", keep="last")
         .select("item_id", "similarity", "flagged")
+    )
 
 
 def flagged_items(lake: Lake, day: date) -> pl.DataFrame:
@@ -43,17 +47,25 @@ def report_disagreements(lake: Lake, day: date, flags: pl.DataFrame) -> pl.DataF
     `latest_flags(lake, day)`, read once by the caller."""
     report_days = [d for d in lake.partition_days("warehouse", "abuse_reports") if d <= day]
     reports = lake.scan_partitions("warehouse", "abuse_reports", report_days)
-    reports = reports.filter(pl.col("reason") == REPORT_REASON, pl.col("item_id").is_not_null()) \
-        .select("item_id", pl.col("event_timestamp").dt.date().alias("day")).collect() if reports is not None \
+    reports = (
+        reports.filter(pl.col("reason") == REPORT_REASON, pl.col("item_id").is_not_null())
+        .select("item_id", pl.col("event_timestamp").dt.date().alias("day"))
+        .collect()
+        if reports is not None
         else pl.DataFrame(schema={"item_id": pl.Int64, "day": pl.Date})
+    )
     flagged = set(flags.filter("flagged")["item_id"].to_list())
     reported_today = set(reports.filter(pl.col("day") == day)["item_id"].to_list())
     reported_ever = set(reports["item_id"].to_list())
     missed = sorted(reported_today - flagged)
     unreported = sorted(set(flagged_items(lake, day)["item_id"].to_list()) - reported_ever)
-    return pl.DataFrame({"item_id": missed + unreported,
-                         "reason": ["reported_not_flagged"] * len(missed) + ["flagged_not_reported"] * len(unreported)},
-                        schema={"item_id": pl.Int64, "reason": pl.String})
+    return pl.DataFrame(
+        {
+            "item_id": missed + unreported,
+            "reason": ["reported_not_flagged"] * len(missed) + ["flagged_not_reported"] * len(unreported),
+        },
+        schema={"item_id": pl.Int64, "reason": pl.String},
+    )
 
 
 def audit_sample(lake: Lake, day: date, size: int) -> list[int]:
@@ -63,24 +75,41 @@ def audit_sample(lake: Lake, day: date, size: int) -> list[int]:
     return sorted(random.Random(day.toordinal()).sample(ids, min(size, len(ids))))
 
 
-def catalogue_items(lake: Lake, day: date, item_ids: list[int], queue: str, scores: dict[int, float],
-                    priority: float) -> list[ItemIn]:
+def catalogue_items(
+    lake: Lake, day: date, item_ids: list[int], queue: str, scores: dict[int, float], priority: float
+) -> list[ItemIn]:
     """The items as an annotator sees them: title, description, thumbnail (relative to landing/)."""
     catalogue = current_catalogue(lake, through=day)
     if not item_ids or catalogue.is_empty():
         return []
     rows = catalogue.filter(pl.col("item_id").is_in(item_ids)).iter_rows(named=True)
-    return [ItemIn(key=str(r["item_id"]), queue=queue, title=r["title"] or "", description=r["description"] or "",
-                   thumbnail=r["thumbnail_path"], model_score=scores.get(r["item_id"]), priority=priority)
-            for r in rows]
+    return [
+        ItemIn(
+            key=str(r["item_id"]),
+            queue=queue,
+            title=r["title"] or "",
+            description=r["description"] or "",
+            thumbnail=r["thumbnail_path"],
+            model_score=scores.get(r["item_id"]),
+            priority=priority,
+        )
+        for r in rows
+    ]
 
 
 def most_disputed_pairs(rows: pl.DataFrame, champion: np.ndarray, challenger: np.ndarray, top: int) -> pl.DataFrame:
     """user_id, item_id, champion, challenger, gap: the `top` distinct pairs whose click probabilities under
     the two models differ most."""
+
     def probability(logits: np.ndarray) -> np.ndarray:
         return 1 / (1 + np.exp(-logits))
+
     scored = rows.select("user_id", "item_id").with_columns(
-        champion=pl.Series(probability(champion)), challenger=pl.Series(probability(challenger)))
-    return scored.with_columns(gap=(pl.col("champion") - pl.col("challenger")).abs()) \
-        .unique(["user_id", "item_id"], keep="first").sort("gap", descending=True).head(top)
+        champion=pl.Series(probability(champion)), challenger=pl.Series(probability(challenger))
+    )
+    return (
+        scored.with_columns(gap=(pl.col("champion") - pl.col("challenger")).abs())
+        .unique(["user_id", "item_id"], keep="first")
+        .sort("gap", descending=True)
+        .head(top)
+    )

@@ -20,7 +20,7 @@ daily_pipeline = define_asset_job(
     selection=daily_assets,
     partitions_def=daily_partitions,
     description="Ingest a day from landing, measure its new and changed items' meshes (Ray), build its feature "
-                "tables and load the online store.",
+    "tables and load the online store.",
     tags=CPU_POOL,
 )
 
@@ -29,7 +29,7 @@ training_data = define_asset_job(
     selection=training_data_assets,
     partitions_def=daily_partitions,
     description="The streaming views' history (Flink batch) and the labelled training set of a day, once the "
-                "next day's interactions are ingested (the label horizon reaches past midnight).",
+    "next day's interactions are ingested (the label horizon reaches past midnight).",
     tags=CPU_POOL,
 )
 
@@ -45,7 +45,7 @@ item_embeddings_daily = define_asset_job(
     selection=AssetSelection.assets(["embeddings", "items"], ["content_violations", "flags"], ["vectors", "items"]),
     partitions_def=daily_partitions,
     description="Embed the day's new and changed items with CLIP (Ray Data), flag likely content violations "
-                "and sync the Qdrant collection. Needs the clip_model asset.",
+    "and sync the Qdrant collection. Needs the clip_model asset.",
     tags=CPU_POOL,
 )
 
@@ -54,7 +54,7 @@ batch_inference = define_asset_job(
     selection=AssetSelection.groups("inference", "experiments"),
     partitions_def=daily_partitions,
     description="The champion model's daily recommendations for every active user (Ray Data, vector database) "
-                "and the offline reports of the A/B experiments.",
+    "and the offline reports of the A/B experiments.",
     tags=CPU_POOL,
 )
 
@@ -63,8 +63,8 @@ streaming_backfill = define_asset_job(
     selection=AssetSelection.groups("streaming_history"),
     partitions_def=daily_partitions,
     description="Every window of the streaming views over historical days: the streaming jobs' SQL in Flink "
-                "batch mode over landing, checked against the offline feature tables. A partition range "
-                "runs as one Flink job.",
+    "batch mode over landing, checked against the offline feature tables. A partition range "
+    "runs as one Flink job.",
     tags=CPU_POOL,
 )
 
@@ -72,7 +72,7 @@ gateway_llm_training = define_asset_job(
     "gateway_llm_training",
     selection=AssetSelection.assets(["models", "gateway_llm"], ["models", "gateway_llm_draft"]),
     description="Train the small language model that the ML gateway's vLLM backends serve and its draft model "
-                "for speculative decoding; both registered in MLflow with their lineage.",
+    "for speculative decoding; both registered in MLflow with their lineage.",
     tags=CPU_POOL,
 )
 
@@ -81,17 +81,18 @@ llm_batch_daily = define_asset_job(
     selection=AssetSelection.assets(["llm", "item_descriptions"]),
     partitions_def=daily_partitions,
     description="Batch LLM inference: descriptions for the day's items whose description is empty, through the "
-                "ML gateway (service key MLPLANE_GATEWAY_KEY).",
+    "ML gateway (service key MLPLANE_GATEWAY_KEY).",
     tags=CPU_POOL,
 )
 
 ground_truth_queues = define_asset_job(
     "ground_truth_queues",
-    selection=AssetSelection.assets(["ground_truth", "content_violation", "queue"],
-                                    ["ground_truth", "recommendation_relevance", "queue"]),
+    selection=AssetSelection.assets(
+        ["ground_truth", "content_violation", "queue"], ["ground_truth", "recommendation_relevance", "queue"]
+    ),
     partitions_def=daily_partitions,
     description="Fill the labeling queues with the day's flagged items, detector-vs-reports disagreements, "
-                "champion-vs-challenger disagreements and a random audit sample (idempotent).",
+    "champion-vs-challenger disagreements and a random audit sample (idempotent).",
     tags=CPU_POOL,
 )
 
@@ -99,6 +100,6 @@ model_export = define_asset_job(
     "model_export",
     selection=AssetSelection.assets(["deploy", "model_export"]),
     description="Export the served models for KServe (InferenceServices) and Triton (a TorchScript model "
-                "repository) from the registry; model_export_sensor runs it when a served version changes.",
+    "repository) from the registry; model_export_sensor runs it when a served version changes.",
     tags=CPU_POOL,
 )

@@ -34,6 +34,7 @@ def register_model_configs() -> None:
 @dataclass(frozen=True)
 class ClipSpec:
     """Which model: an open_clip config name and, optionally, a local checkpoint with its weights."""
+
     model_name: str = COMPACT_MODEL
     checkpoint: str | None = None
 
@@ -117,8 +118,9 @@ def encode_texts(model, tokens: np.ndarray, device: str = "cpu") -> np.ndarray:
     return features.float().cpu().numpy()
 
 
-def retrieval_recall(image_embeddings: np.ndarray, text_embeddings: np.ndarray,
-                     ks: tuple[int, ...] = RECALL_KS) -> dict[str, float]:
+def retrieval_recall(
+    image_embeddings: np.ndarray, text_embeddings: np.ndarray, ks: tuple[int, ...] = RECALL_KS
+) -> dict[str, float]:
     """Text-to-image recall@k: the share of texts whose own image is among the k most similar
     images, beside the random baseline k/n."""
     n = len(image_embeddings)
@@ -147,8 +149,14 @@ class TrainConfig:
     placement_strategy: str = "PACK"  # of the workers over the cluster's nodes; STRICT_SPREAD: one per node
 
 
-def train_clip(spec: ClipSpec, images: np.ndarray, titles: list[str], config: TrainConfig,
-               output: Path, storage: Path | None = None) -> list[dict]:
+def train_clip(
+    spec: ClipSpec,
+    images: np.ndarray,
+    titles: list[str],
+    config: TrainConfig,
+    output: Path,
+    storage: Path | None = None,
+) -> list[dict]:
     """Train `spec`'s model with open_clip's ClipLoss as a Ray Train job (TorchTrainer, DDP over
     `num_workers`, GPUs when `use_gpu`), starting from `spec.checkpoint` if given. `images` are
     preprocessed (N, 3, S, S) float32, `titles` their texts. Writes the weights to `output`
@@ -161,8 +169,9 @@ def train_clip(spec: ClipSpec, images: np.ndarray, titles: list[str], config: Tr
     from ray.train.torch import TorchTrainer
 
     if len(images) != len(titles) or len(images) < 2:
-        raise ValueError(f"training needs >= 2 items with one title each, got {len(images)} images "
-                         f"and {len(titles)} titles")
+        raise ValueError(
+            f"training needs >= 2 items with one title each, got {len(images)} images and {len(titles)} titles"
+        )
     tokens = tokenizer(spec)(list(titles)).numpy()
     dataset = ray.data.from_items([{"image": im, "tokens": tok} for im, tok in zip(images, tokens)])
     history: list[dict] = []
@@ -170,8 +179,9 @@ def train_clip(spec: ClipSpec, images: np.ndarray, titles: list[str], config: Tr
         trainer = TorchTrainer(
             _train_loop,
             train_loop_config={"spec": spec, "config": config},
-            scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=config.use_gpu,
-                                         placement_strategy=config.placement_strategy),
+            scaling_config=ScalingConfig(
+                num_workers=config.num_workers, use_gpu=config.use_gpu, placement_strategy=config.placement_strategy
+            ),
             # checkpoints go to `storage`, which every node must reach (shared storage on a cluster)
             run_config=RunConfig(name="clip", storage_path=str(storage or scratch)),
             datasets={"train": dataset},
@@ -203,8 +213,9 @@ def _train_loop(loop_config: dict) -> None:
     context = ray.train.get_context()
     model = prepare_model(load_model(spec, device="cpu").train())
     device = next(model.parameters()).device
-    loss_fn = open_clip.ClipLoss(local_loss=False, gather_with_grad=True,
-                                 rank=context.get_world_rank(), world_size=context.get_world_size())
+    loss_fn = open_clip.ClipLoss(
+        local_loss=False, gather_with_grad=True, rank=context.get_world_rank(), world_size=context.get_world_size()
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     shard = ray.train.get_dataset_shard("train")
     steps_per_epoch = None
@@ -212,8 +223,12 @@ def _train_loop(loop_config: dict) -> None:
     history = []
     for epoch in range(config.epochs):
         losses = []
-        for batch in shard.iter_torch_batches(batch_size=config.batch_size, local_shuffle_buffer_size=1024,
-                                              local_shuffle_seed=config.seed + epoch, device=device):
+        for batch in shard.iter_torch_batches(
+            batch_size=config.batch_size,
+            local_shuffle_buffer_size=1024,
+            local_shuffle_seed=config.seed + epoch,
+            device=device,
+        ):
             if len(batch["image"]) < 2:
                 continue  # a contrastive batch needs negatives
             image_features, text_features, logit_scale = model(batch["image"].float(), batch["tokens"].long())[:3]
@@ -227,7 +242,8 @@ def _train_loop(loop_config: dict) -> None:
         if steps_per_epoch is None:  # cosine decay once the shard's size is known
             steps_per_epoch = max(1, len(losses))
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
-                optimizer, T_max=steps_per_epoch * max(1, config.epochs - 1))
+                optimizer, T_max=steps_per_epoch * max(1, config.epochs - 1)
+            )
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan")})
         last = epoch == config.epochs - 1
         if last:

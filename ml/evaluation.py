@@ -39,8 +39,13 @@ def popularity(train_frame: pl.DataFrame) -> dict[int, float]:
     return dict(zip(counts.get_column("item_id").to_list(), counts.get_column(LABEL).to_list()))
 
 
-def evaluate(model: PersonalizationModel, train_frame: pl.DataFrame, held_out: pl.DataFrame, k: int = 10,
-             item_embeddings: pl.DataFrame | None = None) -> dict[str, dict[str, float]]:
+def evaluate(
+    model: PersonalizationModel,
+    train_frame: pl.DataFrame,
+    held_out: pl.DataFrame,
+    k: int = 10,
+    item_embeddings: pl.DataFrame | None = None,
+) -> dict[str, dict[str, float]]:
     """AUC on held-out impressions; recall@k and NDCG@k of ranking every item seen in training for
     each held-out user with a positive; the same for the popularity baseline."""
     rows = labelled(with_item_embeddings(held_out, item_embeddings))
@@ -51,8 +56,13 @@ def evaluate(model: PersonalizationModel, train_frame: pl.DataFrame, held_out: p
     # every candidate item with its latest known features; every user with theirs
     item_columns = [c for c in model.spec.item.columns if c != model.spec.item.embedding_column]
     items = with_item_embeddings(
-        pl.concat([train_frame, held_out], how="diagonal_relaxed").sort("event_timestamp")
-        .select(item_columns).unique("item_id", keep="last").sort("item_id"), item_embeddings)
+        pl.concat([train_frame, held_out], how="diagonal_relaxed")
+        .sort("event_timestamp")
+        .select(item_columns)
+        .unique("item_id", keep="last")
+        .sort("item_id"),
+        item_embeddings,
+    )
     user_columns = model.spec.user.columns
     users = rows.sort("event_timestamp").select(user_columns).unique("user_id", keep="first").sort("user_id")
     scores = model.user_vectors(users) @ model.item_vectors(items).T
@@ -64,8 +74,10 @@ def evaluate(model: PersonalizationModel, train_frame: pl.DataFrame, held_out: p
     relevant = {u: set(i) for u, i in positives.iter_rows()}
     return {
         "model": {"auc": auc(labels, model.score(rows)), **ranking_metrics(ranked, relevant, k)},
-        "popularity": {"auc": auc(labels, baseline_scores),
-                       **ranking_metrics({u: popular_order for u in relevant}, relevant, k)},
+        "popularity": {
+            "auc": auc(labels, baseline_scores),
+            **ranking_metrics({u: popular_order for u in relevant}, relevant, k),
+        },
     }
 
 

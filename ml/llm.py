@@ -59,11 +59,20 @@ def train_tokenizer(documents: list[str], vocab_size: int):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS, *ROLE_TOKENS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS, *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(documents, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-                                   additional_special_tokens=list(ROLE_TOKENS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=list(ROLE_TOKENS),
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -72,8 +81,13 @@ def train_tokenizer(documents: list[str], vocab_size: int):
 DRAFT_CONFIG = LlmConfig(hidden_size=64, layers=1, heads=1, intermediate_size=172)
 
 
-def train_llm(documents: list[str], out_dir: str | Path, config: LlmConfig = LlmConfig(), log=print,
-              tokenizer_dir: str | Path | None = None) -> dict:
+def train_llm(
+    documents: list[str],
+    out_dir: str | Path,
+    config: LlmConfig = LlmConfig(),
+    log=print,
+    tokenizer_dir: str | Path | None = None,
+) -> dict:
     """Train tokenizer and model, save both to `out_dir` (Hugging Face format); returns metrics. With
     `tokenizer_dir`, the tokenizer saved there is reused (a draft model must share its target's)."""
     import torch
@@ -89,28 +103,39 @@ def train_llm(documents: list[str], out_dir: str | Path, config: LlmConfig = Llm
         tokenizer = train_tokenizer(documents, config.vocab_size)
     ids: list[int] = []
     for document in documents:
-        ids.extend([tokenizer.bos_token_id, *tokenizer.encode(document, add_special_tokens=False),
-                    tokenizer.eos_token_id])
+        ids.extend(
+            [tokenizer.bos_token_id, *tokenizer.encode(document, add_special_tokens=False), tokenizer.eos_token_id]
+        )
     if len(ids) < 4 * config.context:
         raise ValueError(f"corpus of {len(ids)} tokens is too small for context {config.context}")
     stream = torch.tensor(ids, dtype=torch.long)
     split = int(len(stream) * 0.95)
     train, held_out = stream[:split], stream[split:]
 
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.heads,
-        head_dim=config.hidden_size // config.heads, max_position_embeddings=config.context * 4,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
-    ))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.layers,
+            num_attention_heads=config.heads,
+            num_key_value_heads=config.heads,
+            head_dim=config.hidden_size // config.heads,
+            max_position_embeddings=config.context * 4,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.learning_rate, total_steps=config.steps,
-                                                   pct_start=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, config.learning_rate, total_steps=config.steps, pct_start=0.1
+    )
 
     def batch(source):
         starts = [rng.randrange(0, len(source) - config.context - 1) for _ in range(config.batch_size)]
-        return torch.stack([source[s:s + config.context] for s in starts])
+        return torch.stack([source[s : s + config.context] for s in starts])
 
     model.train()
     losses = []

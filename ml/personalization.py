@@ -47,8 +47,11 @@ USER_INPUTS = (TowerInput("user_profile"), TowerInput("user_engagement"))
 # item_popularity is the popularity prior as of the row's time (the last complete day's counts);
 # its windows fill up over the first week, which the log scale keeps to a shift.
 # item_geometry: counts, areas and volumes of the item's mesh span orders of magnitude, hence log scale.
-ITEM_INPUTS = (TowerInput("item_content"), TowerInput("item_popularity", log_counts=True),
-               TowerInput("item_geometry", log_counts=True))
+ITEM_INPUTS = (
+    TowerInput("item_content"),
+    TowerInput("item_popularity", log_counts=True),
+    TowerInput("item_geometry", log_counts=True),
+)
 LABEL = "label"
 MODEL_FILE = "model.pt"
 SPEC_FILE = "model.json"
@@ -116,8 +119,11 @@ class TowerSpec:
         for i, (column, values) in enumerate(self.categorical.items()):
             index = {v: k + 1 for k, v in enumerate(values)}
             categorical[:, i] = [index.get(v, 0) for v in frame.get_column(column).cast(pl.String).to_list()]
-        inputs = {"ids": torch.from_numpy(ids), "numeric": torch.from_numpy(numeric),
-                  "categorical": torch.from_numpy(categorical)}
+        inputs = {
+            "ids": torch.from_numpy(ids),
+            "numeric": torch.from_numpy(numeric),
+            "categorical": torch.from_numpy(categorical),
+        }
         for i, column in enumerate(self.histories):
             inputs[f"history{i}"] = torch.from_numpy(_padded_ids(frame.get_column(column)))
         if self.embedding_column:
@@ -146,8 +152,9 @@ class ModelSpec:
 
 
 class Tower(nn.Module):
-    def __init__(self, spec: TowerSpec, hidden: int, outputs: int, item_ids: nn.Embedding | None = None,
-                 id_dim: int = 16):
+    def __init__(
+        self, spec: TowerSpec, hidden: int, outputs: int, item_ids: nn.Embedding | None = None, id_dim: int = 16
+    ):
         super().__init__()
         self.ids = nn.Embedding(spec.id_buckets, id_dim)
         self.categories = nn.ModuleList(nn.Embedding(len(v) + 1, 8) for v in spec.categorical.values())
@@ -201,7 +208,7 @@ class TwoTower(nn.Module):
 
     def user_vectors(self, user_inputs: dict) -> torch.Tensor:
         vectors = self.user_tower(user_inputs)
-        return torch.cat([vectors, torch.ones(len(vectors), 1, device=vectors.device)], dim=1)
+        return torch.cat([vectors, torch.ones_like(vectors[:, :1])], dim=1)  # a traced export keeps the batch free
 
     def item_vectors(self, item_inputs: dict) -> torch.Tensor:
         """The tower's output with the popularity prior added to its bias (the last value)."""
@@ -256,20 +263,30 @@ def labelled(frame: pl.DataFrame) -> pl.DataFrame:
 
 def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.DataFrame | None = None) -> ModelSpec:
     """Tower specs from the training frame's columns (`<view>__<feature>`) and statistics."""
+
     def tower(id_column: str, inputs: tuple[TowerInput, ...]) -> TowerSpec:
         views = {i.view: i for i in inputs}
         columns = [c for c in train.columns if c.split("__", 1)[0] in views]
         # a number that never varies in the training rows (a view before its first day) teaches
         # nothing and would meet unseen values later: left out
-        numeric = [c for c in columns if (train.schema[c].is_numeric() or train.schema[c] == pl.Boolean)
-                   and train.get_column(c).cast(pl.Float64).fill_nan(None).fill_null(0.0).n_unique() > 1]
+        numeric = [
+            c
+            for c in columns
+            if (train.schema[c].is_numeric() or train.schema[c] == pl.Boolean)
+            and train.get_column(c).cast(pl.Float64).fill_nan(None).fill_null(0.0).n_unique() > 1
+        ]
         logs = [c for c in numeric if views[c.split("__", 1)[0]].log_counts]
-        categorical = {c: sorted(v for v in train.get_column(c).drop_nulls().unique().to_list())
-                       for c in columns if train.schema[c] == pl.String}
+        categorical = {
+            c: sorted(v for v in train.get_column(c).drop_nulls().unique().to_list())
+            for c in columns
+            if train.schema[c] == pl.String
+        }
         histories = [c for c in columns if train.schema[c] == pl.List(pl.Int64)]
         spec = TowerSpec(id_column, 2, numeric, [], [], categorical, histories, log_numeric=logs)
-        values = [spec.scale(c, train.get_column(c).cast(pl.Float64).fill_nan(None).fill_null(0.0).to_numpy())
-                  for c in numeric]
+        values = [
+            spec.scale(c, train.get_column(c).cast(pl.Float64).fill_nan(None).fill_null(0.0).to_numpy())
+            for c in numeric
+        ]
         spec.means = [float(v.mean()) if len(v) else 0.0 for v in values]
         spec.stds = [float(v.std(ddof=1)) if len(v) > 1 and v.std() > 0 else 1.0 for v in values]
         spec.id_buckets = max(int(train.get_column(id_column).max()) + 1, 2)
@@ -296,7 +313,7 @@ def _padded_ids(lists: pl.Series, length: int = 10) -> np.ndarray:
     for i, ids in enumerate(lists.to_list()):
         if ids:
             ids = ids[-length:]
-            matrix[i, :len(ids)] = np.asarray(ids) + 1
+            matrix[i, : len(ids)] = np.asarray(ids) + 1
     return matrix
 
 
@@ -320,12 +337,15 @@ class Objective(nn.Module):
     def forward(self, users: dict, shown: dict, drawn: dict) -> tuple[torch.Tensor, torch.Tensor]:
         user_vectors = self.network.user_vectors(users)
         repeats = len(drawn["ids"]) // len(user_vectors)
-        return ((user_vectors * self.network.item_vectors(shown)).sum(dim=1),
-                (user_vectors.repeat(repeats, 1) * self.network.item_vectors(drawn)).sum(dim=1))
+        return (
+            (user_vectors * self.network.item_vectors(shown)).sum(dim=1),
+            (user_vectors.repeat(repeats, 1) * self.network.item_vectors(drawn)).sum(dim=1),
+        )
 
 
-def fit(objective: nn.Module, frame: pl.DataFrame, device: torch.device | str = "cpu", rank: int = 0,
-        on_epoch=None) -> list[float]:
+def fit(
+    objective: nn.Module, frame: pl.DataFrame, device: torch.device | str = "cpu", rank: int = 0, on_epoch=None
+) -> list[float]:
     """Train an `Objective` (or its data-parallel wrapper) on labelled rows, one worker's shard; returns
     the loss per epoch. `on_epoch(epoch, losses)` runs after each epoch (Ray Train reports there)."""
     spec: ModelSpec = (objective.module if hasattr(objective, "module") else objective).network.spec
@@ -341,13 +361,15 @@ def fit(objective: nn.Module, frame: pl.DataFrame, device: torch.device | str = 
         order = torch.randperm(frame.height, generator=generator)
         total, batches = 0.0, 0
         for start in range(0, len(order), config.batch_size):
-            index = order[start:start + config.batch_size]
+            index = order[start : start + config.batch_size]
             # per row, items drawn uniformly from its day's catalogue (with that day's features)
             rows = index.repeat(config.negatives)
             sampled = first[rows] + (torch.rand(len(rows), generator=generator) * size[rows]).long()
-            shown, unshown = objective(_batch(user_inputs, index, config.unseen_share, generator, device),
-                                       _batch(item_inputs, index, config.unseen_share, generator, device),
-                                       _batch(catalogue, sampled, config.unseen_share, generator, device))
+            shown, unshown = objective(
+                _batch(user_inputs, index, config.unseen_share, generator, device),
+                _batch(item_inputs, index, config.unseen_share, generator, device),
+                _batch(catalogue, sampled, config.unseen_share, generator, device),
+            )
             target = torch.cat([torch.ones(len(shown)), torch.zeros(len(unshown))]).to(device)
             loss = bce(torch.cat([shown, unshown]), target)
             optimizer.zero_grad()
@@ -360,25 +382,36 @@ def fit(objective: nn.Module, frame: pl.DataFrame, device: torch.device | str = 
     return losses
 
 
-def _daily_catalogues(frame: pl.DataFrame, item: TowerSpec) -> tuple[dict[str, torch.Tensor], torch.Tensor,
-                                                                      torch.Tensor]:
+def _daily_catalogues(
+    frame: pl.DataFrame, item: TowerSpec
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The negatives: every item shown on a day, with its features as of that day
     (its first row of the day), encoded day after day; and per training row the first catalogue
     row of its day and the day's item count. A negative from another time (the newest catalogue,
     say) would differ from the shown items by its features' time alone (a null before the first
     daily run), which the model would learn instead of what users are shown."""
     day = pl.col("event_timestamp").dt.date().alias("_day")
-    items = frame.with_columns(day).sort("_day", "event_timestamp").unique(["_day", item.id_column], keep="first",
-                                                                          maintain_order=True)
-    days = items.group_by("_day", maintain_order=True).len().with_columns(
-        (pl.col("len").cum_sum() - pl.col("len")).alias("_first"))
+    items = (
+        frame.with_columns(day)
+        .sort("_day", "event_timestamp")
+        .unique(["_day", item.id_column], keep="first", maintain_order=True)
+    )
+    days = (
+        items.group_by("_day", maintain_order=True)
+        .len()
+        .with_columns((pl.col("len").cum_sum() - pl.col("len")).alias("_first"))
+    )
     per_row = frame.select(day).join(days, on="_day", how="left", maintain_order="left")
-    return (item.encode(items), torch.from_numpy(per_row.get_column("_first").to_numpy().astype(np.int64)),
-            torch.from_numpy(per_row.get_column("len").to_numpy().astype(np.int64)))
+    return (
+        item.encode(items),
+        torch.from_numpy(per_row.get_column("_first").to_numpy().astype(np.int64)),
+        torch.from_numpy(per_row.get_column("len").to_numpy().astype(np.int64)),
+    )
 
 
-def _batch(inputs: dict[str, torch.Tensor], index: torch.Tensor, unseen_share: float, generator,
-           device) -> dict[str, torch.Tensor]:
+def _batch(
+    inputs: dict[str, torch.Tensor], index: torch.Tensor, unseen_share: float, generator, device
+) -> dict[str, torch.Tensor]:
     """Rows of encoded inputs, a share of their ids replaced by the unseen bucket."""
     batch = {k: v[index] for k, v in inputs.items()}
     if unseen_share > 0:
@@ -420,8 +453,9 @@ class TrainResult:
     loss_curve: list[float]
 
 
-def train(train_frame: pl.DataFrame, config: TrainConfig, storage_path: Path,
-          item_embeddings: pl.DataFrame | None = None) -> TrainResult:
+def train(
+    train_frame: pl.DataFrame, config: TrainConfig, storage_path: Path, item_embeddings: pl.DataFrame | None = None
+) -> TrainResult:
     """Train on Ray Train (Ray must be initialised: in-process or a cluster)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -433,8 +467,9 @@ def train(train_frame: pl.DataFrame, config: TrainConfig, storage_path: Path,
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec, "train": frame},
-        scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=config.use_gpu,
-                                     resources_per_worker={"CPU": 1}),
+        scaling_config=ScalingConfig(
+            num_workers=config.num_workers, use_gpu=config.use_gpu, resources_per_worker={"CPU": 1}
+        ),
         run_config=RunConfig(storage_path=str(storage_path), name="personalization"),
     )
     result = trainer.fit()

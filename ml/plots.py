@@ -18,8 +18,9 @@ def loss_curve_png(losses: list[float], path: Path) -> Path:
     low, high = min(losses), max(losses)
     span = (high - low) or 1.0
     step = (WIDTH - 2 * MARGIN) / max(len(losses) - 1, 1)
-    points = [(MARGIN + i * step, HEIGHT - MARGIN - (v - low) / span * (HEIGHT - 2 * MARGIN))
-              for i, v in enumerate(losses)]
+    points = [
+        (MARGIN + i * step, HEIGHT - MARGIN - (v - low) / span * (HEIGHT - 2 * MARGIN)) for i, v in enumerate(losses)
+    ]
     draw.line([(MARGIN, MARGIN), (MARGIN, HEIGHT - MARGIN), (WIDTH - MARGIN, HEIGHT - MARGIN)], fill="black")
     if len(points) > 1:
         draw.line(points, fill="royalblue", width=2)

@@ -29,8 +29,12 @@ def main() -> None:
 
 @main.command()
 @click.option("--days", default=3, show_default=True, help="Days to simulate.")
-@click.option("--start-date", type=click.DateTime(["%Y-%m-%d"]), default=None,
-              help="First day (default: DAYS days before today, so the newest day is yesterday).")
+@click.option(
+    "--start-date",
+    type=click.DateTime(["%Y-%m-%d"]),
+    default=None,
+    help="First day (default: DAYS days before today, so the newest day is yesterday).",
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--scale", default=1.0, show_default=True, help="Multiplier of users, creators and items.")
 @click.option("--format", "file_format", type=click.Choice(["parquet", "jsonl"]), default="parquet")
@@ -45,10 +49,19 @@ def simulate(days: int, start_date, seed: int, scale: float, file_format: str, d
 @main.command()
 @click.argument("fault", type=click.Choice(["late", "duplicate", "malformed"]))
 @click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), required=True, help="The landing day.")
-@click.option("--stream", default="interactions", show_default=True,
-              type=click.Choice(["interactions", "chat_messages", "abuse_reports"]))
-@click.option("--kind", default="bad_json", show_default=True,
-              type=click.Choice(["bad_json", "missing_column", "wrong_type", "out_of_day"]), help="For malformed.")
+@click.option(
+    "--stream",
+    default="interactions",
+    show_default=True,
+    type=click.Choice(["interactions", "chat_messages", "abuse_reports"]),
+)
+@click.option(
+    "--kind",
+    default="bad_json",
+    show_default=True,
+    type=click.Choice(["bad_json", "missing_column", "wrong_type", "out_of_day"]),
+    help="For malformed.",
+)
 @click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
 def inject(fault: str, day, stream: str, kind: str, data_dir: str | None) -> None:
     """Deliver a late, duplicated or malformed landing file for a simulated day."""

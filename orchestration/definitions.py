@@ -36,8 +36,10 @@ defs = Definitions(
     assets=all_assets,
     asset_checks=all_asset_checks,
     jobs=[*defined_in([jobs], (JobDefinition, UnresolvedAssetJobDefinition)), *pipeline_jobs],
-    schedules=[*defined_in([schedules], (ScheduleDefinition, UnresolvedPartitionedAssetScheduleDefinition)),
-               *pipeline_schedules],
+    schedules=[
+        *defined_in([schedules], (ScheduleDefinition, UnresolvedPartitionedAssetScheduleDefinition)),
+        *pipeline_schedules,
+    ],
     sensors=defined_in([sensors, streaming], (SensorDefinition,)),
     resources=resources_for(current_profile()),
     # One process per run: on small machines the per-step process start (Feast, GX imports) costs

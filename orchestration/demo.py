@@ -48,8 +48,9 @@ def train_and_gate(data_dir: Path, last: date) -> str | None:
     run_job(f"train_{MODEL}", None, partition=last)  # a refused gate fails the run: the version stays a challenger
     registry = ModelRegistry.local(data_dir / "registry")
     for version in registry.versions(MODEL):
-        metrics = {k.removeprefix("metric."): round(float(v), 3) for k, v in version.tags.items()
-                   if k.startswith("metric.")}
+        metrics = {
+            k.removeprefix("metric."): round(float(v), 3) for k, v in version.tags.items() if k.startswith("metric.")
+        }
         click.echo(f"   v{version.version} [{','.join(version.aliases) or '-'}] {metrics}")
     champion = registry.by_alias(MODEL, "champion")
     return champion.version if champion else None
@@ -76,8 +77,9 @@ def live_recommendation(data_dir: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(ModelServer(config)), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(ModelServer(config)), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -91,9 +93,11 @@ def live_recommendation(data_dir: Path) -> None:
         server.should_exit = True
         thread.join(60)
     body = answer.json()
-    click.echo(f"   POST /recommend {{\"user_id\": {user}, \"k\": 5}} -> items {body['items']} "
-               f"(scores {[round(s, 3) for s in body['scores']]}), model version {body['model_version']}, "
-               f"{body['timings_ms']['total']:.1f} ms")
+    click.echo(
+        f'   POST /recommend {{"user_id": {user}, "k": 5}} -> items {body["items"]} '
+        f"(scores {[round(s, 3) for s in body['scores']]}), model version {body['model_version']}, "
+        f"{body['timings_ms']['total']:.1f} ms"
+    )
 
 
 def materialize_data(first: date, last: date) -> None:
@@ -104,8 +108,10 @@ def materialize_data(first: date, last: date) -> None:
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     days = {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()}
-    labelled = {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
-                ASSET_PARTITION_RANGE_END_TAG: (last - timedelta(days=1)).isoformat()}
+    labelled = {
+        ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
+        ASSET_PARTITION_RANGE_END_TAG: (last - timedelta(days=1)).isoformat(),
+    }
     steps = [
         ("feature_store_refresh", ["feature_registry"], {}),
         ("daily_pipeline", None, days),
@@ -127,9 +133,13 @@ def run_job(job_name: str, selection: list[str] | None, tags: dict | None = None
     keys = [AssetKey(k.split("/")) for k in selection] if selection else None
     click.echo(f"   running {job_name}{' ' + ', '.join(selection) if selection else ''} ...")
     return defs.resolve_job_def(job_name).execute_in_process(
-        instance=DagsterInstance.get(), tags=tags or {}, asset_selection=keys, raise_on_error=False,
+        instance=DagsterInstance.get(),
+        tags=tags or {},
+        asset_selection=keys,
+        raise_on_error=False,
         partition_key=partition.isoformat() if partition else None,
-        run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}})
+        run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+    )
 
 
 def remember_landed_days(data_dir: Path, first: date, last: date) -> None:
@@ -156,8 +166,10 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
             files = sorted(table_dir.glob("date=*/part-0.parquet"))
             rows = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in files)
             click.echo(f"  {zone + '/' + table_dir.name:<42} {len(files):>3} partitions {rows:>10,} rows")
-    click.echo(f"  feature store: Feast repo in {data_dir / 'feature_repo'} (feast -c {data_dir / 'feature_repo'} "
-               "feature-views list)")
+    click.echo(
+        f"  feature store: Feast repo in {data_dir / 'feature_repo'} (feast -c {data_dir / 'feature_repo'} "
+        "feature-views list)"
+    )
     quality = QualityEngine(data_dir / "quality")
     latest = quality.latest_results()
     failing = [r["suite"] for r in latest if not r["success"]]
@@ -165,5 +177,3 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
     click.echo(f"\nData quality: {len(latest)} suites, {len(failing)} failing{listed}")
     click.echo(f"Data-quality report: {quality.docs_index_path}")
     click.echo(f"Dagster UI: .venv/bin/mlplane ui, then http://127.0.0.1:3000 (runs for {first} .. {last} are there)")
-
-

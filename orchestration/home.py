@@ -46,16 +46,19 @@ def set_sensor_cursor(instance: DagsterInstance, sensor_name: str, cursor: str) 
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
     origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(executable_path=sys.executable, module_name=DEFINITIONS_MODULE,
-                             working_directory=str(PROJECT_ROOT)), location_name=CODE_LOCATION)
+        LoadableTargetOrigin(
+            executable_path=sys.executable, module_name=DEFINITIONS_MODULE, working_directory=str(PROJECT_ROOT)
+        ),
+        location_name=CODE_LOCATION,
+    )
     with InProcessCodeLocation(origin, instance) as location:
         [repository] = location.get_repositories().values()
         sensor = repository.get_sensor(sensor_name)
     stored = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)
-    data = SensorInstigatorData(min_interval=sensor.min_interval_seconds, cursor=cursor,
-                                sensor_type=sensor.sensor_type)
+    data = SensorInstigatorData(min_interval=sensor.min_interval_seconds, cursor=cursor, sensor_type=sensor.sensor_type)
     if stored is None:
-        instance.add_instigator_state(InstigatorState(sensor.get_remote_origin(), InstigatorType.SENSOR,
-                                                      InstigatorStatus.DECLARED_IN_CODE, data))
+        instance.add_instigator_state(
+            InstigatorState(sensor.get_remote_origin(), InstigatorType.SENSOR, InstigatorStatus.DECLARED_IN_CODE, data)
+        )
     else:
         instance.update_instigator_state(stored.with_data(stored.instigator_data._replace(cursor=cursor)))

@@ -47,8 +47,11 @@ def add_account(username: str, role: str, password: str | None, data_dir: str | 
     """Create an account (the password is stored scrypt-hashed)."""
     from ground_truth import accounts
 
-    password = password or os.environ.get("MLPLANE_LABELING_PASSWORD") or \
-        click.prompt("password", hide_input=True, confirmation_prompt=True)
+    password = (
+        password
+        or os.environ.get("MLPLANE_LABELING_PASSWORD")
+        or click.prompt("password", hide_input=True, confirmation_prompt=True)
+    )
     with _store(data_dir) as labels:
         try:
             accounts.create_account(labels.get_client(), username, password, accounts.Role(role))
@@ -67,9 +70,18 @@ def tasks(data_dir: str | None) -> None:
         engine = labels.get_client()
         for task in queue.list_tasks(engine):
             quality = review.task_quality(engine, task)
-            click.echo(json.dumps({"task": task.spec.name, "items": quality.items, "complete": quality.complete,
-                                   "resolved": quality.resolved, "disputes_open": quality.disputed_open,
-                                   "krippendorff_alpha": quality.krippendorff_alpha}))
+            click.echo(
+                json.dumps(
+                    {
+                        "task": task.spec.name,
+                        "items": quality.items,
+                        "complete": quality.complete,
+                        "resolved": quality.resolved,
+                        "disputes_open": quality.disputed_open,
+                        "krippendorff_alpha": quality.krippendorff_alpha,
+                    }
+                )
+            )
 
 
 @labeling.command("simulate")
@@ -99,8 +111,9 @@ def simulate_annotators(task: str, url: str, annotators: int, accuracy: float, d
         known = {a.username for a in accounts.list_accounts(engine)}
         for name in [*names, "sim-rev0"]:
             if name not in known:
-                accounts.create_account(engine, name, password,
-                                        accounts.Role.reviewer if name == "sim-rev0" else accounts.Role.annotator)
+                accounts.create_account(
+                    engine, name, password, accounts.Role.reviewer if name == "sim-rev0" else accounts.Role.annotator
+                )
         labels_set = queue.get_task(engine, task).spec.labels
     key = violation_answer_key(Path(data_dir or local_data_dir()))
     people = [SimulatedAnnotator(n, password, accuracy, seed=i) for i, n in enumerate(names)]

@@ -32,10 +32,15 @@ def list_versions(name: str, data_dir: str | None) -> None:
     for version in registry.versions(name):
         aliases = ",".join(version.aliases) or "-"
         metrics = {k.removeprefix("metric."): v for k, v in version.tags.items() if k.startswith("metric.")}
-        lineage = {k.removeprefix("mlplane."): v for k, v in version.tags.items()
-                   if k.startswith("mlplane.") and "checksum" not in k}
-        click.echo(f"v{version.version}  [{aliases}]  {version.created_at:%Y-%m-%d %H:%M}  "
-                   f"{json.dumps(metrics)}  {json.dumps(lineage)}")
+        lineage = {
+            k.removeprefix("mlplane."): v
+            for k, v in version.tags.items()
+            if k.startswith("mlplane.") and "checksum" not in k
+        }
+        click.echo(
+            f"v{version.version}  [{aliases}]  {version.created_at:%Y-%m-%d %H:%M}  "
+            f"{json.dumps(metrics)}  {json.dumps(lineage)}"
+        )
 
 
 @models.command()

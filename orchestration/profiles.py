@@ -40,8 +40,11 @@ def local_data_dir() -> str:
 def notify_targets() -> dict[str, str]:
     """Named webhooks for pipelines' `notify=`: MLPLANE_NOTIFY_ML_ONCALL=https://... is target `ml-oncall`."""
     prefix = "MLPLANE_NOTIFY_"
-    return {name[len(prefix):].lower().replace("_", "-"): url for name, url in os.environ.items()
-            if name.startswith(prefix) and url}
+    return {
+        name[len(prefix) :].lower().replace("_", "-"): url
+        for name, url in os.environ.items()
+        if name.startswith(prefix) and url
+    }
 
 
 def resources_for(profile: str, data_dir: str | None = None) -> dict:
@@ -53,11 +56,14 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
         ray_compute = RayResource()
         # the live job's slide; the streaming history and the training join follow it
-        flink = FlinkResource(feature_store=feature_store,
-                              slide_seconds=int(os.environ.get("MLPLANE_STREAMING_SLIDE_SECONDS", "60")))
+        flink = FlinkResource(
+            feature_store=feature_store, slide_seconds=int(os.environ.get("MLPLANE_STREAMING_SLIDE_SECONDS", "60"))
+        )
         model_registry = ModelRegistryResource(root=str(Path(lake.root) / "registry"))
-        gateway = GatewayResource(url=os.environ.get("MLPLANE_GATEWAY_URL", "http://127.0.0.1:4000"),
-                                  api_key=os.environ.get("MLPLANE_GATEWAY_KEY"))
+        gateway = GatewayResource(
+            url=os.environ.get("MLPLANE_GATEWAY_URL", "http://127.0.0.1:4000"),
+            api_key=os.environ.get("MLPLANE_GATEWAY_KEY"),
+        )
         labels = LabelStoreResource(lake=lake)
         # `mlplane serve models` on localhost
         model_server = ModelServerResource(config_path=os.environ.get("MLPLANE_MODEL_SERVER_CONFIG"))
@@ -81,12 +87,14 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             kafka_bootstrap_servers=os.environ.get("MLPLANE_KAFKA_BOOTSTRAP_SERVERS", ""),
             rest_url=os.environ.get("MLPLANE_FLINK_REST_URL", ""),
         )
-        model_registry = ModelRegistryResource(tracking_uri=EnvVar("MLPLANE_MLFLOW_TRACKING_URI"),
-                                               artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT"))
+        model_registry = ModelRegistryResource(
+            tracking_uri=EnvVar("MLPLANE_MLFLOW_TRACKING_URI"), artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT")
+        )
         gateway = GatewayResource(url=EnvVar("MLPLANE_GATEWAY_URL"), api_key=EnvVar("MLPLANE_GATEWAY_KEY"))
         labels = LabelStoreResource(lake=lake, url=EnvVar("MLPLANE_LABELS_DB_URL"))
-        model_server = ModelServerResource(url=EnvVar("MLPLANE_MODEL_SERVER_URL"),
-                                           config_path=os.environ.get("MLPLANE_MODEL_SERVER_CONFIG"))
+        model_server = ModelServerResource(
+            url=EnvVar("MLPLANE_MODEL_SERVER_URL"), config_path=os.environ.get("MLPLANE_MODEL_SERVER_CONFIG")
+        )
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return {
@@ -114,5 +122,4 @@ def open_resource(name: str, data_dir: str | None = None) -> Iterator:
     except DagsterInvalidConfigError as error:
         unset = sorted(set(re.findall(r'environment variable "([^"]+)" which is not set', str(error))))
         problem = f"set {', '.join(unset)}" if unset else "; ".join(e.message.splitlines()[0] for e in error.errors)
-        raise click.ClickException(f"the {profile} profile's {name} resource needs configuration: {problem}") \
-            from error
+        raise click.ClickException(f"the {profile} profile's {name} resource needs configuration: {problem}") from error

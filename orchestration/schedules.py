@@ -19,9 +19,13 @@ llm_batch_schedule = build_schedule_from_partitioned_job(llm_batch_daily, hour_o
 ground_truth_schedule = build_schedule_from_partitioned_job(ground_truth_queues, hour_of_day=6)
 
 
-@schedule(job=training_data, cron_schedule="45 3 * * *", execution_timezone="UTC",
-          description="The training data of the day before yesterday: its labels need yesterday's first "
-                      "minutes, which the daily pipeline ingested this morning.")
+@schedule(
+    job=training_data,
+    cron_schedule="45 3 * * *",
+    execution_timezone="UTC",
+    description="The training data of the day before yesterday: its labels need yesterday's first "
+    "minutes, which the daily pipeline ingested this morning.",
+)
 def training_data_schedule(context: ScheduleEvaluationContext) -> RunRequest:
     day = context.scheduled_execution_time.date() - timedelta(days=2)
     return RunRequest(run_key=day.isoformat(), partition_key=day.isoformat())

@@ -10,19 +10,38 @@ import click
 
 @click.command()
 @click.argument("text", required=False)
-@click.option("--image", "image", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Search with an image instead of text.")
+@click.option(
+    "--image",
+    "image",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Search with an image instead of text.",
+)
 @click.option("-k", "--top-k", "k", default=10, show_default=True)
 @click.option("--category", multiple=True, help="Only these categories (repeatable).")
 @click.option("--price-min", type=float, default=None)
 @click.option("--price-max", type=float, default=None)
-@click.option("--using", type=click.Choice(["image", "text"]), default="image", show_default=True,
-              help="Compare the query with item thumbnails or item titles.")
+@click.option(
+    "--using",
+    type=click.Choice(["image", "text"]),
+    default="image",
+    show_default=True,
+    help="Compare the query with item thumbnails or item titles.",
+)
 @click.option("--max-faces", type=int, default=None, help="Only items whose mesh has at most this many faces.")
 @click.option("--watertight", is_flag=True, help="Only items with a watertight mesh.")
 @click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
-def search(text: str | None, image: Path | None, k: int, category: tuple[str, ...], price_min: float | None,
-           price_max: float | None, using: str, max_faces: int | None, watertight: bool, data_dir: str | None) -> None:
+def search(
+    text: str | None,
+    image: Path | None,
+    k: int,
+    category: tuple[str, ...],
+    price_min: float | None,
+    price_max: float | None,
+    using: str,
+    max_faces: int | None,
+    watertight: bool,
+    data_dir: str | None,
+) -> None:
     """Top-k catalogue items for a TEXT query (or --image PATH), with optional filters."""
     from engines.embeddings import current_model
     from engines.geometry_job import current_geometry
@@ -36,11 +55,26 @@ def search(text: str | None, image: Path | None, k: int, category: tuple[str, ..
         with vectors.get_client() as store:
             try:
                 search = ItemSearch(store, spec, current_geometry(lake.get_client()))
-                hits = search.search(text=text, image=image, k=k, category=list(category) or None,
-                                     price_min=price_min, price_max=price_max, using=using, max_faces=max_faces,
-                                     watertight=watertight)
+                hits = search.search(
+                    text=text,
+                    image=image,
+                    k=k,
+                    category=list(category) or None,
+                    price_min=price_min,
+                    price_max=price_max,
+                    using=using,
+                    max_faces=max_faces,
+                    watertight=watertight,
+                )
             except (ValueError, KeyError) as error:
                 raise click.ClickException(str(error)) from error
     for hit in hits:
-        click.echo(json.dumps({"item_id": hit.payload.get("item_id", hit.id), "score": round(hit.score, 4),
-                               **{f: hit.payload.get(f) for f in ("title", "category", "price", "flags")}}))
+        click.echo(
+            json.dumps(
+                {
+                    "item_id": hit.payload.get("item_id", hit.id),
+                    "score": round(hit.score, 4),
+                    **{f: hit.payload.get(f) for f in ("title", "category", "price", "flags")},
+                }
+            )
+        )

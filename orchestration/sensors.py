@@ -60,7 +60,7 @@ def landing_cursor(lake: Lake, days: list[date]) -> str:
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.RUNNING,
     description="Runs the daily pipeline once every stream of a day has landed. Late or corrected files for "
-                "an earlier day re-run that day and every later landed day, whose windows include it.",
+    "an earlier day re-run that day and every later landed day, whose windows include it.",
 )
 def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
@@ -74,8 +74,9 @@ def landing_sensor(context: SensorEvaluationContext, lake: LakeResource):
     if start == end:
         request = RunRequest(run_key=run_key, partition_key=start)
     else:  # one run over the range: the daily assets have single-run backfill policies
-        request = RunRequest(run_key=run_key, tags={ASSET_PARTITION_RANGE_START_TAG: start,
-                                                    ASSET_PARTITION_RANGE_END_TAG: end})
+        request = RunRequest(
+            run_key=run_key, tags={ASSET_PARTITION_RANGE_START_TAG: start, ASSET_PARTITION_RANGE_END_TAG: end}
+        )
     return SensorResult(run_requests=[request], cursor=json.dumps({**seen, **current}, sort_keys=True))
 
 
@@ -97,8 +98,9 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
     if notifier.post(payload):
         posted.append(notifier.url)
     if unknown:
-        context.log.warning(f"run {run.run_id}: no webhook for notification targets {unknown} "
-                            "(set MLPLANE_NOTIFY_<TARGET>)")
+        context.log.warning(
+            f"run {run.run_id}: no webhook for notification targets {unknown} (set MLPLANE_NOTIFY_<TARGET>)"
+        )
     if posted:
         context.log.info(f"notified {', '.join(posted)} of failed run {run.run_id}")
     else:
@@ -106,7 +108,8 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
 
 
 freshness_sensor = build_sensor_for_freshness_checks(
-    freshness_checks=all_asset_checks, minimum_interval_seconds=600, default_status=DefaultSensorStatus.RUNNING)
+    freshness_checks=all_asset_checks, minimum_interval_seconds=600, default_status=DefaultSensorStatus.RUNNING
+)
 
 
 @sensor(
@@ -114,10 +117,14 @@ freshness_sensor = build_sensor_for_freshness_checks(
     minimum_interval_seconds=60,
     default_status=DefaultSensorStatus.RUNNING,
     description="Exports the served models for KServe and Triton (deploy/model_export) when the registry version "
-                "a served model follows changes: a promotion, a rollback (`mlplane models rollback`), a new CLIP.",
+    "a served model follows changes: a promotion, a rollback (`mlplane models rollback`), a new CLIP.",
 )
-def model_export_sensor(context: SensorEvaluationContext, lake: LakeResource, model_registry: ModelRegistryResource,
-                        model_server: ModelServerResource):
+def model_export_sensor(
+    context: SensorEvaluationContext,
+    lake: LakeResource,
+    model_registry: ModelRegistryResource,
+    model_server: ModelServerResource,
+):
     versions = served_versions(model_server.config_path, lake.get_client().root, model_registry.get_client())
     if not versions:
         return SkipReason("no served model has a registry version yet")

@@ -29,7 +29,7 @@ MAX_RESTARTS = 3
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.RUNNING,
     description="Checks every streaming Flink job; a failed or killed job is posted to the webhook and "
-                f"restarted from its checkpoint (at most {MAX_RESTARTS} times in a row).",
+    f"restarted from its checkpoint (at most {MAX_RESTARTS} times in a row).",
 )
 def streaming_job_sensor(context: SensorEvaluationContext, flink: FlinkResource, notifier: WebhookNotifier):
     cursor: dict = json.loads(context.cursor) if context.cursor else {}
@@ -47,16 +47,26 @@ def streaming_job_sensor(context: SensorEvaluationContext, flink: FlinkResource,
         action = "not restarting: too many failures in a row" if giving_up else "restarting from the newest checkpoint"
         payload = {
             "text": f"mlplane streaming job {health.name} is {health.status}: {health.error}; {action}",
-            "job": health.name, "status": health.status, "error": health.error, "checkpoint": health.checkpoint,
-            "flink_job_id": health.job_id, "log_dir": health.log_dir, "action": action,
+            "job": health.name,
+            "status": health.status,
+            "error": health.error,
+            "checkpoint": health.checkpoint,
+            "flink_job_id": health.job_id,
+            "log_dir": health.log_dir,
+            "action": action,
         }
         if not notifier.post(payload):
             context.log.warning(payload["text"] + " (no webhook configured: set MLPLANE_WEBHOOK_URL)")
         notes.append(payload["text"])
         cursor[source] = {"restarts": seen["restarts"] + (0 if giving_up else 1), "incident": incident}
         if not giving_up:
-            requests.append(RunRequest(run_key=f"restart:{source}:{incident}", asset_selection=[streaming_key(source)],
-                                       tags={"mlplane/restart_of": health.job_id or ""}))
+            requests.append(
+                RunRequest(
+                    run_key=f"restart:{source}:{incident}",
+                    asset_selection=[streaming_key(source)],
+                    tags={"mlplane/restart_of": health.job_id or ""},
+                )
+            )
     if not requests and not notes:
         return SkipReason("every streaming job is running (or not started)")
     return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))

@@ -30,8 +30,9 @@ def simulate_stream(rate: float, seconds: float, seed: int, data_dir: str | None
 
     root = Path(data_dir or local_data_dir())
     day = datetime.now(UTC).date() - timedelta(days=1)
-    stream = EventStream(Simulator(SimulatorConfig(seed=seed, start_date=day), root / "sim_stream"),
-                         root / "stream" / "interactions")
+    stream = EventStream(
+        Simulator(SimulatorConfig(seed=seed, start_date=day), root / "sim_stream"), root / "stream" / "interactions"
+    )
     click.echo(f"appending {rate:g} events/s for {seconds:g} s to {stream.directory}")
     written = stream.live(rate, seconds, day)
     click.echo(f"appended {written} events")

@@ -18,11 +18,13 @@ class FeatureStoreResource(ConfigurableResource):
 
     def get_client(self) -> FeatureStoreEngine:
         root = Path(self.lake.root)
-        return FeatureStoreEngine(FeatureStoreSettings(
-            repo_dir=root / "feature_repo",
-            offline_root=root / "offline",
-            project=self.project,
-            online_store=self.online_store,
-            redis_url=self.redis_url,
-            registry_url=self.registry_url,
-        ))
+        return FeatureStoreEngine(
+            FeatureStoreSettings(
+                repo_dir=root / "feature_repo",
+                offline_root=root / "offline",
+                project=self.project,
+                online_store=self.online_store,
+                redis_url=self.redis_url,
+                registry_url=self.registry_url,
+            )
+        )

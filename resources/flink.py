@@ -61,16 +61,25 @@ class FlinkResource(ConfigurableResource):
         lake = Path(self.feature_store.lake.root)
         state = Path(self.state_dir) if self.state_dir else lake / "streaming"
         if self.source == "kafka":
-            options = SourceOptions(kind="kafka", bootstrap_servers=self.kafka_bootstrap_servers,
-                                    topic=f"{self.kafka_topic_prefix}{source}")
+            options = SourceOptions(
+                kind="kafka", bootstrap_servers=self.kafka_bootstrap_servers, topic=f"{self.kafka_topic_prefix}{source}"
+            )
         else:
             events = Path(self.events_dir) / source if self.events_dir else lake / "stream" / source
             events.mkdir(parents=True, exist_ok=True)
             options = SourceOptions(path=str(events.resolve()))
-        return make_job(StreamingJobSettings(
-            source=source, state_dir=state / source, source_options=options, slide_seconds=self.slide_seconds,
-            watermark_delay_seconds=self.watermark_delay_seconds, checkpoint_interval_ms=self.checkpoint_interval_ms,
-            flink_python=Path(self.flink_python), rest=self._rest()))
+        return make_job(
+            StreamingJobSettings(
+                source=source,
+                state_dir=state / source,
+                source_options=options,
+                slide_seconds=self.slide_seconds,
+                watermark_delay_seconds=self.watermark_delay_seconds,
+                checkpoint_interval_ms=self.checkpoint_interval_ms,
+                flink_python=Path(self.flink_python),
+                rest=self._rest(),
+            )
+        )
 
     def health(self, source: str) -> JobHealth:
         return self.job(source).health()
@@ -82,12 +91,16 @@ class FlinkResource(ConfigurableResource):
         if isinstance(job, ClusterJob):  # resume from the ended job's newest retained checkpoint, if any
             checkpoint = resume(job, self.start_timeout_seconds)
             self.start_pusher(source)
-            return job.health(), {"status": "RUNNING", "job_id": job.status()["job_id"],
-                                  "restored_from": str(checkpoint) if checkpoint else None}
+            return job.health(), {
+                "status": "RUNNING",
+                "job_id": job.status()["job_id"],
+                "restored_from": str(checkpoint) if checkpoint else None,
+            }
         job.stop()
         checkpoint = catch_up(job, self.start_timeout_seconds)  # the events that landed while it was down
-        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),
-                                message_reader=PipesTempFileMessageReader()) as session:
+        with open_pipes_session(
+            context=context, context_injector=PipesEnvContextInjector(), message_reader=PipesTempFileMessageReader()
+        ) as session:
             process = job.start(restore=checkpoint, extra_env=session.get_bootstrap_env_vars())
             deadline = time.time() + self.start_timeout_seconds
             while not session.get_custom_messages() and process.poll() is None and time.time() < deadline:
@@ -95,8 +108,9 @@ class FlinkResource(ConfigurableResource):
             reported = session.get_custom_messages()[-1] if session.get_custom_messages() else {}
         if reported.get("status") != "RUNNING":
             job.stop()
-            raise StreamingJobError(f"{job.settings.name} did not start: {job.status().get('error') or reported} "
-                                    f"(log: {job.log_dir})")
+            raise StreamingJobError(
+                f"{job.settings.name} did not start: {job.status().get('error') or reported} (log: {job.log_dir})"
+            )
         self.start_pusher(source)
         return job.health(), {**reported, "restored_from": str(checkpoint) if checkpoint else None}
 
@@ -107,14 +121,27 @@ class FlinkResource(ConfigurableResource):
         if pid_file.exists() and process_alive(int(pid_file.read_text())):
             return int(pid_file.read_text())
         store = self.feature_store.get_client().settings
-        config = PusherConfig(spec=job.write_spec(), store={
-            "repo_dir": str(store.repo_dir), "offline_root": str(store.offline_root), "project": store.project,
-            "online_store": store.online_store, "redis_url": store.redis_url, "registry_url": store.registry_url})
+        config = PusherConfig(
+            spec=job.write_spec(),
+            store={
+                "repo_dir": str(store.repo_dir),
+                "offline_root": str(store.offline_root),
+                "project": store.project,
+                "online_store": store.online_store,
+                "redis_url": store.redis_url,
+                "registry_url": store.registry_url,
+            },
+        )
         config.write(job.state_dir / "pusher.json")
         job.log_dir.mkdir(parents=True, exist_ok=True)
         with open(job.log_dir / "pusher.log", "ab") as out:
-            process = subprocess.Popen([sys.executable, "-m", "engines.streaming", str(job.state_dir / "pusher.json")],
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=PROJECT_ROOT)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "engines.streaming", str(job.state_dir / "pusher.json")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=PROJECT_ROOT,
+            )
         pid_file.write_text(str(process.pid))
         return process.pid
 

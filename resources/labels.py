@@ -13,8 +13,9 @@ class LabelStoreResource(ConfigurableResource):
     PostgreSQL URL in production (the labeling app serves the same database)."""
 
     lake: LakeResource
-    url: str | None = Field(default=None, description="SQLAlchemy URL, e.g. postgresql+psycopg2://host/labels; "
-                                                      "None: SQLite in the lake")
+    url: str | None = Field(
+        default=None, description="SQLAlchemy URL, e.g. postgresql+psycopg2://host/labels; None: SQLite in the lake"
+    )
 
     def database_url(self) -> str:
         if self.url:

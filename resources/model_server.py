@@ -14,8 +14,11 @@ class ModelServerResource(ConfigurableResource):
     URL in production (`MLPLANE_MODEL_SERVER_URL`)."""
 
     url: str = Field(default="http://127.0.0.1:8500", description="The server's REST base URL")
-    config_path: str | None = Field(default=None, description="The server's YAML (what it serves; read by the "
-                                                              "KServe/Triton export); None: the local server's default")
+    config_path: str | None = Field(
+        default=None,
+        description="The server's YAML (what it serves; read by the "
+        "KServe/Triton export); None: the local server's default",
+    )
     timeout_seconds: float = 30.0
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict | list:

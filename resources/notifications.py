@@ -7,8 +7,9 @@ class WebhookNotifier(ConfigurableResource):
     """Posts JSON notifications (run failures, ...) to a webhook such as a Slack or Teams relay."""
 
     url: str | None = Field(default=None, description="Webhook URL; notifications are logged only when unset")
-    targets: dict[str, str] = Field(default_factory=dict, description="Named webhooks that pipelines ask for "
-                                                                      "with notify=(name, ...)")
+    targets: dict[str, str] = Field(
+        default_factory=dict, description="Named webhooks that pipelines ask for with notify=(name, ...)"
+    )
     timeout_seconds: float = 5.0
 
     def post(self, payload: dict, url: str | None = None) -> bool:

@@ -15,8 +15,9 @@ class RayResource(ConfigurableResource):
     num_cpus: int = Field(default=2, description="CPUs of the in-process Ray")
     num_gpus: int | None = Field(default=None, description="GPUs of the in-process Ray (None: detect)")
     object_store_mb: int = Field(default=400, description="Object store of the in-process Ray, MiB")
-    temp_dir: str | None = Field(default=None, description="Session folder of the in-process Ray "
-                                                            "(default: <tmp>/mlplane-ray)")
+    temp_dir: str | None = Field(
+        default=None, description="Session folder of the in-process Ray (default: <tmp>/mlplane-ray)"
+    )
 
     def ensure_started(self) -> None:
         """Start (or join) Ray unless this process already did."""
@@ -27,10 +28,14 @@ class RayResource(ConfigurableResource):
         if self.address:
             ray.init(address=self.address, log_to_driver=True)
         else:
-            ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
-                     object_store_memory=self.object_store_mb * 1024 * 1024,
-                     _temp_dir=self.temp_dir or os.path.join(tempfile.gettempdir(), "mlplane-ray"),
-                     include_dashboard=False, log_to_driver=True)
+            ray.init(
+                num_cpus=self.num_cpus,
+                num_gpus=self.num_gpus,
+                object_store_memory=self.object_store_mb * 1024 * 1024,
+                _temp_dir=self.temp_dir or os.path.join(tempfile.gettempdir(), "mlplane-ray"),
+                include_dashboard=False,
+                log_to_driver=True,
+            )
 
     def cluster_gpus(self) -> int:
         import ray

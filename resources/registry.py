@@ -13,8 +13,10 @@ class ModelRegistryResource(ConfigurableResource):
     root: str | None = Field(default=None, description="Local folder for mlflow.db and artifacts (embedded default)")
     tracking_uri: str | None = Field(default=None, description="MLflow tracking/registry URI; overrides `root`")
     artifact_root: str | None = Field(default=None, description="Where new runs store artifacts (with tracking_uri)")
-    promotion_margin: float = Field(default=0.0, description="How much better (held-out AUC) a challenger must "
-                                                             "score than the champion to be promoted")
+    promotion_margin: float = Field(
+        default=0.0,
+        description="How much better (held-out AUC) a challenger must score than the champion to be promoted",
+    )
 
     def get_client(self) -> ModelRegistry:
         if self.tracking_uri:

@@ -27,8 +27,14 @@ TEST_SLIDE_SECONDS = 3600
 EVERYTHING_DAILY = daily_assets | training_data_assets
 
 
-def run_pipeline(data_dir: Path, first: date, last: date, selection: AssetSelection = daily_assets,
-                 instance: DagsterInstance | None = None, raise_on_error: bool = True):
+def run_pipeline(
+    data_dir: Path,
+    first: date,
+    last: date,
+    selection: AssetSelection = daily_assets,
+    instance: DagsterInstance | None = None,
+    raise_on_error: bool = True,
+):
     """Materialize `selection` for first..last in one run, as a single-run backfill does."""
     return materialize(
         all_assets,
@@ -43,8 +49,10 @@ def run_pipeline(data_dir: Path, first: date, last: date, selection: AssetSelect
 def local_resources(data_dir: Path) -> dict:
     """The local profile over `data_dir`, with the tests' streaming slide."""
     resources = resources_for("local", data_dir=str(data_dir))
-    return {**resources, "flink": FlinkResource(feature_store=resources["feature_store"],
-                                                slide_seconds=TEST_SLIDE_SECONDS)}
+    return {
+        **resources,
+        "flink": FlinkResource(feature_store=resources["feature_store"], slide_seconds=TEST_SLIDE_SECONDS),
+    }
 
 
 def simulate(data_dir: Path, days: int = DAYS, config: SimulatorConfig = SMALL) -> Simulator:

@@ -43,33 +43,42 @@ class Way:
 # Keyed by the start of a command; commands not listed run as written.
 SMALL_EPOCHS = """ --config-json '{"ops": {"clip_model": {"config": {"epochs": 2}}}}'"""
 WAYS = {
-    "scripts/demo": Way(small={"scripts/demo": "scripts/demo --scale 0.2"},
-                        prints=r"POST /recommend \{\"user_id\": \d+, \"k\": 5\} -> items \[\d+(, \d+){4}\] .*model "
-                               r"version 1"),
-    "scripts/test": Way(small={"scripts/test": "scripts/test -q -p no:cacheprovider -m 'not services' "
-                                               "tests/orchestration/test_graph_snapshot.py"}),
+    "scripts/demo": Way(
+        small={"scripts/demo": "scripts/demo --scale 0.2"},
+        prints=r"POST /recommend \{\"user_id\": \d+, \"k\": 5\} -> items \[\d+(, \d+){4}\] .*model "
+        r"version 1",
+    ),
+    "scripts/test": Way(
+        small={
+            "scripts/test": "scripts/test -q -p no:cacheprovider -m 'not services' "
+            "tests/orchestration/test_graph_snapshot.py"
+        }
+    ),
     ".venv/bin/mlplane simulate": Way(small={"--days 7": "--days 2 --scale 0.1 --data-dir sim-only"}),
-    ".venv/bin/mlplane ui": Way(covered_by="tests/orchestration/test_cli.py::test_ui_starts_without_an_activated_"
-                                           "environment"),
+    ".venv/bin/mlplane ui": Way(
+        covered_by="tests/orchestration/test_cli.py::test_ui_starts_without_an_activated_environment"
+    ),
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     "--select clip_model": Way(small={"--select clip_model": "--select clip_model" + SMALL_EPOCHS}),
-    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
-    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
-    "--select deploy/model_export": Way(covered_by="tests/assets/test_model_export_asset.py::test_export_follows_"
-                                                   "promotion_and_rollback"),
-    ".venv/bin/mlplane models rollback": Way(covered_by="tests/models/test_personalization.py::test_gate_blocks_a_"
-                                                        "worse_challenger_then_rollback_and_corruption"),
+    ".venv/bin/mlplane models rollback": Way(
+        covered_by="tests/models/test_personalization.py::test_gate_blocks_a_"
+        "worse_challenger_then_rollback_and_corruption"
+    ),
     ".venv-vllm/bin/vllm serve": Way(covered_by="tests/serving/test_gateway.py (vllm_backends)"),
     "MLPLANE_GATEWAY_ADMIN_KEY=... .venv/bin/mlplane gateway serve": Way(covered_by="tests/serving/test_gateway.py"),
-    ".venv/bin/python benchmarks/online_features.py": Way(small={"online_features.py": "online_features.py "
-                                                                 "--data-dir data --repeat 20"}),
-    ".venv/bin/python benchmarks/embeddings.py": Way(small={"embeddings.py": "embeddings.py --images 64 "
-                                                            "--vit-images 0"}),
+    ".venv/bin/python benchmarks/online_features.py": Way(
+        small={"online_features.py": "online_features.py --data-dir data --repeat 20"}
+    ),
+    ".venv/bin/python benchmarks/embeddings.py": Way(
+        small={"embeddings.py": "embeddings.py --images 64 --vit-images 0"}
+    ),
     ".venv/bin/python benchmarks/geometry.py": Way(small={"--items 2000 --repeat 5": "--items 40 --repeat 1"}),
-    ".venv/bin/python benchmarks/pusher_poll.py": Way(small={"pusher_poll.py": "pusher_poll.py --files 50 "
-                                                             "--repeats 2"}),
-    ".venv/bin/python benchmarks/streaming_freshness.py": Way(small={"streaming_freshness.py": "streaming_"
-                                                                     "freshness.py --help"}),
+    ".venv/bin/python benchmarks/pusher_poll.py": Way(
+        small={"pusher_poll.py": "pusher_poll.py --files 50 --repeats 2"}
+    ),
+    ".venv/bin/python benchmarks/streaming_freshness.py": Way(
+        small={"streaming_freshness.py": "streaming_freshness.py --help"}
+    ),
     ".venv/bin/python benchmarks/gateway.py": Way(small={"gateway.py": "gateway.py --help"}),
     ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 100000 --repeat 5": "--help"}),
     ".venv/bin/python benchmarks/labeling.py": Way(small={"--annotators 20 --items 500": "--annotators 4 --items 20"}),
@@ -79,8 +88,9 @@ WAYS = {
     ".venv/bin/mlplane serve models": Way(serves=8500),
     ".venv/bin/python benchmarks/online_serving.py": Way(small={"online_serving.py": "online_serving.py --help"}),
     ".venv/bin/mlplane gateway rollout": Way(covered_by="tests/serving/test_llm_rollout.py"),
-    ".venv/bin/python benchmarks/speculative.py": Way(small={"speculative.py --requests 16 --max-tokens 64 "
-                                                             "--repeats 3": "speculative.py --help"}),
+    ".venv/bin/python benchmarks/speculative.py": Way(
+        small={"speculative.py --requests 16 --max-tokens 64 --repeats 3": "speculative.py --help"}
+    ),
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     "--select llm/item_descriptions": Way(covered_by="tests/serving/test_llm_batch_asset.py"),
 }
@@ -136,20 +146,37 @@ def checkout(tmp_path_factory) -> Path:
 def environment(checkout: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     path = ":".join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":") if p != bin_dir)
-    return {**os.environ, "PATH": path, "MLPLANE_DATA_DIR": str(checkout / "data"),
-            "DAGSTER_HOME": str(checkout / ".dagster_home"), "VIRTUAL_ENV": "",
-            "MLPLANE_STREAMING_SLIDE_SECONDS": "3600"}
+    return {
+        **os.environ,
+        "PATH": path,
+        "MLPLANE_DATA_DIR": str(checkout / "data"),
+        "DAGSTER_HOME": str(checkout / ".dagster_home"),
+        "VIRTUAL_ENV": "",
+        "MLPLANE_STREAMING_SLIDE_SECONDS": "3600",
+    }
 
 
 def run(command: str, checkout: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", command], cwd=checkout, env=environment(checkout), capture_output=True,
-                          text=True, timeout=way_of(command).timeout)
+    return subprocess.run(
+        ["bash", "-c", command],
+        cwd=checkout,
+        env=environment(checkout),
+        capture_output=True,
+        text=True,
+        timeout=way_of(command).timeout,
+    )
 
 
 def serve(command: str, checkout: Path, port: int, log: Path) -> subprocess.Popen:
     """Starts a README server command in its own process group and waits until it answers on `port`."""
-    server = subprocess.Popen(["bash", "-c", command], cwd=checkout, env=environment(checkout),
-                              stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=checkout,
+        env=environment(checkout),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and server.poll() is None:
         with socket.socket() as probe:
@@ -173,8 +200,9 @@ def stop(server: subprocess.Popen) -> None:
 @pytest.mark.services  # the demo, then every README command on its lake
 def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
     # the gateway's commands read the README's own gateway.yaml
-    (checkout / "gateway.yaml").write_text(next(body for lang, body in FENCE.findall(README.read_text())
-                                                if lang == "yaml" and "model_list" in body))
+    (checkout / "gateway.yaml").write_text(
+        next(body for lang, body in FENCE.findall(README.read_text()) if lang == "yaml" and "model_list" in body)
+    )
     failures, ran, covered, servers = [], 0, [], []
     try:
         for command in readme_commands():

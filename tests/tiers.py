@@ -11,18 +11,36 @@ from __future__ import annotations
 
 import pytest
 
-SERVICE_FIXTURES = frozenset({
-    "pipeline_dir",  # the daily pipeline end to end (Feast, great-expectations) over three days
-    "ray_compute", "trained",  # Ray, Ray Train
-    "lake",  # tests/assets/test_embeddings.py: CLIP trained on Ray, Ray Data, Qdrant
-    "geometry_ray",  # tests/engines/test_geometry_ray.py: the geometry job on Ray Data
-    "streaming_run", "first_run", "lake_dir", "stream_days", "flink_cluster", "cluster_run",  # Flink
-    "gateway_llm_lake", "gateway_llm_path", "gateway_llm_draft_path",  # LLMs trained by their assets
-    "llm_registry", "llm_deployments",  # the rollout controller and its vLLM servers
-    "vllm_backends", "v2_backend", "gateway", "prod_gateways", "prod_state",  # vLLM, gateway
-    "registry_db", "postgres_registry", "prod_home", "redis_store",  # PostgreSQL, Redis
-    "chromium",  # a browser
-})
+SERVICE_FIXTURES = frozenset(
+    {
+        "pipeline_dir",  # the daily pipeline end to end (Feast, great-expectations) over three days
+        "ray_compute",
+        "trained",  # Ray, Ray Train
+        "lake",  # tests/assets/test_embeddings.py: CLIP trained on Ray, Ray Data, Qdrant
+        "geometry_ray",  # tests/engines/test_geometry_ray.py: the geometry job on Ray Data
+        "streaming_run",
+        "first_run",
+        "lake_dir",
+        "stream_days",
+        "flink_cluster",
+        "cluster_run",  # Flink
+        "gateway_llm_lake",
+        "gateway_llm_path",
+        "gateway_llm_draft_path",  # LLMs trained by their assets
+        "llm_registry",
+        "llm_deployments",  # the rollout controller and its vLLM servers
+        "vllm_backends",
+        "v2_backend",
+        "gateway",
+        "prod_gateways",
+        "prod_state",  # vLLM, gateway
+        "registry_db",
+        "postgres_registry",
+        "prod_home",
+        "redis_store",  # PostgreSQL, Redis
+        "chromium",  # a browser
+    }
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

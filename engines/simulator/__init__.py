@@ -6,6 +6,13 @@ from .files import DIMENSIONS, EVENT_STREAMS, SCHEMAS
 from .simulator import MALFORMED_KINDS, Simulator, simulate
 
 __all__ = [
-    "DIMENSIONS", "EVENT_STREAMS", "MALFORMED_KINDS", "SCHEMAS", "DayEvents", "Simulator",
-    "SimulatorConfig", "generate_day_events", "simulate",
+    "DIMENSIONS",
+    "EVENT_STREAMS",
+    "MALFORMED_KINDS",
+    "SCHEMAS",
+    "DayEvents",
+    "Simulator",
+    "SimulatorConfig",
+    "generate_day_events",
+    "simulate",
 ]

@@ -25,8 +25,9 @@ def violation_answer_key(data_dir: Path) -> dict[str, str]:
 
 class ApiError(RuntimeError):
     def __init__(self, response: httpx.Response):
-        super().__init__(f"{response.request.method} {response.request.url.path}: {response.status_code} "
-                         f"{response.text[:300]}")
+        super().__init__(
+            f"{response.request.method} {response.request.url.path}: {response.status_code} {response.text[:300]}"
+        )
         self.status_code = response.status_code
 
 
@@ -58,8 +59,9 @@ class SimulatedAnnotator:
                 if self.think_seconds:
                     time.sleep(self.think_seconds)
                 started = time.perf_counter()
-                sent = _call(http, "POST", f"/api/tasks/{task}/answers", {"item_id": item["item_id"], "label": label},
-                             retries=0)  # a POST is never repeated: it may have been saved
+                sent = _call(
+                    http, "POST", f"/api/tasks/{task}/answers", {"item_id": item["item_id"], "label": label}, retries=0
+                )  # a POST is never repeated: it may have been saved
                 item_next = _call(http, "GET", f"/api/tasks/{task}/next")["item"] if sent["retry"] else sent["item"]
                 self.round_trips.append(time.perf_counter() - started)
                 self.answers[item["item_id"]] = label
@@ -83,9 +85,13 @@ class SimulatedReviewer:
             _sign_in(http, self.username, self.password)
             open_disputes = _call(http, "GET", f"/api/tasks/{task}/disputes")
             for dispute in open_disputes:
-                _call(http, "POST", f"/api/tasks/{task}/verdicts",
-                      {"item_id": dispute["item_id"], "label": judge.choose(labels, key[dispute["key"]], rng)},
-                      retries=0)
+                _call(
+                    http,
+                    "POST",
+                    f"/api/tasks/{task}/verdicts",
+                    {"item_id": dispute["item_id"], "label": judge.choose(labels, key[dispute["key"]], rng)},
+                    retries=0,
+                )
         return len(open_disputes)
 
 

@@ -29,9 +29,12 @@ class AnswerKey:
         world = World(config)
         state, _ = world.at((day - config.start_date).days)
         items = state.items
-        return cls(dict(zip(state.users.user_id.tolist(), state.users.taste_cluster.tolist())),
-                   dict(zip(items.item_id.tolist(), items.category_idx.tolist())),
-                   dict(zip(items.item_id.tolist(), items.pop_z.tolist())), np.log(world.cluster_affinity))
+        return cls(
+            dict(zip(state.users.user_id.tolist(), state.users.taste_cluster.tolist())),
+            dict(zip(items.item_id.tolist(), items.category_idx.tolist())),
+            dict(zip(items.item_id.tolist(), items.pop_z.tolist())),
+            np.log(world.cluster_affinity),
+        )
 
     def click_logit(self, user: int, item: int) -> float:
         return float(click_logit(self.log_affinity[self.cluster[user], self.category[item]], self.pop_z[item]))

@@ -83,8 +83,12 @@ def _impressions(rng, cfg, state: Tables, affinity, active: np.ndarray, start: i
         existing = weights[c] * (created < start)
         item[too_new] = rng.choice(len(items), len(too_new), p=existing / existing.sum())
     return {
-        "user": active[owner], "item": item, "ts": ts, "session": session,
-        "device": session_device[owner, session], "cluster": cluster,
+        "user": active[owner],
+        "item": item,
+        "ts": ts,
+        "session": session,
+        "device": session_device[owner, session],
+        "cluster": cluster,
     }
 
 
@@ -105,8 +109,11 @@ def _interactions(rng, state: Tables, affinity, imp: dict, prefix: str) -> pa.Ta
     purchase_ts = play_end + _seconds(rng, 5, 120, len(purchases))
     # The price paid is the one in force at purchase time (an item may be repriced today).
     bought_item = imp["item"][purchases]
-    paid = np.where(purchase_ts >= items.updated_at.to_numpy()[bought_item],
-                    items.price.to_numpy()[bought_item], items.prev_price.to_numpy()[bought_item])
+    paid = np.where(
+        purchase_ts >= items.updated_at.to_numpy()[bought_item],
+        items.price.to_numpy()[bought_item],
+        items.prev_price.to_numpy()[bought_item],
+    )
 
     source = np.concatenate([np.arange(n), clicks, plays, purchases])
     kind = np.repeat(np.arange(4), [n, len(clicks), len(plays), len(purchases)])
@@ -120,17 +127,20 @@ def _interactions(rng, state: Tables, affinity, imp: dict, prefix: str) -> pa.Ta
 
     user_id = state.users.user_id.to_numpy()[imp["user"][source]]
     session_id = [f"s-{prefix}-{u}-{s}" for u, s in zip(user_id, imp["session"][source])]
-    return pa.table({
-        "event_id": [f"ev-{prefix}-{i:07d}" for i in range(len(source))],
-        "event_timestamp": pa.array(ts, type=TIMESTAMP),
-        "user_id": user_id,
-        "item_id": items.item_id.to_numpy()[imp["item"][source]],
-        "event_type": EVENT_TYPES[kind],
-        "session_id": session_id,
-        "device": imp["device"][source],
-        "play_seconds": pa.array(seconds, from_pandas=True),
-        "amount": pa.array(amount, from_pandas=True),
-    }, schema=SCHEMAS["interactions"])
+    return pa.table(
+        {
+            "event_id": [f"ev-{prefix}-{i:07d}" for i in range(len(source))],
+            "event_timestamp": pa.array(ts, type=TIMESTAMP),
+            "user_id": user_id,
+            "item_id": items.item_id.to_numpy()[imp["item"][source]],
+            "event_type": EVENT_TYPES[kind],
+            "session_id": session_id,
+            "device": imp["device"][source],
+            "play_seconds": pa.array(seconds, from_pandas=True),
+            "amount": pa.array(amount, from_pandas=True),
+        },
+        schema=SCHEMAS["interactions"],
+    )
 
 
 def _creator_user(state: Tables, item: np.ndarray) -> np.ndarray:
@@ -170,43 +180,75 @@ def _chat(rng, cfg, state: Tables, active: np.ndarray, start: int, volume: float
     order = np.argsort(ts, kind="stable")
     return {
         "message_id": np.array([f"msg-{prefix}-{i:06d}" for i in range(m)], dtype=object),
-        "ts": ts[order], "sender": sender[order], "receiver": receiver[order],
-        "item": item[order], "about_item": about_item[order], "text": np.array(text, dtype=object)[order],
+        "ts": ts[order],
+        "sender": sender[order],
+        "receiver": receiver[order],
+        "item": item[order],
+        "about_item": about_item[order],
+        "text": np.array(text, dtype=object)[order],
         "abusive": abusive[order],
     }
 
 
-def _reports(rng, state: Tables, active: np.ndarray, imp: dict, chat: dict, start: int, volume: float,
-             prefix: str) -> pa.Table:
+def _reports(
+    rng, state: Tables, active: np.ndarray, imp: dict, chat: dict, start: int, volume: float, prefix: str
+) -> pa.Table:
     users, items = state.users, state.items
     parts = []  # (ts, reporter, reported, item, has_item, reason)
 
     # Receivers of abusive messages report some of them.
     hit = np.flatnonzero(chat["abusive"] & (rng.random(len(chat["ts"])) < 0.35))
-    parts.append((chat["ts"][hit] + _seconds(rng, 30, 1_800, len(hit)), chat["receiver"][hit], chat["sender"][hit],
-                  chat["item"][hit], chat["about_item"][hit],
-                  rng.choice(["harassment", "inappropriate"], len(hit), p=[0.7, 0.3])))
+    parts.append(
+        (
+            chat["ts"][hit] + _seconds(rng, 30, 1_800, len(hit)),
+            chat["receiver"][hit],
+            chat["sender"][hit],
+            chat["item"][hit],
+            chat["about_item"][hit],
+            rng.choice(["harassment", "inappropriate"], len(hit), p=[0.7, 0.3]),
+        )
+    )
 
     # Abusers also get reported for spam and scams.
     abusers = np.flatnonzero(users.is_abuser.to_numpy()[active])
     hit = abusers[rng.random(len(abusers)) < min(1.0, 0.15 * volume)]
-    parts.append((start + _seconds(rng, 0, CHAT_LATEST_S, len(hit)), _other_active(rng, active, hit), active[hit],
-                  np.zeros(len(hit), dtype=np.int64), np.zeros(len(hit), dtype=bool),
-                  rng.choice(["spam", "scam"], len(hit))))
+    parts.append(
+        (
+            start + _seconds(rng, 0, CHAT_LATEST_S, len(hit)),
+            _other_active(rng, active, hit),
+            active[hit],
+            np.zeros(len(hit), dtype=np.int64),
+            np.zeros(len(hit), dtype=bool),
+            rng.choice(["spam", "scam"], len(hit)),
+        )
+    )
 
     # Viewers flag copies: violating items are reported far more often than others.
     is_violation = items.is_violation.to_numpy()[imp["item"]]
     hit = np.flatnonzero(rng.random(len(imp["ts"])) < np.where(is_violation, 0.01, 0.0003))
-    parts.append((imp["ts"][hit] + _seconds(rng, 10, 600, len(hit)), imp["user"][hit],
-                  _creator_user(state, imp["item"][hit]), imp["item"][hit], np.ones(len(hit), dtype=bool),
-                  np.full(len(hit), "ip_violation")))
+    parts.append(
+        (
+            imp["ts"][hit] + _seconds(rng, 10, 600, len(hit)),
+            imp["user"][hit],
+            _creator_user(state, imp["item"][hit]),
+            imp["item"][hit],
+            np.ones(len(hit), dtype=bool),
+            np.full(len(hit), "ip_violation"),
+        )
+    )
 
     # Background noise: unfounded reports between random users.
     position = rng.integers(0, len(active), rng.poisson(0.002 * len(active) * volume))
-    parts.append((start + _seconds(rng, 0, CHAT_LATEST_S, len(position)), active[position],
-                  _other_active(rng, active, position), np.zeros(len(position), dtype=np.int64),
-                  np.zeros(len(position), dtype=bool),
-                  rng.choice(["spam", "harassment", "scam", "inappropriate"], len(position))))
+    parts.append(
+        (
+            start + _seconds(rng, 0, CHAT_LATEST_S, len(position)),
+            active[position],
+            _other_active(rng, active, position),
+            np.zeros(len(position), dtype=np.int64),
+            np.zeros(len(position), dtype=bool),
+            rng.choice(["spam", "harassment", "scam", "inappropriate"], len(position)),
+        )
+    )
 
     ts, reporter, reported, item, has_item, reason = (np.concatenate(column) for column in zip(*parts))
     keep = reporter != reported
@@ -214,18 +256,28 @@ def _reports(rng, state: Tables, active: np.ndarray, imp: dict, chat: dict, star
     ts, reporter, reported = ts[keep][order], reporter[keep][order], reported[keep][order]
     item, has_item, reason = item[keep][order], has_item[keep][order], reason[keep][order]
     user_id, item_id = users.user_id.to_numpy(), items.item_id.to_numpy()
-    return pa.table({
-        "report_id": [f"rp-{prefix}-{i:06d}" for i in range(len(ts))],
-        "event_timestamp": pa.array(ts, type=TIMESTAMP),
-        "reporter_id": user_id[reporter],
-        "reported_user_id": user_id[reported],
-        "item_id": _nullable_ids(item_id[item], has_item),
-        "reason": reason.astype(str),
-    }, schema=SCHEMAS["abuse_reports"])
+    return pa.table(
+        {
+            "report_id": [f"rp-{prefix}-{i:06d}" for i in range(len(ts))],
+            "event_timestamp": pa.array(ts, type=TIMESTAMP),
+            "reporter_id": user_id[reporter],
+            "reported_user_id": user_id[reported],
+            "item_id": _nullable_ids(item_id[item], has_item),
+            "reason": reason.astype(str),
+        },
+        schema=SCHEMAS["abuse_reports"],
+    )
 
 
-def generate_day_events(cfg: SimulatorConfig, state: Tables, affinity: np.ndarray, day: date,
-                        rng: np.random.Generator, volume: float = 1.0, id_tag: str = "") -> DayEvents:
+def generate_day_events(
+    cfg: SimulatorConfig,
+    state: Tables,
+    affinity: np.ndarray,
+    day: date,
+    rng: np.random.Generator,
+    volume: float = 1.0,
+    id_tag: str = "",
+) -> DayEvents:
     """All events of `day` given the world state at the end of that day.
 
     `volume` scales the amount of activity (late files use a small share of a day); `id_tag`
@@ -241,13 +293,16 @@ def generate_day_events(cfg: SimulatorConfig, state: Tables, affinity: np.ndarra
     chat = _chat(rng, cfg, state, active, start, volume, prefix)
     reports = _reports(rng, state, active, imp, chat, start, volume, prefix)
     user_id, item_id = state.users.user_id.to_numpy(), state.items.item_id.to_numpy()
-    chat_messages = pa.table({
-        "message_id": chat["message_id"],
-        "event_timestamp": pa.array(chat["ts"], type=TIMESTAMP),
-        "sender_id": user_id[chat["sender"]],
-        "receiver_id": user_id[chat["receiver"]],
-        "item_id": _nullable_ids(item_id[chat["item"]], chat["about_item"]),
-        "text": chat["text"],
-    }, schema=SCHEMAS["chat_messages"])
+    chat_messages = pa.table(
+        {
+            "message_id": chat["message_id"],
+            "event_timestamp": pa.array(chat["ts"], type=TIMESTAMP),
+            "sender_id": user_id[chat["sender"]],
+            "receiver_id": user_id[chat["receiver"]],
+            "item_id": _nullable_ids(item_id[chat["item"]], chat["about_item"]),
+            "text": chat["text"],
+        },
+        schema=SCHEMAS["chat_messages"],
+    )
     chat_truth = pa.table({"message_id": chat["message_id"], "is_abusive": chat["abusive"]})
     return DayEvents(interactions, chat_messages, reports, chat_truth)

@@ -20,29 +20,64 @@ DEFECT_SHARE = 0.01  # of new items, per kind of defect
 # prism axis). Sizes only shrink when jittered, so parts that are disjoint here stay disjoint.
 Part = tuple[str, tuple[float, float, float], tuple[float, float, float], str]
 TEMPLATES: dict[str, tuple[Part, ...]] = {
-    "vehicle": (("box", (0, 0, -0.1), (1.0, 0.8, 0.4), ""), ("box", (-0.05, 0, 0.3), (0.5, 0.7, 0.38), ""),
-                *(("prism", (x, y, -0.38), (0.22, 0.09, 0.22), "y") for x in (-0.3, 0.3) for y in (-0.455, 0.455))),
-    "weapon": (("box", (0.15, 0, 0), (0.7, 0.4, 0.3), ""), ("box", (-0.25, 0, 0), (0.08, 1.0, 1.0), ""),
-               ("prism", (-0.4, 0, 0), (0.18, 0.5, 0.5), "x")),
-    "pet": (("prism", (0.1, 0, -0.05), (0.6, 0.7, 0.5), "x"), ("box", (-0.35, 0, 0.2), (0.28, 0.5, 0.5), ""),
-            *(("box", (x, y, -0.4), (0.1, 0.12, 0.18), "") for x in (0.0, 0.3) for y in (-0.2, 0.2)),
-            ("box", (0.45, 0, 0.1), (0.08, 0.1, 0.3), "")),
-    "furniture": (("box", (0, 0, 0), (0.9, 0.9, 0.1), ""), ("box", (0.4, 0, 0.28), (0.1, 0.9, 0.42), ""),
-                  *(("box", (x, y, -0.28), (0.1, 0.1, 0.42), "") for x in (-0.38, 0.38) for y in (-0.38, 0.38))),
-    "building": (("box", (0, 0, -0.2), (1.0, 1.0, 0.6), ""), ("prism", (0, 0, 0.3), (0.7, 0.7, 0.38), "z"),
-                 ("box", (0.4, 0.4, 0.3), (0.08, 0.08, 0.3), "")),
-    "character": (("box", (0, 0, 0.05), (0.5, 0.6, 0.4), ""), ("prism", (0, 0, 0.38), (0.4, 0.5, 0.22), "z"),
-                  *(("box", (x, 0, 0.05), (0.15, 0.5, 0.35), "") for x in (-0.4, 0.4)),
-                  *(("box", (x, 0, -0.33), (0.18, 0.5, 0.32), "") for x in (-0.12, 0.12))),
+    "vehicle": (
+        ("box", (0, 0, -0.1), (1.0, 0.8, 0.4), ""),
+        ("box", (-0.05, 0, 0.3), (0.5, 0.7, 0.38), ""),
+        *(("prism", (x, y, -0.38), (0.22, 0.09, 0.22), "y") for x in (-0.3, 0.3) for y in (-0.455, 0.455)),
+    ),
+    "weapon": (
+        ("box", (0.15, 0, 0), (0.7, 0.4, 0.3), ""),
+        ("box", (-0.25, 0, 0), (0.08, 1.0, 1.0), ""),
+        ("prism", (-0.4, 0, 0), (0.18, 0.5, 0.5), "x"),
+    ),
+    "pet": (
+        ("prism", (0.1, 0, -0.05), (0.6, 0.7, 0.5), "x"),
+        ("box", (-0.35, 0, 0.2), (0.28, 0.5, 0.5), ""),
+        *(("box", (x, y, -0.4), (0.1, 0.12, 0.18), "") for x in (0.0, 0.3) for y in (-0.2, 0.2)),
+        ("box", (0.45, 0, 0.1), (0.08, 0.1, 0.3), ""),
+    ),
+    "furniture": (
+        ("box", (0, 0, 0), (0.9, 0.9, 0.1), ""),
+        ("box", (0.4, 0, 0.28), (0.1, 0.9, 0.42), ""),
+        *(("box", (x, y, -0.28), (0.1, 0.1, 0.42), "") for x in (-0.38, 0.38) for y in (-0.38, 0.38)),
+    ),
+    "building": (
+        ("box", (0, 0, -0.2), (1.0, 1.0, 0.6), ""),
+        ("prism", (0, 0, 0.3), (0.7, 0.7, 0.38), "z"),
+        ("box", (0.4, 0.4, 0.3), (0.08, 0.08, 0.3), ""),
+    ),
+    "character": (
+        ("box", (0, 0, 0.05), (0.5, 0.6, 0.4), ""),
+        ("prism", (0, 0, 0.38), (0.4, 0.5, 0.22), "z"),
+        *(("box", (x, 0, 0.05), (0.15, 0.5, 0.35), "") for x in (-0.4, 0.4)),
+        *(("box", (x, 0, -0.33), (0.18, 0.5, 0.32), "") for x in (-0.12, 0.12)),
+    ),
     "plant": (("prism", (0, 0, -0.25), (0.2, 0.2, 0.48), "z"), ("prism", (0, 0, 0.25), (1.0, 1.0, 0.48), "z")),
     "accessory": (("prism", (0, 0, 0), (1.0, 1.0, 0.6), "z"), ("box", (0, 0, 0.4), (0.2, 0.2, 0.18), "")),
-    "food": (("prism", (0, 0, -0.35), (1.0, 1.0, 0.28), "z"), ("prism", (0, 0, -0.05), (0.95, 0.95, 0.28), "z"),
-             ("prism", (0, 0, 0.3), (1.0, 1.0, 0.38), "z")),
+    "food": (
+        ("prism", (0, 0, -0.35), (1.0, 1.0, 0.28), "z"),
+        ("prism", (0, 0, -0.05), (0.95, 0.95, 0.28), "z"),
+        ("prism", (0, 0, 0.3), (1.0, 1.0, 0.38), "z"),
+    ),
     "hat": (("prism", (0, 0, 0.15), (0.7, 0.7, 0.68), "z"), ("prism", (0, 0, -0.35), (1.0, 1.0, 0.28), "z")),
 }
 _UNIT_BOX = np.array([[x, y, z] for x in (-0.5, 0.5) for y in (-0.5, 0.5) for z in (-0.5, 0.5)])
-_BOX_FACES = np.array([[0, 1, 3], [0, 3, 2], [4, 6, 7], [4, 7, 5], [0, 4, 5], [0, 5, 1],
-                       [2, 3, 7], [2, 7, 6], [0, 2, 6], [0, 6, 4], [1, 5, 7], [1, 7, 3]])
+_BOX_FACES = np.array(
+    [
+        [0, 1, 3],
+        [0, 3, 2],
+        [4, 6, 7],
+        [4, 7, 5],
+        [0, 4, 5],
+        [0, 5, 1],
+        [2, 3, 7],
+        [2, 7, 6],
+        [0, 2, 6],
+        [0, 6, 4],
+        [1, 5, 7],
+        [1, 7, 3],
+    ]
+)
 # A prism is built along z, then its axes rotated (cyclic permutations keep the faces outward).
 _AXIS_ORDER = {"z": (0, 1, 2), "x": (1, 2, 0), "y": (2, 0, 1)}
 
@@ -59,8 +94,9 @@ def sections_for(median_vertices: float) -> int:
 
 def mesh_vertex_count(categories, sections) -> list[int]:
     """Vertices of each item's mesh: 8 per box, 2n + 2 per n-sided prism."""
-    return [sum(8 if kind == "box" else 2 * int(n) + 2 for kind, *_ in TEMPLATES[c])
-            for c, n in zip(categories, sections)]
+    return [
+        sum(8 if kind == "box" else 2 * int(n) + 2 for kind, *_ in TEMPLATES[c]) for c, n in zip(categories, sections)
+    ]
 
 
 @dataclass(frozen=True)
@@ -125,8 +161,13 @@ def _unit_prism(n: int) -> tuple[np.ndarray, np.ndarray]:
     """An n-sided prism in the unit box: rings at z=-0.5 and 0.5 (n each), then the two cap centres."""
     angles = 2 * np.pi * np.arange(n) / n
     ring = np.stack([0.5 * np.cos(angles), 0.5 * np.sin(angles)], axis=1)
-    vertices = np.vstack([np.column_stack([ring, np.full(n, -0.5)]), np.column_stack([ring, np.full(n, 0.5)]),
-                          [[0, 0, -0.5], [0, 0, 0.5]]])
+    vertices = np.vstack(
+        [
+            np.column_stack([ring, np.full(n, -0.5)]),
+            np.column_stack([ring, np.full(n, 0.5)]),
+            [[0, 0, -0.5], [0, 0, 0.5]],
+        ]
+    )
     k, nxt = np.arange(n), (np.arange(n) + 1) % n
     bottom = np.column_stack([np.full(n, 2 * n), nxt, k])
     top = np.column_stack([np.full(n, 2 * n + 1), n + k, n + nxt])
@@ -156,8 +197,9 @@ def broken_file(defect: str, vertices: np.ndarray, faces: np.ndarray, fmt: str) 
         a, b, c = vertices[faces[0]]
         normal = np.cross(b - a, c - a)
         extra = (a + b) / 2 + normal / np.linalg.norm(normal) * float(np.ptp(vertices, axis=0).max())
-        return encode(np.vstack([vertices, extra]), np.vstack([faces, [[faces[0, 0], faces[0, 1], len(vertices)]]]),
-                      fmt)
+        return encode(
+            np.vstack([vertices, extra]), np.vstack([faces, [[faces[0, 0], faces[0, 1], len(vertices)]]]), fmt
+        )
     if defect == "degenerate_faces":  # faces with a repeated corner have no area
         bad = np.column_stack([faces[:3, 0], faces[:3, 0], faces[:3, 1]])
         return encode(vertices, np.vstack([faces, bad]), fmt)

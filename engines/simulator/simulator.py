@@ -20,13 +20,29 @@ MALFORMED_KINDS = ("bad_json", "missing_column", "wrong_type", "out_of_day")
 # The column a malformed file drops or corrupts, per stream.
 _USER_COLUMN = {"interactions": "user_id", "chat_messages": "sender_id", "abuse_reports": "reporter_id"}
 TRUTH_SCHEMAS = {
-    "items": pa.schema([("item_id", pa.int64()), ("is_violation", pa.bool_()),
-                        ("reference_item_id", pa.int64()), ("is_reference", pa.bool_())]),
+    "items": pa.schema(
+        [
+            ("item_id", pa.int64()),
+            ("is_violation", pa.bool_()),
+            ("reference_item_id", pa.int64()),
+            ("is_reference", pa.bool_()),
+        ]
+    ),
     "users": pa.schema([("user_id", pa.int64()), ("taste_cluster", pa.int64()), ("is_abuser", pa.bool_())]),
     # the geometry of each new item's mesh from its parts' formulas; null measures where it is broken
-    "meshes": pa.schema([("item_id", pa.int64()), ("mesh_defect", pa.string()), ("vertex_count", pa.int64()),
-                         ("face_count", pa.int64()), ("surface_area", pa.float64()), ("volume", pa.float64()),
-                         ("bbox_x", pa.float64()), ("bbox_y", pa.float64()), ("bbox_z", pa.float64())]),
+    "meshes": pa.schema(
+        [
+            ("item_id", pa.int64()),
+            ("mesh_defect", pa.string()),
+            ("vertex_count", pa.int64()),
+            ("face_count", pa.int64()),
+            ("surface_area", pa.float64()),
+            ("volume", pa.float64()),
+            ("bbox_x", pa.float64()),
+            ("bbox_y", pa.float64()),
+            ("bbox_z", pa.float64()),
+        ]
+    ),
 }
 LATE_VOLUME = 0.05  # a late file holds about 5% of a normal day
 
@@ -36,8 +52,7 @@ def _day_folder(root: Path, stream: str, day: date) -> Path:
 
 
 class Simulator:
-    def __init__(self, config: SimulatorConfig, data_dir: Path | str,
-                 progress: Callable[[str], None] | None = None):
+    def __init__(self, config: SimulatorConfig, data_dir: Path | str, progress: Callable[[str], None] | None = None):
         self.config = config
         self.data_dir = Path(data_dir)
         self.landing = self.data_dir / "landing"
@@ -52,8 +67,9 @@ class Simulator:
             raise ValueError(f"{day} is before start_date {self.config.start_date}")
         return index
 
-    def events(self, day: date, volume: float = 1.0, id_tag: str = "", rng_stream: int = EVENTS,
-               batch: int = 0) -> DayEvents:
+    def events(
+        self, day: date, volume: float = 1.0, id_tag: str = "", rng_stream: int = EVENTS, batch: int = 0
+    ) -> DayEvents:
         """The events of `day`, not written; the day's main batch unless another rng stream/batch is given."""
         index = self.day_index(day)
         state, _ = self.world.at(index)
@@ -90,8 +106,13 @@ class Simulator:
         self._write_truth(day, new_items, new_users, events.chat_truth)
         self._write_truth_table(pa.Table.from_pylist(mesh_truth, TRUTH_SCHEMAS["meshes"]), "meshes", day, "part-0000")
 
-        summary = {"date": day.isoformat(), "files": files, "rows": rows, "thumbnails": len(new_items),
-                   "meshes": len(new_items)}
+        summary = {
+            "date": day.isoformat(),
+            "files": files,
+            "rows": rows,
+            "thumbnails": len(new_items),
+            "meshes": len(new_items),
+        }
         if self._progress:
             self._progress(f"{day}: " + ", ".join(f"{k}={v}" for k, v in rows.items()))
         return summary
@@ -164,16 +185,18 @@ class Simulator:
         return write_table(table, _day_folder(self.landing, stream, day) / f"{stem}.{self._ext}")
 
     def _write_thumbnail(self, item) -> None:
-        image = thumbnails.render(item.category, item.colour, item.material, item.render_seed,
-                                  self.config.thumbnail_size)
+        image = thumbnails.render(
+            item.category, item.colour, item.material, item.render_seed, self.config.thumbnail_size
+        )
         if item.perturb_seed >= 0:
             image = thumbnails.perturb(image, item.perturb_seed)
         write_bytes(self.landing / item.thumbnail_path, thumbnails.to_png(image))
 
     def write_mesh(self, item) -> dict:
         """The item's mesh file (broken for a share of items) and its answer-key row."""
-        spec = meshes.mesh_spec(item.category, (item.bbox_x, item.bbox_y, item.bbox_z), item.mesh_sections,
-                                item.render_seed, item.mesh_fill)
+        spec = meshes.mesh_spec(
+            item.category, (item.bbox_x, item.bbox_y, item.bbox_z), item.mesh_sections, item.render_seed, item.mesh_fill
+        )
         vertices, faces = spec.build()
         fmt = item.mesh_path.rsplit(".", 1)[1]
         defect = meshes.defect_for(self.config.seed, item.item_id)
@@ -182,37 +205,51 @@ class Simulator:
         if defect:
             return {"item_id": item.item_id, "mesh_defect": defect}
         truth = spec.truth()
-        return {"item_id": item.item_id, "mesh_defect": None, "vertex_count": truth.vertex_count,
-                "face_count": truth.face_count, "surface_area": truth.surface_area, "volume": truth.volume,
-                **dict(zip(("bbox_x", "bbox_y", "bbox_z"), truth.bbox))}
+        return {
+            "item_id": item.item_id,
+            "mesh_defect": None,
+            "vertex_count": truth.vertex_count,
+            "face_count": truth.face_count,
+            "surface_area": truth.surface_area,
+            "volume": truth.volume,
+            **dict(zip(("bbox_x", "bbox_y", "bbox_z"), truth.bbox)),
+        }
 
     def _write_truth_table(self, table: pa.Table, name: str, day: date, stem: str) -> None:
         write_table(table, _day_folder(self.truth, name, day) / f"{stem}.parquet")
 
-    def _write_truth(self, day: date, new_items: pd.DataFrame, new_users: pd.DataFrame,
-                     chat_truth: pa.Table) -> None:
+    def _write_truth(self, day: date, new_items: pd.DataFrame, new_users: pd.DataFrame, chat_truth: pa.Table) -> None:
         items = new_items[["item_id", "is_violation", "reference_item_id", "is_reference"]]
-        self._write_truth_table(frame_to_table(items, TRUTH_SCHEMAS["items"]),
-                                "items", day, "part-0000")
+        self._write_truth_table(frame_to_table(items, TRUTH_SCHEMAS["items"]), "items", day, "part-0000")
         users = new_users[["user_id", "taste_cluster", "is_abuser"]]
-        self._write_truth_table(frame_to_table(users, TRUTH_SCHEMAS["users"]),
-                                "users", day, "part-0000")
+        self._write_truth_table(frame_to_table(users, TRUTH_SCHEMAS["users"]), "users", day, "part-0000")
         self._write_truth_table(chat_truth, "chat", day, "part-0000")
         # Static parts of the answer key, rewritten identically with every day.
         references = pa.table({"item_id": self.world.references.item_id.to_numpy()})
         write_table(references, self.truth / "reference_items.parquet")
         affinity = self.world.cluster_affinity
         clusters, categories = np.indices(affinity.shape)
-        write_table(pa.table({
-            "taste_cluster": clusters.ravel().astype(np.int64),
-            "category": CATEGORY_NAMES[categories.ravel()],
-            "affinity": affinity.ravel(),
-        }), self.truth / "taste_clusters.parquet")
+        write_table(
+            pa.table(
+                {
+                    "taste_cluster": clusters.ravel().astype(np.int64),
+                    "category": CATEGORY_NAMES[categories.ravel()],
+                    "affinity": affinity.ravel(),
+                }
+            ),
+            self.truth / "taste_clusters.parquet",
+        )
 
 
-def simulate(data_dir: Path | str, days: int, seed: int = 0, start_date: date = SimulatorConfig.start_date,
-             scale: float = 1.0, file_format: str = "parquet",
-             progress: Callable[[str], None] | None = None) -> dict:
+def simulate(
+    data_dir: Path | str,
+    days: int,
+    seed: int = 0,
+    start_date: date = SimulatorConfig.start_date,
+    scale: float = 1.0,
+    file_format: str = "parquet",
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Write `days` days of a default-shaped marketplace, `scale` times the default size."""
     config = SimulatorConfig(seed=seed, start_date=start_date, file_format=file_format).scaled(scale)
     return Simulator(config, data_dir, progress).run(days)

@@ -42,8 +42,14 @@ class EventStream:
         path = self.directory / f"events-{next(self._sequence):09d}.jsonl"
         return write_bytes(path, "".join(line + "\n" for line in lines).encode())
 
-    def live(self, rate_per_second: float, seconds: float, day: date, batch_seconds: float = 0.2,
-             on_file: Callable[[Path, float, pa.Table], None] | None = None) -> int:
+    def live(
+        self,
+        rate_per_second: float,
+        seconds: float,
+        day: date,
+        batch_seconds: float = 0.2,
+        on_file: Callable[[Path, float, pa.Table], None] | None = None,
+    ) -> int:
         """Append the day's events re-stamped to now, `rate_per_second` of them for `seconds`.
 
         Event ids are `live-<n>`, numbered from 0 in each call. `on_file(path, wall_time, table)` is
@@ -59,7 +65,8 @@ class EventStream:
                 stamp = pa.array([datetime.fromtimestamp(now, UTC)] * due, pa.timestamp("us", "UTC"))
                 ids = pa.array([f"live-{written + k}" for k in range(due)], pa.string())
                 rows = rows.set_column(0, rows.column_names[0], ids).set_column(
-                    rows.schema.get_field_index("event_timestamp"), "event_timestamp", stamp)
+                    rows.schema.get_field_index("event_timestamp"), "event_timestamp", stamp
+                )
                 path = self.append(rows)
                 written += due
                 if on_file:

@@ -72,19 +72,21 @@ def make_cluster_affinity(rng: np.random.Generator, n_clusters: int) -> np.ndarr
 def _make_users(rng, cfg: SimulatorConfig, first_id: int, signup_at: np.ndarray) -> pd.DataFrame:
     n = len(signup_at)
     country = rng.choice(len(COUNTRY_CODES), n, p=COUNTRY_WEIGHTS)
-    return pd.DataFrame({
-        "user_id": np.arange(first_id, first_id + n, dtype=np.int64),
-        "country": COUNTRY_CODES[country],
-        "region": COUNTRY_REGIONS[country],
-        "age_bucket": rng.choice(AGE_BUCKETS, n, p=AGE_WEIGHTS),
-        "is_creator": np.zeros(n, dtype=bool),
-        "signup_at": signup_at,
-        "updated_at": signup_at,
-        "taste_cluster": rng.integers(0, cfg.n_taste_clusters, n),
-        "is_abuser": rng.random(n) < cfg.abuser_fraction,
-        "device": rng.choice(DEVICES, n, p=DEVICE_WEIGHTS),
-        "activity": rng.lognormal(-0.125, 0.5, n),  # mean 1: some users are much more active
-    })
+    return pd.DataFrame(
+        {
+            "user_id": np.arange(first_id, first_id + n, dtype=np.int64),
+            "country": COUNTRY_CODES[country],
+            "region": COUNTRY_REGIONS[country],
+            "age_bucket": rng.choice(AGE_BUCKETS, n, p=AGE_WEIGHTS),
+            "is_creator": np.zeros(n, dtype=bool),
+            "signup_at": signup_at,
+            "updated_at": signup_at,
+            "taste_cluster": rng.integers(0, cfg.n_taste_clusters, n),
+            "is_abuser": rng.random(n) < cfg.abuser_fraction,
+            "device": rng.choice(DEVICES, n, p=DEVICE_WEIGHTS),
+            "activity": rng.lognormal(-0.125, 0.5, n),  # mean 1: some users are much more active
+        }
+    )
 
 
 def _display_names(rng, n: int) -> list[str]:
@@ -96,14 +98,16 @@ def _display_names(rng, n: int) -> list[str]:
 
 def _make_creators(rng, first_id: int, user_ids: np.ndarray, joined_at: np.ndarray) -> pd.DataFrame:
     n = len(user_ids)
-    return pd.DataFrame({
-        "creator_id": np.arange(first_id, first_id + n, dtype=np.int64),
-        "user_id": np.asarray(user_ids, dtype=np.int64),
-        "display_name": _display_names(rng, n),
-        "joined_at": joined_at,
-        "updated_at": joined_at,
-        "productivity": rng.lognormal(0, 1, n),  # a few creators make most items
-    })
+    return pd.DataFrame(
+        {
+            "creator_id": np.arange(first_id, first_id + n, dtype=np.int64),
+            "user_id": np.asarray(user_ids, dtype=np.int64),
+            "display_name": _display_names(rng, n),
+            "joined_at": joined_at,
+            "updated_at": joined_at,
+            "productivity": rng.lognormal(0, 1, n),  # a few creators make most items
+        }
+    )
 
 
 def _price(base: np.ndarray) -> np.ndarray:
@@ -122,45 +126,49 @@ def _make_items(rng, first_id: int, creator_ids: np.ndarray, created_at: np.ndar
     sections = np.array([sections_for(v) for v in vertices], dtype=np.int64)
     bbox = np.array([c.bbox for c in CATEGORIES])[category] * rng.lognormal(0, 0.15, (n, 3))
     price = _price(np.array([c.base_price for c in CATEGORIES])[category] * rng.lognormal(0, 0.5, n))
-    return pd.DataFrame({
-        "item_id": ids,
-        "creator_id": np.asarray(creator_ids, dtype=np.int64),
-        "category": CATEGORY_NAMES[category],
-        "title": [f"{c.capitalize()} {m} {a} {w}" for c, m, a, w in zip(colour, material, adjective, noun)],
-        "description": [
-            f"A {a} {c} {w} for your {CATEGORY_NAMES[k]} collection. {MATERIAL_SENTENCES[m]} "
-            f"Game-ready, {v} vertices."
-            for a, c, w, k, m, v in zip(adjective, colour, noun, category, material,
-                                        mesh_vertex_count(CATEGORY_NAMES[category], sections))
-        ],
-        "price": price,
-        "mesh_path": [mesh_file_name(i) for i in ids],
-        # hidden: the mesh's detail, how much of its box the parts fill, and its size in metres
-        "mesh_sections": sections,
-        "mesh_fill": rng.uniform(0.85, 1.0, n),
-        "bbox_x": np.round(bbox[:, 0], 3),
-        "bbox_y": np.round(bbox[:, 1], 3),
-        "bbox_z": np.round(bbox[:, 2], 3),
-        "thumbnail_path": [f"thumbnails/{i}.png" for i in ids],
-        "created_at": created_at,
-        "updated_at": created_at,
-        "category_idx": category,
-        "noun": noun,
-        "adjective": adjective,
-        "colour": colour,
-        "material": material,
-        "pop_z": rng.normal(0, 1, n),  # latent popularity/quality
-        "render_seed": rng.integers(0, 2**31, n),
-        "perturb_seed": np.full(n, -1),  # >= 0 for violating variants
-        "prev_price": price,  # price before today's change, for purchases made before it
-        "is_violation": np.zeros(n, dtype=bool),
-        "is_reference": np.zeros(n, dtype=bool),
-        "reference_item_id": pd.array([pd.NA] * n, dtype="Int64"),
-    })
+    return pd.DataFrame(
+        {
+            "item_id": ids,
+            "creator_id": np.asarray(creator_ids, dtype=np.int64),
+            "category": CATEGORY_NAMES[category],
+            "title": [f"{c.capitalize()} {m} {a} {w}" for c, m, a, w in zip(colour, material, adjective, noun)],
+            "description": [
+                f"A {a} {c} {w} for your {CATEGORY_NAMES[k]} collection. {MATERIAL_SENTENCES[m]} "
+                f"Game-ready, {v} vertices."
+                for a, c, w, k, m, v in zip(
+                    adjective, colour, noun, category, material, mesh_vertex_count(CATEGORY_NAMES[category], sections)
+                )
+            ],
+            "price": price,
+            "mesh_path": [mesh_file_name(i) for i in ids],
+            # hidden: the mesh's detail, how much of its box the parts fill, and its size in metres
+            "mesh_sections": sections,
+            "mesh_fill": rng.uniform(0.85, 1.0, n),
+            "bbox_x": np.round(bbox[:, 0], 3),
+            "bbox_y": np.round(bbox[:, 1], 3),
+            "bbox_z": np.round(bbox[:, 2], 3),
+            "thumbnail_path": [f"thumbnails/{i}.png" for i in ids],
+            "created_at": created_at,
+            "updated_at": created_at,
+            "category_idx": category,
+            "noun": noun,
+            "adjective": adjective,
+            "colour": colour,
+            "material": material,
+            "pop_z": rng.normal(0, 1, n),  # latent popularity/quality
+            "render_seed": rng.integers(0, 2**31, n),
+            "perturb_seed": np.full(n, -1),  # >= 0 for violating variants
+            "prev_price": price,  # price before today's change, for purchases made before it
+            "is_violation": np.zeros(n, dtype=bool),
+            "is_reference": np.zeros(n, dtype=bool),
+            "reference_item_id": pd.array([pd.NA] * n, dtype="Int64"),
+        }
+    )
 
 
-def _make_variants(rng, items: pd.DataFrame, rows: np.ndarray, references: pd.DataFrame,
-                   creators: pd.DataFrame) -> None:
+def _make_variants(
+    rng, items: pd.DataFrame, rows: np.ndarray, references: pd.DataFrame, creators: pd.DataFrame
+) -> None:
     """Turn items[rows] into disguised copies of random references, by other creators (in place)."""
     for row in rows:
         ref = references.iloc[rng.integers(0, len(references))]
@@ -181,15 +189,23 @@ def _make_variants(rng, items: pd.DataFrame, rows: np.ndarray, references: pd.Da
         values = {
             "title": templates[rng.integers(0, len(templates))],
             "description": f"{ref.colour.capitalize()} {noun} with a {ref.material} look, "
-                           f"great for any {ref.category} fan.",
+            f"great for any {ref.category} fan.",
             "mesh_fill": fill,
             "price": _price(ref.price * rng.uniform(0.4, 0.9)),  # knock-offs undercut the original
             "perturb_seed": int(rng.integers(0, 2**31)),
             "is_violation": True,
             "reference_item_id": int(ref.item_id),
         }
-        for column in ("category", "category_idx", "noun", "adjective", "colour", "material", "render_seed",
-                       "mesh_sections"):
+        for column in (
+            "category",
+            "category_idx",
+            "noun",
+            "adjective",
+            "colour",
+            "material",
+            "render_seed",
+            "mesh_sections",
+        ):
             values[column] = ref[column]  # same look as the reference: the thumbnail is a near-copy
         for axis in ("bbox_x", "bbox_y", "bbox_z"):
             values[axis] = round(ref[axis] * rng.uniform(0.97, 1.03), 3)
@@ -253,7 +269,7 @@ class World:
             for k in range(last + 1, day_index + 1):
                 self._days[k] = self._advance(state, k)
                 state = self._days[k][0]
-            for old in sorted(self._days)[:-self.CACHED_DAYS]:  # bound memory on long runs
+            for old in sorted(self._days)[: -self.CACHED_DAYS]:  # bound memory on long runs
                 del self._days[old]
         return self._days[day_index]
 

@@ -37,8 +37,10 @@ def stage_landing(lake, source: str, days: list, out: Path, key: str | None = No
         shutil.rmtree(out)
     out.mkdir(parents=True)
     files = [(day, path) for day in days for path in lake.landing_files_by_arrival(source, day)]
-    lines = [(to_jsonl(pq.read_table(path)) if path.suffix == ".parquet" else path.read_text()).splitlines()
-             for _, path in files]
+    lines = [
+        (to_jsonl(pq.read_table(path)) if path.suffix == ".parquet" else path.read_text()).splitlines()
+        for _, path in files
+    ]
     newest = {}  # identity -> (file, line) of its newest delivery
     for f, file_lines in enumerate(lines):
         for n, line in enumerate(file_lines):
@@ -60,8 +62,9 @@ def _identity(line: str, key: str | None):
         return None
 
 
-def backfill(settings: StreamingJobSettings, lake, days: list, catalogue: Catalogue = default_catalogue,
-             timeout: float = 900.0) -> tuple[FlinkJob, dict]:
+def backfill(
+    settings: StreamingJobSettings, lake, days: list, catalogue: Catalogue = default_catalogue, timeout: float = 900.0
+) -> tuple[FlinkJob, dict]:
     """The streaming views of `settings.source` over historical landing days, with the same compiled
     SQL in Flink's batch mode. The landed days before them, as far back as the longest window
     reaches, are staged too, so that the windows ending early on the first day are complete.
@@ -96,10 +99,13 @@ def window_rows(job: FlinkJob, view: FeatureView) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame(schema=schema)
     frame = pl.DataFrame(rows, infer_schema_length=None).with_columns(
-        pl.col(WINDOW_END).str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_zone="UTC").alias(TIMESTAMP))
+        pl.col(WINDOW_END).str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_zone="UTC").alias(TIMESTAMP)
+    )
     # no qualifying values: an empty list, as offline and online (the pusher) have it
-    typed = [pl.col(c).cast(t).fill_null(pl.lit([], dtype=t)) if isinstance(t, pl.List) else pl.col(c).cast(t)
-             for c, t in schema.items()]
+    typed = [
+        pl.col(c).cast(t).fill_null(pl.lit([], dtype=t)) if isinstance(t, pl.List) else pl.col(c).cast(t)
+        for c, t in schema.items()
+    ]
     return frame.select(typed).sort([TIMESTAMP, *view.join_keys])
 
 
@@ -110,18 +116,27 @@ def rows_by_day(rows: pl.DataFrame, days: list[date]) -> dict[date, pl.DataFrame
     return {day: rows.filter((ts > day_end(day - timedelta(days=1))) & (ts <= day_end(day))) for day in days}
 
 
-def differences_from_offline(view: FeatureView, windows: pl.DataFrame, offline: pl.DataFrame,
-                             limit: int = 20) -> list[dict]:
+def differences_from_offline(
+    view: FeatureView, windows: pl.DataFrame, offline: pl.DataFrame, limit: int = 20
+) -> list[dict]:
     """Where a day's window rows ending at the end of the day disagree with the view's offline
     row of that day (the polars plan), up to `limit`. An entity missing from the windows had no
     events in them, so its offline counts must be zero."""
     keys, counts = view.join_keys, [f.name for f in view.features if view.dtype_of(f) == "int64"]
     at_end = windows.filter(pl.col(TIMESTAMP) == offline[TIMESTAMP].max()) if offline.height else windows.clear()
-    differences = [{"entity": json.dumps(row), "feature": "(row)", "windows": "present", "offline": "missing"}
-                   for row in at_end.join(offline, on=keys, how="anti").select(keys).head(limit).to_dicts()]
+    differences = [
+        {"entity": json.dumps(row), "feature": "(row)", "windows": "present", "offline": "missing"}
+        for row in at_end.join(offline, on=keys, how="anti").select(keys).head(limit).to_dicts()
+    ]
     for row in offline.join(at_end, on=keys, how="anti").filter(pl.sum_horizontal(counts) != 0).head(limit).to_dicts():
-        differences.append({"entity": json.dumps({k: row[k] for k in keys}), "feature": "(row)",
-                            "windows": "no events", "offline": json.dumps({c: row[c] for c in counts})})
+        differences.append(
+            {
+                "entity": json.dumps({k: row[k] for k in keys}),
+                "feature": "(row)",
+                "windows": "no events",
+                "offline": json.dumps({c: row[c] for c in counts}),
+            }
+        )
     both = at_end.join(offline, on=keys, suffix="__offline")
     for feature in view.feature_names:
         got, want = pl.col(feature), pl.col(f"{feature}__offline")
@@ -130,8 +145,13 @@ def differences_from_offline(view: FeatureView, windows: pl.DataFrame, offline: 
         else:
             same = got == want
         unequal = both.filter(~same.fill_null(got.is_null() & want.is_null()))
-        differences += [{"entity": json.dumps({k: r[k] for k in keys}), "feature": feature,
-                         "windows": str(r[feature]), "offline": str(r[f"{feature}__offline"])}
-                        for r in unequal.head(limit).to_dicts()]
+        differences += [
+            {
+                "entity": json.dumps({k: r[k] for k in keys}),
+                "feature": feature,
+                "windows": str(r[feature]),
+                "offline": str(r[f"{feature}__offline"]),
+            }
+            for r in unequal.head(limit).to_dicts()
+        ]
     return differences[:limit]
-

@@ -57,11 +57,13 @@ class FlinkRest:
         except httpx.HTTPStatusError as error:
             if error.response.status_code == 404:
                 raise JobNotFound(f"the Flink JobManager at {self.http.base_url} does not know {path}") from error
-            raise StreamingJobError(f"the Flink JobManager at {self.http.base_url} answered {path} with "
-                                    f"{error.response.status_code}") from error
+            raise StreamingJobError(
+                f"the Flink JobManager at {self.http.base_url} answered {path} with {error.response.status_code}"
+            ) from error
         except httpx.HTTPError as error:
-            raise StreamingJobError(f"the Flink JobManager at {self.http.base_url} did not answer {path}: "
-                                    f"{error}") from error
+            raise StreamingJobError(
+                f"the Flink JobManager at {self.http.base_url} did not answer {path}: {error}"
+            ) from error
 
     def overview(self) -> dict:
         return self.get("/overview")
@@ -97,8 +99,12 @@ class FlinkRest:
 class ClusterJob(FlinkJob):
     """A job of `settings.rest`'s session cluster: submitted by the job body, watched through REST."""
 
-    def __init__(self, settings: StreamingJobSettings, catalogue: Catalogue = default_catalogue,
-                 mode: Literal["streaming", "batch"] = "streaming"):
+    def __init__(
+        self,
+        settings: StreamingJobSettings,
+        catalogue: Catalogue = default_catalogue,
+        mode: Literal["streaming", "batch"] = "streaming",
+    ):
         if not settings.rest:
             raise StreamingJobError("a cluster job needs the JobManager's REST address (settings.rest)")
         super().__init__(settings, catalogue, mode)
@@ -106,19 +112,21 @@ class ClusterJob(FlinkJob):
 
     def command(self, restore: Path | None = None) -> list[str]:
         address = self.settings.rest.split("://")[-1].rstrip("/")
-        return super().command(restore) + ["--rest", address,
-                                           "--restart-attempts", str(self.settings.restart_attempts)]
+        return super().command(restore) + ["--rest", address, "--restart-attempts", str(self.settings.restart_attempts)]
 
     def submit(self, restore: Path | None = None, timeout: float = 600.0) -> str:
         """Submit the job to the cluster; returns its Flink job id."""
         self.status_path.unlink(missing_ok=True)
         self.prepare_source()
-        result = subprocess.run(self.command(restore), env=self.env(), cwd=PROJECT_ROOT, capture_output=True,
-                                text=True, timeout=timeout)
+        result = subprocess.run(
+            self.command(restore), env=self.env(), cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout
+        )
         job_id = self.status().get("job_id")
         if result.returncode != 0 or not job_id:
-            raise StreamingJobError(f"{self.settings.name}: submission to {self.settings.rest} failed: "
-                                    f"{self.status().get('error')}\n{result.stderr[-3000:]}")
+            raise StreamingJobError(
+                f"{self.settings.name}: submission to {self.settings.rest} failed: "
+                f"{self.status().get('error')}\n{result.stderr[-3000:]}"
+            )
         return job_id
 
     def start(self, restore: Path | None = None, extra_env: dict[str, str] | None = None) -> str:
@@ -142,11 +150,13 @@ class ClusterJob(FlinkJob):
 
     def wait_running(self, timeout: float = 180.0) -> dict:
         """Until every task of the job runs (so that checkpoints can complete)."""
+
         def running() -> bool:
             details = self.rest.job(self.status()["job_id"])
             if details["state"] in TERMINAL:
-                raise StreamingJobError(f"{self.settings.name} ended {details['state']} on the cluster: "
-                                        f"{self.rest.failure(details['jid'])}")
+                raise StreamingJobError(
+                    f"{self.settings.name} ended {details['state']} on the cluster: {self.rest.failure(details['jid'])}"
+                )
             return details["state"] == "RUNNING" and all(v["status"] == "RUNNING" for v in details["vertices"])
 
         self._wait(running, timeout, "to run")
@@ -156,8 +166,9 @@ class ClusterJob(FlinkJob):
         job_id = self.submit()
         self._wait(lambda: self.state() in TERMINAL, timeout, "to finish")
         if (state := self.state()) != "FINISHED":
-            raise StreamingJobError(f"{self.settings.name} ({self.mode}) ended {state} on the cluster: "
-                                    f"{self.rest.failure(job_id)}")
+            raise StreamingJobError(
+                f"{self.settings.name} ({self.mode}) ended {state} on the cluster: {self.rest.failure(job_id)}"
+            )
         return {**self.status(), "status": state}
 
     def health(self, now: float | None = None) -> JobHealth:
@@ -169,8 +180,7 @@ class ClusterJob(FlinkJob):
         try:
             state = self.state()
             if state == "NOT_FOUND":
-                return JobHealth(status=state, healthy=False, error=f"the cluster does not know job {job_id}",
-                                 **base)
+                return JobHealth(status=state, healthy=False, error=f"the cluster does not know job {job_id}", **base)
             latest = self.rest.checkpoints(job_id).get("latest") or {}
             restarts = self.rest.restarts(job_id)
             failure = self.rest.failure(job_id) if state in ("FAILED", "CANCELED") else None
@@ -180,11 +190,15 @@ class ClusterJob(FlinkJob):
         # restarting from a checkpoint is Flink healing itself (a lost TaskManager): counted, not an incident
         healthy = state in SELF_HEALING if self.mode == "streaming" else state == "FINISHED"
         return JobHealth(
-            status=state, healthy=healthy, restarts=restarts, error=failure,
+            status=state,
+            healthy=healthy,
+            restarts=restarts,
+            error=failure,
             checkpoint=completed.get("external_path"),
-            checkpoint_age_seconds=(round(now - completed["latest_ack_timestamp"] / 1000, 1)
-                                    if completed else None),
-            **base, **self.progress(now))
+            checkpoint_age_seconds=(round(now - completed["latest_ack_timestamp"] / 1000, 1) if completed else None),
+            **base,
+            **self.progress(now),
+        )
 
     def _wait(self, condition, timeout: float, what: str) -> None:
         deadline = time.time() + timeout
@@ -192,12 +206,16 @@ class ClusterJob(FlinkJob):
             if condition():
                 return
             time.sleep(0.5)
-        raise StreamingJobError(f"{self.settings.name}: timed out after {timeout:.0f}s waiting for the job {what} "
-                                f"on {self.settings.rest}")
+        raise StreamingJobError(
+            f"{self.settings.name}: timed out after {timeout:.0f}s waiting for the job {what} on {self.settings.rest}"
+        )
 
 
-def make_job(settings: StreamingJobSettings, catalogue: Catalogue = default_catalogue,
-             mode: Literal["streaming", "batch"] = "streaming") -> FlinkJob:
+def make_job(
+    settings: StreamingJobSettings,
+    catalogue: Catalogue = default_catalogue,
+    mode: Literal["streaming", "batch"] = "streaming",
+) -> FlinkJob:
     """The job on the cluster `settings.rest` names, or on a local mini-cluster."""
     return (ClusterJob if settings.rest else FlinkJob)(settings, catalogue, mode)
 
@@ -234,8 +252,12 @@ class StandaloneCluster:
         python = Path(self.settings.flink_python)
         if not python.exists():
             raise StreamingJobError(f"the Flink environment {python} is missing: run scripts/setup-flink")
-        found = subprocess.run([str(python), "-c", "import os, pyflink; print(os.path.dirname(pyflink.__file__))"],
-                               capture_output=True, text=True, check=True)
+        found = subprocess.run(
+            [str(python), "-c", "import os, pyflink; print(os.path.dirname(pyflink.__file__))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return Path(found.stdout.strip())
 
     def start(self, timeout: float = 180.0) -> StandaloneCluster:
@@ -248,8 +270,9 @@ class StandaloneCluster:
         return self
 
     def start_taskmanager(self, resource_id: str) -> None:
-        self.taskmanagers[resource_id] = self._daemon(self.flink_home(), "taskmanager", resource_id,
-                                                      "-D", f"taskmanager.resource-id={resource_id}")
+        self.taskmanagers[resource_id] = self._daemon(
+            self.flink_home(), "taskmanager", resource_id, "-D", f"taskmanager.resource-id={resource_id}"
+        )
 
     def kill_taskmanager(self, resource_id: str) -> None:
         """SIGKILL, as a lost machine: no goodbye to the JobManager."""
@@ -268,8 +291,9 @@ class StandaloneCluster:
             except StreamingJobError:
                 pass  # not listening yet
             time.sleep(0.5)
-        raise StreamingJobError(f"the cluster did not come up with {count} TaskManagers in {timeout:.0f}s "
-                                f"(log: {self.log_dir})")
+        raise StreamingJobError(
+            f"the cluster did not come up with {count} TaskManagers in {timeout:.0f}s (log: {self.log_dir})"
+        )
 
     def stop(self) -> None:
         for process in [*self.taskmanagers.values(), self.jobmanager]:
@@ -285,11 +309,21 @@ class StandaloneCluster:
         self.stop()
 
     def _daemon(self, home: Path, script: str, name: str, *args: str) -> subprocess.Popen:
-        env = {**os.environ, "FLINK_HOME": str(home), "FLINK_CONF_DIR": str(self.conf_dir),
-               "FLINK_LOG_DIR": str(self.log_dir), "FLINK_IDENT_STRING": name}
+        env = {
+            **os.environ,
+            "FLINK_HOME": str(home),
+            "FLINK_CONF_DIR": str(self.conf_dir),
+            "FLINK_LOG_DIR": str(self.log_dir),
+            "FLINK_IDENT_STRING": name,
+        }
         with open(self.log_dir / f"{name}.out", "ab") as out:
-            return subprocess.Popen([str(home / "bin" / f"{script}.sh"), "start-foreground", *args], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                [str(home / "bin" / f"{script}.sh"), "start-foreground", *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def _write_conf(self, home: Path) -> None:
         import shutil
@@ -304,20 +338,30 @@ class StandaloneCluster:
         conf = yaml.safe_load((home / "conf" / "config.yaml").read_text())
         s = self.settings
         overrides = {
-            "jobmanager.bind-host": "127.0.0.1", "jobmanager.rpc.address": "127.0.0.1",
-            "jobmanager.rpc.port": _free_port(), "jobmanager.memory.process.size": s.jobmanager_memory,
-            "taskmanager.bind-host": "127.0.0.1", "taskmanager.host": "127.0.0.1",
+            "jobmanager.bind-host": "127.0.0.1",
+            "jobmanager.rpc.address": "127.0.0.1",
+            "jobmanager.rpc.port": _free_port(),
+            "jobmanager.memory.process.size": s.jobmanager_memory,
+            "taskmanager.bind-host": "127.0.0.1",
+            "taskmanager.host": "127.0.0.1",
             "taskmanager.numberOfTaskSlots": s.slots_per_taskmanager,
-            "taskmanager.memory.process.size": s.taskmanager_memory, "taskmanager.memory.managed.fraction": 0.2,
-            "rest.address": "127.0.0.1", "rest.bind-address": "127.0.0.1", "rest.port": self.rest_port,
-            "io.tmp.dirs": str(self.root / "tmp"), "web.tmpdir": str(self.root / "tmp"),
+            "taskmanager.memory.process.size": s.taskmanager_memory,
+            "taskmanager.memory.managed.fraction": 0.2,
+            "rest.address": "127.0.0.1",
+            "rest.bind-address": "127.0.0.1",
+            "rest.port": self.rest_port,
+            "io.tmp.dirs": str(self.root / "tmp"),
+            "web.tmpdir": str(self.root / "tmp"),
             # a killed TaskManager is noticed within seconds (its connection drops); a slow one on a
             # busy machine is given time rather than declared lost
-            "heartbeat.interval": 2000, "heartbeat.timeout": 30000, "pekko.ask.timeout": "60 s",
+            "heartbeat.interval": 2000,
+            "heartbeat.timeout": 30000,
+            "pekko.ask.timeout": "60 s",
             # a batch backfill runs its stages in one slot, each blocking result needing its sort-shuffle
             # minimum (512 buffers by default): 64 each and 128 MB of buffers let a whole job fit
             "taskmanager.network.sort-shuffle.min-buffers": 64,
-            "taskmanager.memory.network.min": "128m", "taskmanager.memory.network.max": "128m",
+            "taskmanager.memory.network.min": "128m",
+            "taskmanager.memory.network.max": "128m",
         }
         for key, value in overrides.items():
             _set(conf, key.split("."), value)

@@ -80,8 +80,12 @@ class JobHealth:
 class FlinkJob:
     """One streaming (or batch) job on the local mini-cluster, as a process of .venv-flink."""
 
-    def __init__(self, settings: StreamingJobSettings, catalogue: Catalogue = default_catalogue,
-                 mode: Literal["streaming", "batch"] = "streaming"):
+    def __init__(
+        self,
+        settings: StreamingJobSettings,
+        catalogue: Catalogue = default_catalogue,
+        mode: Literal["streaming", "batch"] = "streaming",
+    ):
         self.settings = settings
         self.catalogue = catalogue
         self.mode = mode
@@ -97,9 +101,15 @@ class FlinkJob:
         plans = [streaming_plan(v) for v in self.catalogue.views if v.streaming and v.source.name == source]
         if not plans:
             raise StreamingJobError(f"no streaming feature views read source {self.settings.source!r}")
-        return flink_job(self.settings.name, plans, self.settings.source_options, str(self.sink_root.resolve()),
-                         mode=self.mode, slide_seconds=self.settings.slide_seconds,
-                         watermark_delay_seconds=self.settings.watermark_delay_seconds + self.watermark_hold_seconds)
+        return flink_job(
+            self.settings.name,
+            plans,
+            self.settings.source_options,
+            str(self.sink_root.resolve()),
+            mode=self.mode,
+            slide_seconds=self.settings.slide_seconds,
+            watermark_delay_seconds=self.settings.watermark_delay_seconds + self.watermark_hold_seconds,
+        )
 
     def write_spec(self) -> Path:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -111,8 +121,15 @@ class FlinkJob:
         python = Path(self.settings.flink_python)
         if not python.exists():
             raise StreamingJobError(f"the Flink environment {python} is missing: run scripts/setup-flink")
-        command = [str(python), str(JOB_BODY), str(self.write_spec()), "--state-dir", str(self.state_dir),
-                   "--checkpoint-interval-ms", str(self.settings.checkpoint_interval_ms)]
+        command = [
+            str(python),
+            str(JOB_BODY),
+            str(self.write_spec()),
+            "--state-dir",
+            str(self.state_dir),
+            "--checkpoint-interval-ms",
+            str(self.settings.checkpoint_interval_ms),
+        ]
         return command + (["--restore", str(restore)] if restore else [])
 
     def env(self) -> dict[str, str]:
@@ -126,8 +143,14 @@ class FlinkJob:
         self.prepare_source()
         env = {**self.env(), **(extra_env or {})}
         with open(self.log_dir / "driver.log", "ab") as out:  # the child keeps its own handle
-            return subprocess.Popen(self.command(restore), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=PROJECT_ROOT)
+            return subprocess.Popen(
+                self.command(restore),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=PROJECT_ROOT,
+            )
 
     def prepare_source(self) -> None:
         if self.settings.source_options.kind == "files":  # the file source fails on a missing folder
@@ -154,19 +177,22 @@ class FlinkJob:
             if status.get("status") == "RUNNING":
                 return status
             if status.get("status") in ("FAILED", "CANCELED") or status.get("pid") and not process_alive(status["pid"]):
-                raise StreamingJobError(f"{self.settings.name} failed to start: {status.get('error')} "
-                                        f"(log: {self.log_dir})")
+                raise StreamingJobError(
+                    f"{self.settings.name} failed to start: {status.get('error')} (log: {self.log_dir})"
+                )
             time.sleep(0.5)
         raise StreamingJobError(f"{self.settings.name} not running after {timeout:.0f}s (log: {self.log_dir})")
 
     def run_to_end(self, timeout: float = 600.0) -> dict:
         """Run a batch job in the foreground; raise with the cause if it fails."""
-        result = subprocess.run(self.command(), env=self.env(), cwd=PROJECT_ROOT, capture_output=True, text=True,
-                                timeout=timeout)
+        result = subprocess.run(
+            self.command(), env=self.env(), cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout
+        )
         status = self.status()
         if result.returncode != 0 or status.get("status") != "FINISHED":
-            raise StreamingJobError(f"{self.settings.name} ({self.mode}) failed: {status.get('error')}\n"
-                                    f"{result.stderr[-3000:]}")
+            raise StreamingJobError(
+                f"{self.settings.name} ({self.mode}) failed: {status.get('error')}\n{result.stderr[-3000:]}"
+            )
         return status
 
     # --- observation ---------------------------------------------------------------------------
@@ -203,14 +229,17 @@ class FlinkJob:
         checkpoint = self.latest_checkpoint()
         healthy = state == "RUNNING" if self.mode == "streaming" else state == "FINISHED"
         return JobHealth(
-            name=self.settings.name, status=state, healthy=healthy, pid=pid, job_id=status.get("job_id"),
+            name=self.settings.name,
+            status=state,
+            healthy=healthy,
+            pid=pid,
+            job_id=status.get("job_id"),
             checkpoint=str(checkpoint) if checkpoint else None,
             checkpoint_age_seconds=round(now - checkpoint.stat().st_mtime, 1) if checkpoint else None,
             error=status.get("error") or (f"the job process {pid} is gone" if state == "DIED" else None),
-            log_dir=str(self.log_dir), **self.progress(now),
+            log_dir=str(self.log_dir),
+            **self.progress(now),
         )
-
-
 
 
 def parse_time(text: str) -> datetime:
@@ -243,4 +272,3 @@ def terminate_group(pid: int, grace_seconds: float = 5.0) -> None:
             os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-

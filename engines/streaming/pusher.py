@@ -35,14 +35,21 @@ class OnlinePusher:
     window's results for the entity arrive in a later commit (a job with several parallel
     subtasks), they replace the empty values, being as new."""
 
-    def __init__(self, store, spec: FlinkJobSpec,
-                 on_push: Callable[[str, pd.DataFrame, float], None] | None = None, keep_seconds: float = 3600):
+    def __init__(
+        self,
+        store,
+        spec: FlinkJobSpec,
+        on_push: Callable[[str, pd.DataFrame, float], None] | None = None,
+        keep_seconds: float = 3600,
+    ):
         self.store = store  # a feast.FeatureStore
         self.spec = spec
         self.on_push = on_push
         if keep_seconds < MIN_KEEP_SECONDS:
-            raise ValueError(f"keep_seconds must be at least {MIN_KEEP_SECONDS}: a restart from a checkpoint may "
-                             "commit again the files of the last checkpoints")
+            raise ValueError(
+                f"keep_seconds must be at least {MIN_KEEP_SECONDS}: a restart from a checkpoint may "
+                "commit again the files of the last checkpoints"
+            )
         self.keep_seconds = keep_seconds
         self.pruned_at = time.time()
         state = Path(spec.sink_root).parent / "pusher.db"
@@ -52,10 +59,17 @@ class OnlinePusher:
             "CREATE TABLE IF NOT EXISTS applied_files (path TEXT PRIMARY KEY);"
             "CREATE TABLE IF NOT EXISTS newest_window (view TEXT, entity TEXT, window_end TEXT, "
             "PRIMARY KEY (view, entity));"
-            "CREATE TABLE IF NOT EXISTS emptied (view TEXT, entity TEXT, PRIMARY KEY (view, entity));")
-        self.applied = {view: {Path(p).name for (p,) in self.db.execute(  # file names, per view
-            "SELECT path FROM applied_files WHERE path LIKE ?", (info.sink + "/%",))}
-            for view, info in spec.views.items()}
+            "CREATE TABLE IF NOT EXISTS emptied (view TEXT, entity TEXT, PRIMARY KEY (view, entity));"
+        )
+        self.applied = {
+            view: {
+                Path(p).name
+                for (p,) in self.db.execute(  # file names, per view
+                    "SELECT path FROM applied_files WHERE path LIKE ?", (info.sink + "/%",)
+                )
+            }
+            for view, info in spec.views.items()
+        }
 
     def poll(self) -> dict[str, int]:
         """Push every newly committed result; returns rows pushed per view."""
@@ -68,8 +82,9 @@ class OnlinePusher:
             rows = [row for name in new_names for row in read_rows(sink / name)]
             pushed[view] = self._push(view, info, rows)
             with self.db:
-                self.db.executemany("INSERT OR IGNORE INTO applied_files VALUES (?)",
-                                    [(str(sink / name),) for name in new_names])
+                self.db.executemany(
+                    "INSERT OR IGNORE INTO applied_files VALUES (?)", [(str(sink / name),) for name in new_names]
+                )
             applied.update(new_names)
         if time.time() - self.pruned_at >= PRUNE_EVERY_SECONDS:
             self.prune()
@@ -84,8 +99,7 @@ class OnlinePusher:
         deleted = 0
         for view, info in self.spec.views.items():
             sink, applied = Path(info.sink), self.applied[view]
-            old = [name for name in committed_names(sink)
-                   if name in applied and (sink / name).stat().st_mtime < cutoff]
+            old = [name for name in committed_names(sink) if name in applied and (sink / name).stat().st_mtime < cutoff]
             for name in old:
                 (sink / name).unlink()
             with self.db:
@@ -112,10 +126,11 @@ class OnlinePusher:
             self.store.push(info.push_source, frame, to=_push_mode_online())
             pushed_at = time.time()
             with self.db:
-                self.db.executemany("INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)",
-                                    [(view, e, r[WINDOW_END]) for e, r in fresh.items()])
-                self.db.executemany("DELETE FROM emptied WHERE view = ? AND entity = ?",
-                                    [(view, e) for e in fresh])
+                self.db.executemany(
+                    "INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)",
+                    [(view, e, r[WINDOW_END]) for e, r in fresh.items()],
+                )
+                self.db.executemany("DELETE FROM emptied WHERE view = ? AND entity = ?", [(view, e) for e in fresh])
             if self.on_push:
                 self.on_push(view, frame, pushed_at)
             pushed = len(frame)
@@ -123,9 +138,14 @@ class OnlinePusher:
 
     def _empty_the_silent(self, view: str, info: ViewSink, window_end: str) -> int:
         """Empty values at `window_end` for the entities without a result there, not yet emptied."""
-        silent = [e for (e,) in self.db.execute(
-            "SELECT entity FROM newest_window WHERE view = ? AND window_end < ? AND entity NOT IN "
-            "(SELECT entity FROM emptied WHERE view = ?)", (view, window_end, view))]
+        silent = [
+            e
+            for (e,) in self.db.execute(
+                "SELECT entity FROM newest_window WHERE view = ? AND window_end < ? AND entity NOT IN "
+                "(SELECT entity FROM emptied WHERE view = ?)",
+                (view, window_end, view),
+            )
+        ]
         if not silent:
             return 0
         rows = [{**dict(zip(info.keys, json.loads(e))), WINDOW_END: window_end, **info.empty} for e in silent]
@@ -135,8 +155,9 @@ class OnlinePusher:
         frame["event_timestamp"] -= pd.Timedelta(milliseconds=1)
         self.store.push(info.push_source, frame, to=_push_mode_online())
         with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)",
-                                [(view, e, window_end) for e in silent])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)", [(view, e, window_end) for e in silent]
+            )
             self.db.executemany("INSERT OR REPLACE INTO emptied VALUES (?, ?)", [(view, e) for e in silent])
         return len(rows)
 
@@ -154,12 +175,10 @@ class OnlinePusher:
         self.db.close()
 
 
-
 def _push_mode_online():
     from feast.data_source import PushMode
 
     return PushMode.ONLINE
-
 
 
 @dataclass(frozen=True)
@@ -185,8 +204,13 @@ def run_pusher(config_path: Path, interval_seconds: float = 0.5) -> None:
 
     config = PusherConfig.read(config_path)
     spec = FlinkJobSpec.from_dict(json.loads(config.spec.read_text()))
-    settings = FeatureStoreSettings(**{**config.store, "repo_dir": Path(config.store["repo_dir"]),
-                                       "offline_root": Path(config.store["offline_root"])})
+    settings = FeatureStoreSettings(
+        **{
+            **config.store,
+            "repo_dir": Path(config.store["repo_dir"]),
+            "offline_root": Path(config.store["offline_root"]),
+        }
+    )
     pusher = OnlinePusher(FeatureStoreEngine(settings).store, spec)
     while True:
         pushed = pusher.poll()

@@ -78,4 +78,3 @@ def _add_metrics(totals: dict, rows: list[dict]) -> dict:
         if row.get("max_event_time") and (totals["newest_event_time"] or "") < row["max_event_time"]:
             totals["newest_event_time"] = row["max_event_time"]
     return totals
-

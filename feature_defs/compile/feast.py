@@ -56,8 +56,10 @@ def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
             name=view.name,
             entities=[entities[e.name] for e in view.entities],
             ttl=timedelta(0) if view.is_table_view else DAILY_TTL,
-            schema=[Field(name=f.name, dtype=FEAST_TYPES[view.dtype_of(f)], description=f.description)
-                    for f in view.features],
+            schema=[
+                Field(name=f.name, dtype=FEAST_TYPES[view.dtype_of(f)], description=f.description)
+                for f in view.features
+            ],
             source=source,
             online=True,
             description=view.description,
@@ -67,8 +69,7 @@ def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
         objects += [batch, source] if view.streaming else [batch]
     objects += views.values()
     objects += [
-        FeatureService(name=s.name, features=[views[v.name] for v in s.views], description=s.description,
-                       owner=s.owner)
+        FeatureService(name=s.name, features=[views[v.name] for v in s.views], description=s.description, owner=s.owner)
         for s in catalogue.services
     ]
     for output in all_outputs:
@@ -77,16 +78,25 @@ def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
 
 
 def _output_objects(output: OutputView, entity: Entity, offline_root: Path) -> list:
-    batch = FileSource(name=f"{output.name}_offline", path=offline_table_glob(offline_root, output.name),
-                       file_format=ParquetFormat(), timestamp_field=TIMESTAMP,
-                       description=f"Offline table of {output.name}, one Parquet partition per day")
-    view = FeatureView(
-        name=output.name, entities=[entity], ttl=timedelta(0), source=batch, online=True,
-        schema=[Field(name=name, dtype=FEAST_TYPES[dtype]) for name, dtype in output.schema.items()],
-        description=output.description, owner=output.owner, tags={"produced_by": "mlplane"},
+    batch = FileSource(
+        name=f"{output.name}_offline",
+        path=offline_table_glob(offline_root, output.name),
+        file_format=ParquetFormat(),
+        timestamp_field=TIMESTAMP,
+        description=f"Offline table of {output.name}, one Parquet partition per day",
     )
-    service = FeatureService(name=output.service, features=[view], description=output.description,
-                             owner=output.owner)
+    view = FeatureView(
+        name=output.name,
+        entities=[entity],
+        ttl=timedelta(0),
+        source=batch,
+        online=True,
+        schema=[Field(name=name, dtype=FEAST_TYPES[dtype]) for name, dtype in output.schema.items()],
+        description=output.description,
+        owner=output.owner,
+        tags={"produced_by": "mlplane"},
+    )
+    service = FeatureService(name=output.service, features=[view], description=output.description, owner=output.owner)
     return [batch, view, service]
 
 

@@ -51,10 +51,15 @@ class SourceOptions:
         elif self.kind == "kafka":
             if not (self.bootstrap_servers and self.topic):
                 raise FlinkCompileError("a kafka source needs bootstrap_servers and topic")
-            options = {"connector": "kafka", "topic": self.topic, "format": "raw",
-                       "properties.bootstrap.servers": self.bootstrap_servers,
-                       "properties.group.id": self.group_id, "scan.startup.mode": "group-offsets",
-                       "properties.auto.offset.reset": "earliest"}
+            options = {
+                "connector": "kafka",
+                "topic": self.topic,
+                "format": "raw",
+                "properties.bootstrap.servers": self.bootstrap_servers,
+                "properties.group.id": self.group_id,
+                "scan.startup.mode": "group-offsets",
+                "properties.auto.offset.reset": "earliest",
+            }
         else:
             raise FlinkCompileError(f"source kind must be 'files' or 'kafka', not {self.kind!r}")
         return _with(options)
@@ -90,9 +95,15 @@ class FlinkJobSpec:
         return cls(**{**data, "views": {name: ViewSink(**view) for name, view in data["views"].items()}})
 
 
-def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink_root: str,
-              mode: Literal["streaming", "batch"] = "streaming", slide_seconds: int = 60,
-              watermark_delay_seconds: int = 5) -> FlinkJobSpec:
+def flink_job(
+    name: str,
+    plans: list[StreamingPlan],
+    source: SourceOptions,
+    sink_root: str,
+    mode: Literal["streaming", "batch"] = "streaming",
+    slide_seconds: int = 60,
+    watermark_delay_seconds: int = 5,
+) -> FlinkJobSpec:
     """One Flink job computing every plan (all over the same event source)."""
     if not plans:
         raise FlinkCompileError(f"job {name!r}: no streaming plans")
@@ -109,8 +120,7 @@ def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink
     statements = [
         _source_ddl(raw, first, source, mode, watermark_delay_seconds),
         _parsed_view(f"{first.source}_parsed", raw, first, keys, mode),
-        f"CREATE TEMPORARY VIEW `{events}` AS SELECT * FROM `{first.source}_parsed` "
-        "WHERE is_valid AND NOT is_late",
+        f"CREATE TEMPORARY VIEW `{events}` AS SELECT * FROM `{first.source}_parsed` WHERE is_valid AND NOT is_late",
         _metrics_sink_ddl(sink_root, mode),
     ]
     inserts = [_metrics_insert(f"{first.source}_parsed", first.event_time, mode)]
@@ -119,11 +129,14 @@ def flink_job(name: str, plans: list[StreamingPlan], source: SourceOptions, sink
         sink = f"sink__{plan.view}"
         statements.append(_view_sink_ddl(sink, plan, sink_root, mode))
         inserts.append(_view_insert(sink, events, plan, slide_seconds))
-        views[plan.view] = ViewSink(keys=list(plan.keys), features=dict(plan.output_types),
-                                    push_source=plan.push_source, sink=f"{sink_root}/{plan.view}",
-                                    empty=empty_values(plan))
-    return FlinkJobSpec(name=name, mode=mode, statements=statements, inserts=inserts, views=views,
-                        sink_root=sink_root)
+        views[plan.view] = ViewSink(
+            keys=list(plan.keys),
+            features=dict(plan.output_types),
+            push_source=plan.push_source,
+            sink=f"{sink_root}/{plan.view}",
+            empty=empty_values(plan),
+        )
+    return FlinkJobSpec(name=name, mode=mode, statements=statements, inserts=inserts, views=views, sink_root=sink_root)
 
 
 # --- source -------------------------------------------------------------------------------------
@@ -173,16 +186,22 @@ def _parsed_view(name: str, raw: str, plan: StreamingPlan, keys: list[str], mode
     checks = ["(line IS JSON OBJECT)", f"({_json_value(ts, 'timestamp')} IS NOT NULL)"]
     checks += [f"({typed[k]} IS NOT NULL)" for k in keys]
     # a value present with the wrong type (say 'user-3' for a BIGINT) is malformed, not null
-    checks += [f"(JSON_VALUE(line, '$.{c}') IS NULL OR {expr} IS NOT NULL)"
-               for c, expr in typed.items() if plan.source_schema[c] not in ("string",)]
+    checks += [
+        f"(JSON_VALUE(line, '$.{c}') IS NULL OR {expr} IS NOT NULL)"
+        for c, expr in typed.items()
+        if plan.source_schema[c] not in ("string",)
+    ]
     is_valid = "COALESCE(" + " AND ".join(checks) + ", FALSE)"
     columns = [f"{expr} AS `{c}`" for c, expr in typed.items()]
     if mode == "streaming":  # older than the watermark: dropped here and counted, not silently by a window
         late, extra = f"COALESCE(`{ts}` < CURRENT_WATERMARK(`{ts}`), FALSE)", ", proc_time"
     else:
         late, extra = "FALSE", ""
-    return (f"CREATE TEMPORARY VIEW `{name}` AS SELECT `{ts}`{extra}, " + ", ".join(columns)
-            + f", {is_valid} AS is_valid, {late} AS is_late FROM `{raw}`")
+    return (
+        f"CREATE TEMPORARY VIEW `{name}` AS SELECT `{ts}`{extra}, "
+        + ", ".join(columns)
+        + f", {is_valid} AS is_valid, {late} AS is_late FROM `{raw}`"
+    )
 
 
 # --- sinks ------------------------------------------------------------------------------------------
@@ -208,19 +227,28 @@ def _view_sink_ddl(sink: str, plan: StreamingPlan, sink_root: str, mode: str) ->
 
 
 def _metrics_sink_ddl(sink_root: str, mode: str) -> str:
-    columns = ["measured_at TIMESTAMP(3)", "records BIGINT", "malformed BIGINT", "late BIGINT",
-               "max_event_time TIMESTAMP(3)"]
+    columns = [
+        "measured_at TIMESTAMP(3)",
+        "records BIGINT",
+        "malformed BIGINT",
+        "late BIGINT",
+        "max_event_time TIMESTAMP(3)",
+    ]
     return "CREATE TABLE `sink__metrics` (" + ", ".join(columns) + f") {_sink_with(f'{sink_root}/{METRICS}', mode)}"
 
 
 def _metrics_insert(parsed: str, ts: str, mode: str) -> str:
-    counts = ("COUNT(*), COUNT(CASE WHEN NOT is_valid THEN 1 END), COUNT(CASE WHEN is_valid AND is_late THEN 1 END), "
-              f"MAX(CASE WHEN is_valid THEN `{ts}` END)")
+    counts = (
+        "COUNT(*), COUNT(CASE WHEN NOT is_valid THEN 1 END), COUNT(CASE WHEN is_valid AND is_late THEN 1 END), "
+        f"MAX(CASE WHEN is_valid THEN `{ts}` END)"
+    )
     if mode == "batch":
         return f"INSERT INTO `sink__metrics` SELECT CAST(LOCALTIMESTAMP AS TIMESTAMP(3)), {counts} FROM `{parsed}`"
-    return (f"INSERT INTO `sink__metrics` SELECT CAST(window_end AS TIMESTAMP(3)), {counts} "
-            f"FROM TABLE(TUMBLE(TABLE `{parsed}`, DESCRIPTOR(proc_time), {_interval(1)})) "
-            "GROUP BY window_start, window_end")
+    return (
+        f"INSERT INTO `sink__metrics` SELECT CAST(window_end AS TIMESTAMP(3)), {counts} "
+        f"FROM TABLE(TUMBLE(TABLE `{parsed}`, DESCRIPTOR(proc_time), {_interval(1)})) "
+        "GROUP BY window_start, window_end"
+    )
 
 
 # --- windowed aggregates -------------------------------------------------------------------------
@@ -230,14 +258,18 @@ def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str
         raise FlinkCompileError(
             f"feature view {plan.view!r}: a streaming view's aggregations must share one window "
             f"(found {sorted(f'{s}s' + (' running' if r else '') for s, r in windows)}); "
-            "split it into one view per window")
+            "split it into one view per window"
+        )
     window, running = windows.pop()
     step = min(slide, window)
     if window % slide and slide % window:
         raise FlinkCompileError(f"feature view {plan.view!r}: window {window}s is not a multiple of the slide {slide}s")
     time_column = f"DESCRIPTOR(`{plan.event_time}`)"
-    tvf = (f"TABLE(CUMULATE(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))" if running
-           else f"TABLE(HOP(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))")
+    tvf = (
+        f"TABLE(CUMULATE(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))"
+        if running
+        else f"TABLE(HOP(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))"
+    )
     last_n = [a for a in plan.aggregates if a.kind == "last_n"]
     if len(last_n) > 1:
         raise FlinkCompileError(f"feature view {plan.view!r}: at most one last_n feature per streaming view")
@@ -248,8 +280,10 @@ def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str
     if last_n:  # LEFT window join: an entity with events but none that qualify gets an empty list
         on = " AND ".join(f"m.`{k}` = l.`{k}`" for k in plan.keys)
         latest = _last_n_sql(last_n[0], plan, tvf)
-        rows = (f"SELECT m.*, l.`{last_n[0].feature}` FROM ({rows}) m LEFT JOIN ({latest}) l "
-                f"ON {on} AND m.window_start = l.window_start AND m.window_end = l.window_end")
+        rows = (
+            f"SELECT m.*, l.`{last_n[0].feature}` FROM ({rows}) m LEFT JOIN ({latest}) l "
+            f"ON {on} AND m.window_start = l.window_start AND m.window_end = l.window_end"
+        )
     derived = {d.feature: d.sql for d in plan.derived}
     outer = [f"`{k}`" for k in plan.keys] + [f"CAST(window_end AS TIMESTAMP(3)) AS `{WINDOW_END}`"]
     outer += [f"{derived[f]} AS `{f}`" if f in derived else f"`{f}`" for f in plan.output_types]
@@ -291,15 +325,21 @@ def _last_n_sql(agg: WindowedAggregate, plan: StreamingPlan, tvf: str) -> str:
     keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
     names = ", ".join(f"`{k}`" for k in plan.keys)
     where = f"({agg.where_sql}) AND " if agg.where_sql else ""
-    latest = (f"SELECT {keys}, window_start, window_end, {agg.value_sql} AS v, MAX(`{plan.event_time}`) AS t "
-              f"FROM {tvf} WHERE {where}{agg.value_sql} IS NOT NULL "
-              f"GROUP BY window_start, window_end, {', '.join(f'`{c}`' for c in plan.keys.values())}, {agg.value_sql}")
-    ranked = (f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, {names} "
-              f"ORDER BY t DESC, v DESC) AS rn FROM ({latest})) WHERE rn <= {int(agg.n)}")
+    latest = (
+        f"SELECT {keys}, window_start, window_end, {agg.value_sql} AS v, MAX(`{plan.event_time}`) AS t "
+        f"FROM {tvf} WHERE {where}{agg.value_sql} IS NOT NULL "
+        f"GROUP BY window_start, window_end, {', '.join(f'`{c}`' for c in plan.keys.values())}, {agg.value_sql}"
+    )
+    ranked = (
+        f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, {names} "
+        f"ORDER BY t DESC, v DESC) AS rn FROM ({latest})) WHERE rn <= {int(agg.n)}"
+    )
     element = LIST_ELEMENT[plan.output_types[agg.feature]]
     slots = ", ".join(f"MAX(CASE WHEN rn = {i} THEN v END)" for i in range(1, int(agg.n) + 1))
-    return (f"SELECT {names}, window_start, window_end, ARRAY_REMOVE(ARRAY[{slots}], CAST(NULL AS {element})) "
-            f"AS `{agg.feature}` FROM ({ranked}) GROUP BY window_start, window_end, {names}")
+    return (
+        f"SELECT {names}, window_start, window_end, ARRAY_REMOVE(ARRAY[{slots}], CAST(NULL AS {element})) "
+        f"AS `{agg.feature}` FROM ({ranked}) GROUP BY window_start, window_end, {names}"
+    )
 
 
 def _interval(seconds: int) -> str:

@@ -51,20 +51,23 @@ def streaming_plan(view: FeatureView) -> StreamingPlan:
     for f in view.features:
         spec = f.spec
         if isinstance(spec, Aggregation):
-            aggregates.append(WindowedAggregate(
-                feature=f.name,
-                kind=spec.kind,
-                window=format_window(spec.window_td),
-                window_seconds=int(spec.window_td.total_seconds()),
-                value_sql=spec.of.to_sql() if spec.of is not None else None,
-                where_sql=spec.where.to_sql() if spec.where is not None else None,
-                n=spec.n,
-                running=spec.running,
-            ))
+            aggregates.append(
+                WindowedAggregate(
+                    feature=f.name,
+                    kind=spec.kind,
+                    window=format_window(spec.window_td),
+                    window_seconds=int(spec.window_td.total_seconds()),
+                    value_sql=spec.of.to_sql() if spec.of is not None else None,
+                    where_sql=spec.where.to_sql() if spec.where is not None else None,
+                    n=spec.n,
+                    running=spec.running,
+                )
+            )
         elif isinstance(spec, Ratio):
             num, den = f"`{spec.numerator}`", f"`{spec.denominator}`"
-            derived.append(DerivedFeature(
-                f.name, f"CASE WHEN {den} > 0 THEN CAST({num} AS DOUBLE) / {den} ELSE NULL END"))
+            derived.append(
+                DerivedFeature(f.name, f"CASE WHEN {den} > 0 THEN CAST({num} AS DOUBLE) / {den} ELSE NULL END")
+            )
     return StreamingPlan(
         view=view.name,
         source=view.source.name,

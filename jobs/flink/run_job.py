@@ -36,10 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--restore", default=None, help="a retained checkpoint (chk-N folder) to resume from")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=2000)
-    parser.add_argument("--rest", default=None, help="HOST:PORT of a session cluster's JobManager: submit there "
-                        "(execution.target remote), report the job id and return; the cluster runs it")
-    parser.add_argument("--restart-attempts", type=int, default=0,
-                        help="restarts from the newest checkpoint before the job fails (cluster: a lost TaskManager)")
+    parser.add_argument(
+        "--rest",
+        default=None,
+        help="HOST:PORT of a session cluster's JobManager: submit there "
+        "(execution.target remote), report the job id and return; the cluster runs it",
+    )
+    parser.add_argument(
+        "--restart-attempts",
+        type=int,
+        default=0,
+        help="restarts from the newest checkpoint before the job fails (cluster: a lost TaskManager)",
+    )
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())
     status = StatusFile(args.state_dir / "status.json", spec["name"], spec["mode"], args.restore)
@@ -69,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 def submit(spec: dict, args: argparse.Namespace):
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
-    settings = (EnvironmentSettings.in_streaming_mode() if spec["mode"] == "streaming"
-                else EnvironmentSettings.in_batch_mode())
+    settings = (
+        EnvironmentSettings.in_streaming_mode() if spec["mode"] == "streaming" else EnvironmentSettings.in_batch_mode()
+    )
     env = TableEnvironment.create(settings)
     config = env.get_config()
     checkpoints = (args.state_dir / "checkpoints").resolve()
@@ -82,9 +91,11 @@ def submit(spec: dict, args: argparse.Namespace):
         "table.exec.resource.default-parallelism": "1",
     }
     if args.restart_attempts:
-        values |= {"restart-strategy.type": "fixed-delay",
-                   "restart-strategy.fixed-delay.attempts": str(args.restart_attempts),
-                   "restart-strategy.fixed-delay.delay": "1s"}
+        values |= {
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": str(args.restart_attempts),
+            "restart-strategy.fixed-delay.delay": "1s",
+        }
     if args.rest:
         host, port = args.rest.rsplit(":", 1)
         values |= {"execution.target": "remote", "rest.address": host, "rest.port": port}
@@ -131,8 +142,13 @@ def failure_cause(client) -> str | None:
 class StatusFile:
     def __init__(self, path: Path, name: str, mode: str, restored_from: str | None):
         self.path = path
-        self.base = {"name": name, "mode": mode, "pid": os.getpid(), "started_at": time.time(),
-                     "restored_from": restored_from}
+        self.base = {
+            "name": name,
+            "mode": mode,
+            "pid": os.getpid(),
+            "started_at": time.time(),
+            "restored_from": restored_from,
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, state: str, **extra) -> None:

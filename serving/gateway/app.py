@@ -33,9 +33,13 @@ def create_app(config_path: str | Path) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = GatewayApp(title="mlplane ML gateway", version="2.0", lifespan=lifespan,
-                  description="One OpenAI-compatible API over model backends in several regions.",
-                  exception_handlers=error_handlers())
+    app = GatewayApp(
+        title="mlplane ML gateway",
+        version="2.0",
+        lifespan=lifespan,
+        description="One OpenAI-compatible API over model backends in several regions.",
+        exception_handlers=error_handlers(),
+    )
     app.state.gateway = gateway
     for module in (openai, v2, admin, ops):
         app.include_router(module.router)
@@ -79,8 +83,9 @@ class GatewayApp(FastAPI):
             return
         except Exception:  # the Exchange recorded a 500; FastAPI's path would answer the same status
             log.exception("request to %s failed inside the gateway", path)
-            response = JSONResponse(GatewayError(500, "Internal gateway error", "internal_error").body(),
-                                    status_code=500)
+            response = JSONResponse(
+                GatewayError(500, "Internal gateway error", "internal_error").body(), status_code=500
+            )
         await response(scope, receive, send)
 
 
@@ -95,16 +100,20 @@ def openapi_document(app: FastAPI) -> dict:
     """FastAPI's document plus the request bodies the handlers read themselves (strictly, to answer
     malformed JSON in OpenAI's shape)."""
     if app.openapi_schema is None:
-        document = get_openapi(title=app.title, version=app.version, description=app.description,
-                               routes=app.routes)
-        _, definitions = models_json_schema([(m, "validation") for m in OPENAPI_MODELS],
-                                            ref_template="#/components/schemas/{model}")
+        document = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        _, definitions = models_json_schema(
+            [(m, "validation") for m in OPENAPI_MODELS], ref_template="#/components/schemas/{model}"
+        )
         components = document.setdefault("components", {})
         for name, schema in definitions.get("$defs", {}).items():
             components.setdefault("schemas", {}).setdefault(name, schema)
-        components["securitySchemes"] = {"bearer": {
-            "type": "http", "scheme": "bearer",
-            "description": "An API key (sk-mlp-...); the admin key for /admin and /metrics"}}
+        components["securitySchemes"] = {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An API key (sk-mlp-...); the admin key for /admin and /metrics",
+            }
+        }
         for path, operations in document["paths"].items():
             if path != "/health":
                 for operation in operations.values():

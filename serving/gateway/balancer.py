@@ -57,8 +57,9 @@ class BackendState:
         self.in_flight -= 1
         self.half_open_trial = False
 
-    def finish(self, ok: bool, latency_s: float | None, ttft_s: float | None,
-               failures_to_open: int, open_s: float) -> None:
+    def finish(
+        self, ok: bool, latency_s: float | None, ttft_s: float | None, failures_to_open: int, open_s: float
+    ) -> None:
         self.in_flight -= 1
         self.half_open_trial = False
         if ok:
@@ -78,8 +79,13 @@ def _ewma(previous: float | None, sample: float) -> float:
     return sample if previous is None else (1 - EWMA_ALPHA) * previous + EWMA_ALPHA * sample
 
 
-def choose(backends: list[BackendState], region: str | None, exclude: set[str],
-           spill_factor: float, rng: random.Random = random) -> BackendState | None:
+def choose(
+    backends: list[BackendState],
+    region: str | None,
+    exclude: set[str],
+    spill_factor: float,
+    rng: random.Random = random,
+) -> BackendState | None:
     """The backend for the next attempt, or None when every one is excluded or unavailable."""
     candidates = [b for b in backends if b.spec.id not in exclude and b.available()]
     if not candidates:

@@ -51,9 +51,14 @@ def gateway() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=4000, show_default=True)
 @click.option("--log-level", default="info", show_default=True)
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes; with more than one, settings.rate_limits must be a redis:// URL so that the "
-                   "workers share their limits.")
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Processes; with more than one, settings.rate_limits must be a redis:// URL so that the "
+    "workers share their limits.",
+)
 def serve_command(config: str, host: str, port: int, log_level: str, workers: int) -> None:
     """Run the gateway (SIGHUP or an edit of the file reloads its model list)."""
     import os
@@ -70,8 +75,7 @@ def serve_command(config: str, host: str, port: int, log_level: str, workers: in
         raise click.UsageError("--workers > 1 needs settings.rate_limits: redis://... (memory limits are per process)")
     GatewayStore(settings.store).close()  # creates the tables once, before workers would race to
     os.environ[CONFIG_ENV] = str(config)
-    options = {"host": host, "port": port, "log_level": log_level, "access_log": False,
-               "timeout_graceful_shutdown": 30}
+    options = {"host": host, "port": port, "log_level": log_level, "access_log": False, "timeout_graceful_shutdown": 30}
     if workers > 1:  # each worker imports the app factory and reads the file itself
         uvicorn.run("serving.gateway.app:app_from_env", factory=True, workers=workers, **options)
     else:
@@ -89,8 +93,12 @@ def serve() -> None:
 @click.option("--registry-root", envvar="MLPLANE_REGISTRY_ROOT", default="data/registry", show_default=True)
 @click.option("--tracking-uri", envvar="MLPLANE_MLFLOW_TRACKING_URI", default=None, help="Overrides the root.")
 @click.option("--cache-dir", default="data/gateway/models", show_default=True, help="Downloaded versions, logs.")
-@click.option("--gateway", "gateways", multiple=True, help="A gateway URL to reload at once (repeat); without "
-                                                            "any, each replica's file watch picks changes up.")
+@click.option(
+    "--gateway",
+    "gateways",
+    multiple=True,
+    help="A gateway URL to reload at once (repeat); without any, each replica's file watch picks changes up.",
+)
 @click.option("--poll", default=5.0, show_default=True, help="Seconds between registry checks.")
 @click.option("--once", is_flag=True, help="Bring every deployment up to date, then exit (servers keep running).")
 def rollout_command(config, registry_root, tracking_uri, cache_dir, gateways, poll, once) -> None:
@@ -105,8 +113,13 @@ def rollout_command(config, registry_root, tracking_uri, cache_dir, gateways, po
         parsed = load_config(config)
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
-    controller = Rollout(config, registry_from(None if tracking_uri else registry_root, tracking_uri), cache_dir,
-                         gateways, admin_key_of(parsed))
+    controller = Rollout(
+        config,
+        registry_from(None if tracking_uri else registry_root, tracking_uri),
+        cache_dir,
+        gateways,
+        admin_key_of(parsed),
+    )
     if once:
         for event in controller.step():
             click.echo(json.dumps(event))
@@ -123,8 +136,13 @@ def limit_options(command):
     for name in reversed(LIMIT_FIELDS):
         unit = "tokens" if name.endswith(("tpm", "tpd")) else "requests"
         period = "minute" if name.endswith("m") else "day"
-        command = click.option(f"--{name.replace('_', '-')}", name, type=click.IntRange(min=1), default=None,
-                               help=f"Limit of {unit} per {period}.")(command)
+        command = click.option(
+            f"--{name.replace('_', '-')}",
+            name,
+            type=click.IntRange(min=1),
+            default=None,
+            help=f"Limit of {unit} per {period}.",
+        )(command)
     return command
 
 
@@ -175,8 +193,10 @@ def keys_list(store, config) -> None:
         state = key.problem(now) or "active"
         limits = " ".join(f"{n}={getattr(key, n)}" for n in LIMIT_FIELDS if getattr(key, n) is not None)
         expires = _when(key.expires_at) if key.expires_at else "never"
-        click.echo(f"{key.key_id}  {key.owner:<16} {key.team:<12} models={','.join(key.models) or '*'} "
-                   f"expires={expires} {limits}  [{state}]")
+        click.echo(
+            f"{key.key_id}  {key.owner:<16} {key.team:<12} models={','.join(key.models) or '*'} "
+            f"expires={expires} {limits}  [{state}]"
+        )
 
 
 @keys.command("revoke")
@@ -206,8 +226,12 @@ def keys_rotate(key_id, store, config) -> None:
 @click.command("usage")
 @click.option("--since", default=None, help="ISO date or time (UTC); default: the last 24 hours.")
 @click.option("--until", default=None, help="ISO date or time (UTC); default: now.")
-@click.option("--group-by", default="key_id,team,model", show_default=True,
-              help="Comma-separated: key_id, team, model, backend, region, status, endpoint.")
+@click.option(
+    "--group-by",
+    default="key_id,team,model",
+    show_default=True,
+    help="Comma-separated: key_id, team, model, backend, region, status, endpoint.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
 @with_store
 def usage(since, until, group_by, as_json, store, config) -> None:
@@ -241,5 +265,3 @@ def _timestamp(text: str) -> float:
 
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M")
-
-

@@ -18,8 +18,15 @@ LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 class GatewayError(Exception):
     """An error answered to the client in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, type_: str, code: str | None = None,
-                 param: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers = headers or {}
@@ -94,22 +101,25 @@ def _encodable(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise invalid("The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string",
-                      code="invalid_json") from error
+        raise invalid(
+            "The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string", code="invalid_json"
+        ) from error
 
 
 async def read_json(request: Request, max_bytes: int, max_depth: int) -> tuple[dict, int]:
     """The request body as a JSON object and its size in bytes, or a 4xx naming the problem."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise invalid(f"Request body of {declared} bytes is over the limit of {max_bytes} bytes", status=413,
-                      code="request_too_large")
+        raise invalid(
+            f"Request body of {declared} bytes is over the limit of {max_bytes} bytes",
+            status=413,
+            code="request_too_large",
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise invalid(f"Request body is over the limit of {max_bytes} bytes", status=413,
-                          code="request_too_large")
+            raise invalid(f"Request body is over the limit of {max_bytes} bytes", status=413, code="request_too_large")
         chunks.append(chunk)
     return parse_json(b"".join(chunks), max_depth), size
 

@@ -51,15 +51,18 @@ class Exchange:
                 self.reservation = Reservation(metered=False)
                 return
             log.error("refusing %s: %s", self.request_id, error)
-            raise unavailable("The rate limiter is unavailable; retry later", "rate_limiter_unavailable") \
-                from error
+            raise unavailable("The rate limiter is unavailable; retry later", "rate_limiter_unavailable") from error
         if isinstance(outcome, Rejection):
             limit = outcome.limit
             metrics = gateway.metrics
             metrics.child(metrics.rate_limited, limit.scope.split(":")[0], limit.unit, limit.period).inc()
-            raise GatewayError(429, outcome.message(), "rate_limit_exceeded",
-                               f"{limit.unit}_per_{limit.period}_exceeded",
-                               headers={"Retry-After": str(outcome.retry_after_s)})
+            raise GatewayError(
+                429,
+                outcome.message(),
+                "rate_limit_exceeded",
+                f"{limit.unit}_per_{limit.period}_exceeded",
+                headers={"Retry-After": str(outcome.retry_after_s)},
+            )
         self.reservation, self.reserved = outcome, tokens
 
     # backend slots
@@ -109,8 +112,9 @@ class Exchange:
         try:
             await self.gateway.limiter.settle(self.reservation, used - self.reserved)
         except LimiterUnavailable as error:  # the record below still carries the tokens
-            log.error("settling %s failed (%d tokens reserved, %d used): %s", self.request_id, self.reserved,
-                      used, error)
+            log.error(
+                "settling %s failed (%d tokens reserved, %d used): %s", self.request_id, self.reserved, used, error
+            )
 
     def _record(self, status: int, prompt_tokens: int, completion_tokens: int) -> None:
         gateway, key, state = self.gateway, self.caller.key, self.backend
@@ -122,13 +126,22 @@ class Exchange:
             metrics.child(metrics.tokens, self.model, "prompt").inc(prompt_tokens)
         if completion_tokens:
             metrics.child(metrics.tokens, self.model, "completion").inc(completion_tokens)
-        gateway.usage.record({
-            "request_id": self.request_id, "ts": time.time(), "key_id": key.key_id, "team": key.team,
-            "model": self.model, "backend": state.spec.url if state else None,
-            "region": state.spec.region if state else None, "endpoint": self.endpoint,
-            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "latency_ms": latency * 1000, "status": status,
-        })
+        gateway.usage.record(
+            {
+                "request_id": self.request_id,
+                "ts": time.time(),
+                "key_id": key.key_id,
+                "team": key.team,
+                "model": self.model,
+                "backend": state.spec.url if state else None,
+                "region": state.spec.region if state else None,
+                "endpoint": self.endpoint,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "latency_ms": latency * 1000,
+                "status": status,
+            }
+        )
 
     async def __aenter__(self) -> Exchange:
         return self

@@ -64,12 +64,18 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self._cancel_timer()
         response, self.response = self.response, None
-        if response is not None and response.head.done() and response.error is None and \
-                not {"content-length", "transfer-encoding"} & response.headers.keys():
+        if (
+            response is not None
+            and response.head.done()
+            and response.error is None
+            and not {"content-length", "transfer-encoding"} & response.headers.keys()
+        ):
             response.finish()  # a body delimited by the end of the connection
         elif response is not None and not response.complete:
-            response.fail(UpstreamError(f"backend closed the connection ({error or 'end of stream'})"),
-                          retryable=not self.received)
+            response.fail(
+                UpstreamError(f"backend closed the connection ({error or 'end of stream'})"),
+                retryable=not self.received,
+            )
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
@@ -262,8 +268,9 @@ class Pool:
             origin = self.origins[base_url] = Origin(base_url)
         return origin
 
-    async def request(self, method: str, base_url: str, path: str, body: bytes | None,
-                      content_type: str = "application/json") -> Response:
+    async def request(
+        self, method: str, base_url: str, path: str, body: bytes | None, content_type: str = "application/json"
+    ) -> Response:
         """Sends a request and returns once the response's status and headers are in."""
         origin = self.origin(base_url)
         head = f"{method} {origin.prefix}{path} HTTP/1.1\r\n".encode() + origin.host_header
@@ -304,7 +311,8 @@ class Pool:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, connection = await self.loop.create_connection(
-                    lambda: Connection(self), origin.host, origin.port, ssl=self.tls if origin.tls else None)
+                    lambda: Connection(self), origin.host, origin.port, ssl=self.tls if origin.tls else None
+                )
         except TimeoutError as error:
             raise UpstreamTimeout(f"connecting took more than {self.connect_timeout_s:g} s") from error
         except OSError as error:

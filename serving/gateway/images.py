@@ -66,15 +66,21 @@ def check_part(where: str, part: dict, limits: ImageLimits) -> CheckedImage:
     if not isinstance(url, str):
         raise bad("an image_url part needs {'image_url': {'url': 'data:image/png;base64,...'}}", where)
     if not url.startswith("data:"):
-        raise bad("remote image URLs are not accepted: send the image inline as a data: URL "
-                  "(data:image/png;base64,...)", where, "remote_image_url")
+        raise bad(
+            "remote image URLs are not accepted: send the image inline as a data: URL (data:image/png;base64,...)",
+            where,
+            "remote_image_url",
+        )
     header, comma, payload = url[5:].partition(",")
     media_type, _, encoding = header.partition(";")
     if not comma or encoding != "base64":
         raise bad("an image data URL must be data:<type>;base64,<data>", where)
     if media_type not in MEDIA_TYPES:
-        raise bad(f"image type {media_type!r} is not accepted (one of {', '.join(MEDIA_TYPES)})", where,
-                  "unsupported_image_type")
+        raise bad(
+            f"image type {media_type!r} is not accepted (one of {', '.join(MEDIA_TYPES)})",
+            where,
+            "unsupported_image_type",
+        )
     if len(payload) > 4 * (limits.max_bytes // 3 + 1):  # before decoding: never allocate for an oversize image
         raise bad(f"image larger than {limits.max_bytes} bytes", where, "image_too_large")
     try:

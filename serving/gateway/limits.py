@@ -61,8 +61,10 @@ class Rejection:
 
     def message(self) -> str:
         if self.needed > self.limit.limit:
-            return (f"Rate limit: this request needs {self.needed} {self.limit.unit}, more than the limit of "
-                    f"{self.limit.describe()}; lower max_tokens, n or the prompt")
+            return (
+                f"Rate limit: this request needs {self.needed} {self.limit.unit}, more than the limit of "
+                f"{self.limit.describe()}; lower max_tokens, n or the prompt"
+            )
         return f"Rate limit reached for {self.limit.describe()}; retry after {self.retry_after_s} s"
 
 
@@ -191,8 +193,13 @@ class RedisLimiter:
         from redis.retry import Retry
 
         self.prefix, self.timeout_s = prefix, timeout_s
-        self.redis = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                       retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+        self.redis = aioredis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+        )
         self.acquire_script = self.redis.register_script(ACQUIRE_LUA)
         self.settle_script = self.redis.register_script(SETTLE_LUA)
 
@@ -212,8 +219,13 @@ class RedisLimiter:
         args = []
         for limit in limits:
             seconds, _ = PERIODS[limit.period]
-            args += [limit.bucket_s, limit.buckets, cost_of(limit, tokens), limit.limit,
-                     int(seconds + limit.bucket_s) + 1]
+            args += [
+                limit.bucket_s,
+                limit.buckets,
+                cost_of(limit, tokens),
+                limit.limit,
+                int(seconds + limit.bucket_s) + 1,
+            ]
         answer = await self._call(self.acquire_script, names, args)
         violated, now = int(answer[0]), float(answer[1])
         if violated:
@@ -223,13 +235,17 @@ class RedisLimiter:
             cost = cost_of(limit, tokens)
             return Rejection(limit, retry_after(limit, live, now, cost), cost)
         buckets = [int(b) for b in answer[2:]]
-        return Reservation([(name, bucket) for name, bucket, limit in zip(names, buckets, limits)
-                            if limit.unit == "tokens"], at=now)
+        return Reservation(
+            [(name, bucket) for name, bucket, limit in zip(names, buckets, limits) if limit.unit == "tokens"], at=now
+        )
 
     async def settle(self, reservation: Reservation, token_delta: int) -> None:
         if token_delta and reservation.tokens:
-            await self._call(self.settle_script, [name for name, _ in reservation.tokens],
-                             [token_delta, *(bucket for _, bucket in reservation.tokens)])
+            await self._call(
+                self.settle_script,
+                [name for name, _ in reservation.tokens],
+                [token_delta, *(bucket for _, bucket in reservation.tokens)],
+            )
 
     async def close(self) -> None:
         await self.redis.aclose()

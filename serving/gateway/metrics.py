@@ -11,30 +11,58 @@ class GatewayMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("mlplane_gateway_requests", "Requests by model, endpoint and status",
-                                ["model", "endpoint", "status"], registry=r)
-        self.tokens = Counter("mlplane_gateway_tokens", "Tokens by model and kind (prompt, completion)",
-                              ["model", "kind"], registry=r)
-        self.latency = Histogram("mlplane_gateway_request_latency_seconds", "Request latency seen by clients",
-                                 ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("mlplane_gateway_time_to_first_token_seconds", "Time to first streamed byte",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.rate_limited = Counter("mlplane_gateway_rate_limited", "Requests rejected by a rate limit",
-                                    ["scope_kind", "unit", "period"], registry=r)
-        self.retries = Counter("mlplane_gateway_retries", "Attempts moved to another backend before the first byte",
-                               ["model"], registry=r)
-        self.backend_requests = Counter("mlplane_gateway_backend_requests", "Upstream attempts by outcome",
-                                        ["backend", "region", "outcome"], registry=r)
+        self.requests = Counter(
+            "mlplane_gateway_requests",
+            "Requests by model, endpoint and status",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "mlplane_gateway_tokens", "Tokens by model and kind (prompt, completion)", ["model", "kind"], registry=r
+        )
+        self.latency = Histogram(
+            "mlplane_gateway_request_latency_seconds",
+            "Request latency seen by clients",
+            ["model", "endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "mlplane_gateway_time_to_first_token_seconds",
+            "Time to first streamed byte",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "mlplane_gateway_rate_limited",
+            "Requests rejected by a rate limit",
+            ["scope_kind", "unit", "period"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "mlplane_gateway_retries", "Attempts moved to another backend before the first byte", ["model"], registry=r
+        )
+        self.backend_requests = Counter(
+            "mlplane_gateway_backend_requests",
+            "Upstream attempts by outcome",
+            ["backend", "region", "outcome"],
+            registry=r,
+        )
         labels = ["model", "backend", "region"]
-        self.backend_healthy = Gauge("mlplane_gateway_backend_healthy", "1 when the health check passes",
-                                     labels, registry=r)
-        self.backend_circuit_open = Gauge("mlplane_gateway_backend_circuit_open", "1 while the circuit is open",
-                                          labels, registry=r)
+        self.backend_healthy = Gauge(
+            "mlplane_gateway_backend_healthy", "1 when the health check passes", labels, registry=r
+        )
+        self.backend_circuit_open = Gauge(
+            "mlplane_gateway_backend_circuit_open", "1 while the circuit is open", labels, registry=r
+        )
         self.backend_in_flight = Gauge("mlplane_gateway_backend_in_flight", "Requests in flight", labels, registry=r)
-        self.backend_latency = Gauge("mlplane_gateway_backend_latency_ewma_seconds", "Moving latency estimate",
-                                     labels, registry=r)
-        self.backend_ttft = Gauge("mlplane_gateway_backend_ttft_ewma_seconds", "Moving time-to-first-token estimate",
-                                  labels, registry=r)
+        self.backend_latency = Gauge(
+            "mlplane_gateway_backend_latency_ewma_seconds", "Moving latency estimate", labels, registry=r
+        )
+        self.backend_ttft = Gauge(
+            "mlplane_gateway_backend_ttft_ewma_seconds", "Moving time-to-first-token estimate", labels, registry=r
+        )
         self._children: dict[tuple, object] = {}
 
     def child(self, metric, *labels: str):

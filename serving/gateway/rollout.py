@@ -41,9 +41,17 @@ class Served:
 
 
 class Rollout:
-    def __init__(self, config_path: str | Path, registry: ModelRegistry, cache_dir: str | Path,
-                 gateways: tuple[str, ...] = (), admin_key: str | None = None, python: Path = DEFAULT_PYTHON,
-                 startup_timeout_s: float = 600, drain_timeout_s: float | None = None):
+    def __init__(
+        self,
+        config_path: str | Path,
+        registry: ModelRegistry,
+        cache_dir: str | Path,
+        gateways: tuple[str, ...] = (),
+        admin_key: str | None = None,
+        python: Path = DEFAULT_PYTHON,
+        startup_timeout_s: float = 600,
+        drain_timeout_s: float | None = None,
+    ):
         self.config_path = Path(config_path)
         self.registry = registry
         self.cache_dir = Path(cache_dir)
@@ -128,8 +136,13 @@ class Rollout:
             for server in new.servers:
                 server.stop()
             self.failed[deployment.name] = new.version
-            log.error("deployment %s: %s did not start; %s keeps serving: %s", deployment.name, new.version,
-                      old.version if old else "nothing", error)
+            log.error(
+                "deployment %s: %s did not start; %s keeps serving: %s",
+                deployment.name,
+                new.version,
+                old.version if old else "nothing",
+                error,
+            )
             return self._event(deployment.name, "failed", version=new.version, error=str(error)[-2000:])
         self.failed.pop(deployment.name, None)
         self.served[deployment.name] = new
@@ -139,8 +152,14 @@ class Rollout:
             self._stop(old, config)
         self._save()
         log.info("deployment %s now serves %s (was %s)", deployment.name, new.version, old.version if old else "-")
-        return self._event(deployment.name, "rolled", version=new.version, previous=old.version if old else None,
-                           seconds=round(time.perf_counter() - started, 1), urls=[s.url for s in new.servers])
+        return self._event(
+            deployment.name,
+            "rolled",
+            version=new.version,
+            previous=old.version if old else None,
+            seconds=round(time.perf_counter() - started, 1),
+            urls=[s.url for s in new.servers],
+        )
 
     def _retire(self, name: str, config: GatewayConfig) -> dict:
         old = self.served.pop(name)
@@ -156,18 +175,25 @@ class Rollout:
                 log.warning("%s still busy after %.0f s: stopping it anyway", server.url, timeout)
             server.stop()
 
-    def _server(self, deployment: Deployment, target: ResolvedLlm, draft: ResolvedLlm | None,
-                replica: int) -> VllmProcess:
+    def _server(
+        self, deployment: Deployment, target: ResolvedLlm, draft: ResolvedLlm | None, replica: int
+    ) -> VllmProcess:
         args = list(deployment.vllm_args)
         spec = deployment.speculative
         if spec is not None:
-            args += ["--speculative-config", speculative_config(
-                spec.method, spec.num_speculative_tokens, draft.path if draft else None,
-                spec.prompt_lookup_max, spec.prompt_lookup_min)]
+            args += [
+                "--speculative-config",
+                speculative_config(
+                    spec.method,
+                    spec.num_speculative_tokens,
+                    draft.path if draft else None,
+                    spec.prompt_lookup_max,
+                    spec.prompt_lookup_min,
+                ),
+            ]
         logs = self.cache_dir / "logs"
         label = f"{deployment.name}-v{target.version.version}-{replica}".replace("@", "-").replace("/", "-")
-        return VllmProcess(target.path, deployment.model_name, logs / f"{label}.log", args,
-                           python=self.python).start()
+        return VllmProcess(target.path, deployment.model_name, logs / f"{label}.log", args, python=self.python).start()
 
     # --- the gateway file -------------------------------------------------------------------
     def _publish(self, config: GatewayConfig, override: dict[str, list[VllmProcess]] | None = None) -> None:
@@ -183,11 +209,21 @@ class Rollout:
                 continue
             for server in (override or {}).get(name, served.servers):
                 version = self._version_of(server)
-                managed.append({"model_name": deployment.model_name, "url": server.url,
-                                "model": deployment.model_name, "region": deployment.region,
-                                "weight": deployment.weight, "capacity": deployment.capacity,
-                                "max_tokens": deployment.max_tokens, "tokenizer": str(server.model_dir),
-                                "vision": deployment.vision, "deployment": name, "registry_version": version})
+                managed.append(
+                    {
+                        "model_name": deployment.model_name,
+                        "url": server.url,
+                        "model": deployment.model_name,
+                        "region": deployment.region,
+                        "weight": deployment.weight,
+                        "capacity": deployment.capacity,
+                        "max_tokens": deployment.max_tokens,
+                        "tokenizer": str(server.model_dir),
+                        "vision": deployment.vision,
+                        "deployment": name,
+                        "registry_version": version,
+                    }
+                )
         raw["model_list"] = kept + managed
         tmp = self.config_path.with_suffix(".rollout.tmp")
         tmp.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -207,17 +243,25 @@ class Rollout:
             time.sleep(2 * config.settings.reload_interval_s + 0.2)
             return
         for url in self.gateways:
-            response = httpx.post(f"{url.rstrip('/')}/admin/reload", timeout=30,
-                                  headers={"Authorization": f"Bearer {self.admin_key}"})
+            response = httpx.post(
+                f"{url.rstrip('/')}/admin/reload", timeout=30, headers={"Authorization": f"Bearer {self.admin_key}"}
+            )
             if response.status_code != 200:
                 raise RuntimeError(f"gateway {url} refused the reload: {response.status_code} {response.text[:300]}")
 
     # --- state across restarts --------------------------------------------------------------
     def _save(self) -> None:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        state = {name: {"version": s.version, "model_dir": str(s.model_dir),
-                        "servers": [{"pid": v.pid, "port": v.port, "log": str(v.log), "served_name": v.served_name}
-                                    for v in s.servers]} for name, s in self.served.items()}
+        state = {
+            name: {
+                "version": s.version,
+                "model_dir": str(s.model_dir),
+                "servers": [
+                    {"pid": v.pid, "port": v.port, "log": str(v.log), "served_name": v.served_name} for v in s.servers
+                ],
+            }
+            for name, s in self.served.items()
+        }
         self.state_file.write_text(json.dumps(state, indent=2))
 
     def _adopt(self) -> None:
@@ -225,8 +269,17 @@ class Rollout:
         if not self.state_file.exists():
             return
         for name, entry in json.loads(self.state_file.read_text()).items():
-            servers = [VllmProcess(Path(entry["model_dir"]), s["served_name"], Path(s["log"]), port=s["port"],
-                                   python=self.python, pid=s["pid"]) for s in entry["servers"]]
+            servers = [
+                VllmProcess(
+                    Path(entry["model_dir"]),
+                    s["served_name"],
+                    Path(s["log"]),
+                    port=s["port"],
+                    python=self.python,
+                    pid=s["pid"],
+                )
+                for s in entry["servers"]
+            ]
             if servers and all(s.alive() and _healthy(s.url) for s in servers):
                 self.served[name] = Served(entry["version"], Path(entry["model_dir"]), servers)
 

@@ -70,7 +70,8 @@ class CompletionRequest(Sampling):
     echo: StrictBool | None = None
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     max_completion_tokens: Positive | None = Field(
-        default=None, description="Not honoured by vLLM's completions endpoint (max_tokens is); reserved anyway")
+        default=None, description="Not honoured by vLLM's completions endpoint (max_tokens is); reserved anyway"
+    )
 
     @model_validator(mode="after")
     def _prompt_not_empty(self):

@@ -56,8 +56,9 @@ class Router:
                 state.spec = spec
                 states.append(state)
             tokenizer = next((s.tokenizer for s in specs if s.tokenizer), None)
-            self.groups[name] = ModelGroup(name, states, TokenCounter(tokenizer),
-                                           max(s.max_tokens for s in specs), specs[0].kind)
+            self.groups[name] = ModelGroup(
+                name, states, TokenCounter(tokenizer), max(s.max_tokens for s in specs), specs[0].kind
+            )
 
 
 class Gateway:
@@ -75,8 +76,9 @@ class Gateway:
         self.store_version: tuple | None = None
         self.session = None  # the connection pool to backends (http1.Pool), made on the running loop by start()
         # probes open a fresh connection each time: a pooled one could hide a backend that stopped accepting
-        self.health_client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
-                                               timeout=settings.connect_timeout_s + 1)
+        self.health_client = httpx.AsyncClient(
+            limits=httpx.Limits(max_keepalive_connections=0), timeout=settings.connect_timeout_s + 1
+        )
         self.tasks: list[asyncio.Task] = []
 
     @property
@@ -88,8 +90,9 @@ class Gateway:
 
         self.session = session_for(self.settings)
         self.usage.start()
-        self.tasks = [asyncio.create_task(loop()) for loop in (self._health_loop, self._reload_loop,
-                                                                 self._key_watch_loop)]
+        self.tasks = [
+            asyncio.create_task(loop()) for loop in (self._health_loop, self._reload_loop, self._key_watch_loop)
+        ]
         try:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
@@ -167,8 +170,9 @@ class Gateway:
     async def authenticate(self, secret: str) -> Caller:
         """The caller of a bearer secret, or a 401 (a 503 when the key store cannot be read)."""
         if not secret:
-            raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'",
-                               "invalid_request_error", "invalid_api_key")
+            raise GatewayError(
+                401, "Missing API key: send 'Authorization: Bearer <key>'", "invalid_request_error", "invalid_api_key"
+            )
         digest = hash_key(secret)
         now = time.time()
         cached = self.key_cache.get(digest)
@@ -179,8 +183,7 @@ class Gateway:
                 found = await asyncio.to_thread(self.store.lookup, secret)
             except Exception as error:  # any driver error: the store is unreachable or broken
                 log.error("key store lookup failed: %s", error)
-                raise unavailable("The API key store is unavailable; retry later", "key_store_unavailable") \
-                    from error
+                raise unavailable("The API key store is unavailable; retry later", "key_store_unavailable") from error
             caller = Caller(*found) if found else None
             if len(self.key_cache) > 10_000:  # bounded: unknown keys must not grow it without end
                 self.key_cache.clear()
@@ -195,9 +198,15 @@ class Gateway:
     def group_for(self, caller: Caller, model: str, kind: str) -> ModelGroup:
         group = self.router.groups.get(model)
         if group is None or group.kind != kind:
-            raise GatewayError(404, f"The model '{model}' does not exist", "invalid_request_error",
-                               "model_not_found", "model")
+            raise GatewayError(
+                404, f"The model '{model}' does not exist", "invalid_request_error", "model_not_found", "model"
+            )
         if not caller.key.allows(model):
-            raise GatewayError(403, f"This API key is not allowed to use the model '{model}'",
-                               "permission_error", "model_not_allowed", "model")
+            raise GatewayError(
+                403,
+                f"This API key is not allowed to use the model '{model}'",
+                "permission_error",
+                "model_not_allowed",
+                "model",
+            )
         return group

@@ -49,8 +49,9 @@ def rewrite(line: str, tally: StreamTally, model: str, pass_usage: bool) -> str 
     return "data: " + json.dumps(event, separators=(",", ":")) + "\n"
 
 
-async def relay(first: str, lines: AsyncIterator[str], tally: StreamTally, model: str,
-                pass_usage: bool) -> AsyncIterator[str]:
+async def relay(
+    first: str, lines: AsyncIterator[str], tally: StreamTally, model: str, pass_usage: bool
+) -> AsyncIterator[str]:
     """The client's stream. Errors of `lines` propagate (the caller decides what they mean);
     `tally.finished` is set only when the backend ended the stream."""
     line = first
@@ -66,5 +67,8 @@ async def relay(first: str, lines: AsyncIterator[str], tally: StreamTally, model
 
 
 def error_event(message: str, code: str = "stream_interrupted") -> str:
-    return "data: " + json.dumps({"error": {"message": message, "type": "upstream_error", "code": code,
-                                            "param": None}}) + "\n\n"
+    return (
+        "data: "
+        + json.dumps({"error": {"message": message, "type": "upstream_error", "code": code, "param": None}})
+        + "\n\n"
+    )

@@ -16,36 +16,48 @@ KEY_PREFIX = "sk-mlp-"
 
 metadata = sa.MetaData()
 keys_table = sa.Table(
-    "gateway_keys", metadata,
+    "gateway_keys",
+    metadata,
     sa.Column("key_id", sa.String(32), primary_key=True),
     sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
     sa.Column("owner", sa.String(200), nullable=False),
     sa.Column("team", sa.String(200), nullable=False),
     sa.Column("models", sa.Text, nullable=False),  # JSON list; empty means every model
-    sa.Column("rpm", sa.Integer), sa.Column("tpm", sa.Integer),
-    sa.Column("rpd", sa.Integer), sa.Column("tpd", sa.Integer),
+    sa.Column("rpm", sa.Integer),
+    sa.Column("tpm", sa.Integer),
+    sa.Column("rpd", sa.Integer),
+    sa.Column("tpd", sa.Integer),
     sa.Column("expires_at", sa.Float),
     sa.Column("revoked_at", sa.Float),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("rotated_at", sa.Float),
 )
 usage_table = sa.Table(
-    "gateway_usage", metadata,
+    "gateway_usage",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("request_id", sa.String(64), nullable=False, unique=True),
     sa.Column("ts", sa.Float, nullable=False, index=True),
-    sa.Column("key_id", sa.String(32), index=True), sa.Column("team", sa.String(200)),
-    sa.Column("model", sa.String(200)), sa.Column("backend", sa.String(500)), sa.Column("region", sa.String(100)),
+    sa.Column("key_id", sa.String(32), index=True),
+    sa.Column("team", sa.String(200)),
+    sa.Column("model", sa.String(200)),
+    sa.Column("backend", sa.String(500)),
+    sa.Column("region", sa.String(100)),
     sa.Column("endpoint", sa.String(100)),
-    sa.Column("prompt_tokens", sa.Integer, nullable=False), sa.Column("completion_tokens", sa.Integer, nullable=False),
-    sa.Column("latency_ms", sa.Float, nullable=False), sa.Column("status", sa.Integer, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+    sa.Column("latency_ms", sa.Float, nullable=False),
+    sa.Column("status", sa.Integer, nullable=False),
 )
 # a team's limits bind every key of the team together (a key holds only its own)
 teams_table = sa.Table(
-    "gateway_teams", metadata,
+    "gateway_teams",
+    metadata,
     sa.Column("team", sa.String(200), primary_key=True),
-    sa.Column("rpm", sa.Integer), sa.Column("tpm", sa.Integer),
-    sa.Column("rpd", sa.Integer), sa.Column("tpd", sa.Integer),
+    sa.Column("rpm", sa.Integer),
+    sa.Column("tpm", sa.Integer),
+    sa.Column("rpd", sa.Integer),
+    sa.Column("tpd", sa.Integer),
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 LIMIT_FIELDS = ("rpm", "tpm", "rpd", "tpd")
@@ -124,8 +136,14 @@ class GatewayStore:
         self.engine.dispose()
 
     # keys
-    def create_key(self, owner: str, team: str, models: list[str] | None = None,
-                   expires_at: float | None = None, **limits: int | None) -> tuple[str, ApiKey]:
+    def create_key(
+        self,
+        owner: str,
+        team: str,
+        models: list[str] | None = None,
+        expires_at: float | None = None,
+        **limits: int | None,
+    ) -> tuple[str, ApiKey]:
         """A new key; returns the plaintext secret (shown once) and its record."""
         unknown = set(limits) - set(LIMIT_FIELDS)
         if unknown:
@@ -136,8 +154,15 @@ class GatewayStore:
             raise ValueError("models must be a list of model names, not one string")
         key_id = secrets.token_hex(6)
         secret = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(24)}"
-        record = ApiKey(key_id=key_id, owner=owner, team=team, models=sorted(models or []),
-                        expires_at=expires_at, created_at=time.time(), **limits)
+        record = ApiKey(
+            key_id=key_id,
+            owner=owner,
+            team=team,
+            models=sorted(models or []),
+            expires_at=expires_at,
+            created_at=time.time(),
+            **limits,
+        )
         row = {**asdict(record), "models": json.dumps(record.models), "key_hash": hash_key(secret)}
         with self.engine.begin() as conn:
             conn.execute(keys_table.insert().values(**row))
@@ -157,9 +182,11 @@ class GatewayStore:
 
     def lookup(self, secret: str) -> tuple[ApiKey, Team | None] | None:
         """The key of a secret with its team's limits (None when the team has no row), or None."""
-        query = sa.select(keys_table, *[teams_table.c[n].label(f"t_{n}") for n in (*LIMIT_FIELDS, "team")]) \
-            .select_from(keys_table.outerjoin(teams_table, keys_table.c.team == teams_table.c.team)) \
+        query = (
+            sa.select(keys_table, *[teams_table.c[n].label(f"t_{n}") for n in (*LIMIT_FIELDS, "team")])
+            .select_from(keys_table.outerjoin(teams_table, keys_table.c.team == teams_table.c.team))
             .where(keys_table.c.key_hash == hash_key(secret))
+        )
         with self.engine.connect() as conn:
             row = conn.execute(query).mappings().first()
         if row is None:
@@ -174,8 +201,7 @@ class GatewayStore:
             raise ValueError("a team needs a name")
         record = Team(team, **{n: limits.get(n) for n in LIMIT_FIELDS}, updated_at=time.time())
         with self.engine.begin() as conn:
-            updated = conn.execute(teams_table.update().where(teams_table.c.team == team)
-                                   .values(**asdict(record)))
+            updated = conn.execute(teams_table.update().where(teams_table.c.team == team).values(**asdict(record)))
             if updated.rowcount == 0:
                 conn.execute(teams_table.insert().values(**asdict(record)))
         return record
@@ -189,8 +215,9 @@ class GatewayStore:
         """Changes whenever a key is created, revoked or rotated or a team's limits change: replicas poll
         it to drop cached keys at once."""
         with self.engine.connect() as conn:
-            keys = conn.execute(sa.select(sa.func.count(), sa.func.max(keys_table.c.revoked_at),
-                                          sa.func.max(keys_table.c.rotated_at))).one()
+            keys = conn.execute(
+                sa.select(sa.func.count(), sa.func.max(keys_table.c.revoked_at), sa.func.max(keys_table.c.rotated_at))
+            ).one()
             teams = conn.execute(sa.select(sa.func.count(), sa.func.max(teams_table.c.updated_at))).one()
         return (*keys, *teams)
 
@@ -219,8 +246,9 @@ class GatewayStore:
             with self.engine.begin() as conn:
                 conn.execute(usage_table.insert(), records)
 
-    def usage_report(self, since: float = 0.0, until: float | None = None,
-                     group_by: tuple[str, ...] = ("key_id", "team", "model")) -> list[dict]:
+    def usage_report(
+        self, since: float = 0.0, until: float | None = None, group_by: tuple[str, ...] = ("key_id", "team", "model")
+    ) -> list[dict]:
         allowed = {"key_id", "team", "model", "backend", "region", "status", "endpoint"}
         if not set(group_by) <= allowed:
             raise ValueError(f"group_by must be among {sorted(allowed)}, not {list(group_by)}")

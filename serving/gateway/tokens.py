@@ -36,8 +36,10 @@ class TokenCounter:
     def prompt_tokens(self, endpoint: str, body: dict) -> int:
         if endpoint == "chat":
             messages = body.get("messages") or []
-            return sum(PER_MESSAGE_OVERHEAD + self.count(_text(m.get("content")) if isinstance(m, dict) else "")
-                       for m in messages)
+            return sum(
+                PER_MESSAGE_OVERHEAD + self.count(_text(m.get("content")) if isinstance(m, dict) else "")
+                for m in messages
+            )
         field = body.get("prompt") if endpoint == "completions" else body.get("input")
         items = field if isinstance(field, list) and field and not isinstance(field[0], int) else [field]
         total = 0
@@ -52,6 +54,7 @@ def _text(content) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts
-        return " ".join(part["text"] for part in content
-                        if isinstance(part, dict) and isinstance(part.get("text"), str))
+        return " ".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return json.dumps(content)

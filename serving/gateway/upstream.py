@@ -48,9 +48,13 @@ def attempts(gateway, exchange: Exchange, group, region: str | None):
         state = choose(group.backends, region, tried, settings.spill_factor)
         if state is None:
             if not tried:
-                raise GatewayError(503, f"No backend of model '{group.name}' is available; retry later",
-                                   "service_unavailable", "no_backend_available",
-                                   headers={"Retry-After": str(max(1, int(settings.circuit_open_s)))})
+                raise GatewayError(
+                    503,
+                    f"No backend of model '{group.name}' is available; retry later",
+                    "service_unavailable",
+                    "no_backend_available",
+                    headers={"Retry-After": str(max(1, int(settings.circuit_open_s)))},
+                )
             return
         tried.add(state.spec.id)
         exchange.take(state)
@@ -64,14 +68,16 @@ def failed(gateway, exchange: Exchange, group, error: Exception) -> None:
     exchange.release(False)
     if isinstance(error, UpstreamError | asyncio.TimeoutError):
         state.healthy = isinstance(error, asyncio.TimeoutError)
-    log.warning("backend %s failed before the first byte (%s: %s); trying another",
-                state.spec.url, type(error).__name__, error)
+    log.warning(
+        "backend %s failed before the first byte (%s: %s); trying another", state.spec.url, type(error).__name__, error
+    )
     gateway.metrics.retries.labels(group.name).inc()
 
 
 def all_failed(group) -> GatewayError:
-    return GatewayError(502, f"Every backend of model '{group.name}' failed; retry later", "upstream_error",
-                        "backend_failed")
+    return GatewayError(
+        502, f"Every backend of model '{group.name}' failed; retry later", "upstream_error", "backend_failed"
+    )
 
 
 def encode(body: dict | None, state) -> bytes | None:
@@ -84,8 +90,16 @@ def encode(body: dict | None, state) -> bytes | None:
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
-async def forward(gateway, exchange: Exchange, group, method: str, path_of, body: dict | None,
-                  region: str | None, parse_json: bool = True) -> Answer:
+async def forward(
+    gateway,
+    exchange: Exchange,
+    group,
+    method: str,
+    path_of,
+    body: dict | None,
+    region: str | None,
+    parse_json: bool = True,
+) -> Answer:
     """A non-streaming call, moved to another backend on a connection error, a 5xx or (with
     `parse_json`) an unreadable answer."""
     for state in attempts(gateway, exchange, group, region):

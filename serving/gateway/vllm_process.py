@@ -17,9 +17,16 @@ import httpx
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 # CPU build settings: a 1 GiB KV cache per server, no thread pinning (the cores are shared), offline
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
-           "VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 def free_port() -> int:
@@ -28,14 +35,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def speculative_config(method: str, num_tokens: int, draft_dir: Path | None = None,
-                       lookup_max: int = 3, lookup_min: int = 1) -> str:
+def speculative_config(
+    method: str, num_tokens: int, draft_dir: Path | None = None, lookup_max: int = 3, lookup_min: int = 1
+) -> str:
     """vLLM's --speculative-config JSON. Both methods run on vLLM 0.32's CPU build (its CPU model
     runner inherits the GPU runner's drafters; checked with a draft model and with n-grams)."""
     if method == "draft_model":
         return json.dumps({"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": num_tokens})
-    return json.dumps({"method": "ngram", "num_speculative_tokens": num_tokens,
-                       "prompt_lookup_max": lookup_max, "prompt_lookup_min": lookup_min})
+    return json.dumps(
+        {
+            "method": "ngram",
+            "num_speculative_tokens": num_tokens,
+            "prompt_lookup_max": lookup_max,
+            "prompt_lookup_min": lookup_min,
+        }
+    )
 
 
 @dataclass
@@ -54,16 +68,38 @@ class VllmProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-                "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--max-model-len", "256", "--max-num-seqs", "32", "--dtype", "float32", *self.extra_args]
+        return [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            "256",
+            "--max-num-seqs",
+            "32",
+            "--dtype",
+            "float32",
+            *self.extra_args,
+        ]
 
     def start(self) -> VllmProcess:
         if not self.python.exists():
             raise RuntimeError(f"{self.python} missing: run scripts/setup-vllm")
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(self.command(), env={**os.environ, **CPU_ENV}, stdout=self.log.open("a"),
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(),
+            env={**os.environ, **CPU_ENV},
+            stdout=self.log.open("a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pid = self.process.pid
         return self
 

@@ -51,7 +51,7 @@ class RecommendResponse(BaseModel):
     model_name: str
     model_version: str
     variant: str
-    experiment: str = Field(default="", description="The experiment whose variant answered (\"\" for none)")
+    experiment: str = Field(default="", description='The experiment whose variant answered ("" for none)')
     timings_ms: dict[str, float]
 
 
@@ -66,8 +66,7 @@ class ModelServerApp(FastAPI):
     infer_handler = None  # set by create_app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not self.root_path and \
-                not scope.get("root_path"):
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.root_path and not scope.get("root_path"):
             match = INFER_PATH.match(scope["path"])
             if match is not None:
                 scope["app"] = self
@@ -81,10 +80,12 @@ class ModelServerApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = None,
-               grpc_host: str = "127.0.0.1") -> FastAPI:
+def create_app(
+    server: ModelServer, start: bool = True, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
+) -> FastAPI:
     """The REST app; its lifespan loads the models, follows the aliases and, with `grpc_port`, runs the
     gRPC front end beside it on the same server core."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         grpc = None
@@ -101,9 +102,13 @@ def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = 
         if start:
             server.close()
 
-    app = ModelServerApp(title="mlplane model server", version=SERVER_VERSION, lifespan=lifespan,
-                  description="Open Inference Protocol v2 over the platform's registry models, real-time "
-                              "recommendations and online features.")
+    app = ModelServerApp(
+        title="mlplane model server",
+        version=SERVER_VERSION,
+        lifespan=lifespan,
+        description="Open Inference Protocol v2 over the platform's registry models, real-time "
+        "recommendations and online features.",
+    )
     app.state.server = server
     app.infer_handler = _infer(server)
 
@@ -119,16 +124,32 @@ def create_app(server: ModelServer, start: bool = True, grpc_port: int | None = 
     _model_routes(app, server)
     _repository_routes(app, server)
 
-    @app.post("/recommend", response_model=RecommendResponse, responses=ERRORS, tags=["recommendations"],
-              summary="Top k items for a user, with the model version")
+    @app.post(
+        "/recommend",
+        response_model=RecommendResponse,
+        responses=ERRORS,
+        tags=["recommendations"],
+        summary="Top k items for a user, with the model version",
+    )
     async def recommend(body: RecommendRequest):
         answer = await server.recommend(body.user_id, body.k, body.context, body.request_id)
-        return {"request_id": answer.request_id, "user_id": answer.user_id, "items": answer.item_ids,
-                "scores": answer.scores, "model_name": answer.model_name, "model_version": answer.model_version,
-                "variant": answer.variant, "experiment": answer.experiment, "timings_ms": answer.timings_ms}
+        return {
+            "request_id": answer.request_id,
+            "user_id": answer.user_id,
+            "items": answer.item_ids,
+            "scores": answer.scores,
+            "model_name": answer.model_name,
+            "model_version": answer.model_version,
+            "variant": answer.variant,
+            "experiment": answer.experiment,
+            "timings_ms": answer.timings_ms,
+        }
 
-    @app.get("/v2/experiments", tags=["experiments"], summary="The A/B experiments and shadows in use, and why a "
-                                                              "changed file is not (reason)")
+    @app.get(
+        "/v2/experiments",
+        tags=["experiments"],
+        summary="The A/B experiments and shadows in use, and why a changed file is not (reason)",
+    )
     async def experiments():
         return server.experiments.describe()
 
@@ -148,8 +169,12 @@ def _health_routes(app: FastAPI, server: ModelServer) -> None:
     async def live():
         return {"live": True}
 
-    @app.get("/v2/health/ready", response_model=ReadyResponse, tags=[V2],
-             summary="Ready when every configured model serves a version")
+    @app.get(
+        "/v2/health/ready",
+        response_model=ReadyResponse,
+        tags=[V2],
+        summary="Ready when every configured model serves a version",
+    )
     async def ready():
         is_ready = all(s.current is not None for s in server.repository.states.values() if not s.unloaded)
         return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
@@ -161,19 +186,45 @@ def _health_routes(app: FastAPI, server: ModelServer) -> None:
 
 def _model_routes(app: FastAPI, server: ModelServer) -> None:
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        app.add_api_route(prefix, _metadata(server), methods=["GET"], response_model=ModelMetadataResponse,
-                          responses=ERRORS, tags=[V2], summary="Model metadata")
-        app.add_api_route(f"{prefix}/ready", _ready(server), methods=["GET"], response_model=ReadyResponse,
-                          responses=ERRORS, tags=[V2], summary="Model readiness")
-        app.add_api_route(f"{prefix}/infer", _infer(server), methods=["POST"], response_model=InferenceResponse,
-                          responses=ERRORS, tags=[V2], summary="Inference (JSON or binary tensor data)",
-                          openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                              "schema": {"$ref": "#/components/schemas/InferenceRequest"}}}}})
+        app.add_api_route(
+            prefix,
+            _metadata(server),
+            methods=["GET"],
+            response_model=ModelMetadataResponse,
+            responses=ERRORS,
+            tags=[V2],
+            summary="Model metadata",
+        )
+        app.add_api_route(
+            f"{prefix}/ready",
+            _ready(server),
+            methods=["GET"],
+            response_model=ReadyResponse,
+            responses=ERRORS,
+            tags=[V2],
+            summary="Model readiness",
+        )
+        app.add_api_route(
+            f"{prefix}/infer",
+            _infer(server),
+            methods=["POST"],
+            response_model=InferenceResponse,
+            responses=ERRORS,
+            tags=[V2],
+            summary="Inference (JSON or binary tensor data)",
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferenceRequest"}}},
+                }
+            },
+        )
 
 
 def _metadata(server: ModelServer):
     async def metadata(name: str, version: str | None = None):
         return server.metadata(name, version)
+
     return metadata
 
 
@@ -181,6 +232,7 @@ def _ready(server: ModelServer):
     async def ready(name: str, version: str | None = None):
         is_ready = server.ready(name, version)
         return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
     return ready
 
 
@@ -200,26 +252,46 @@ def _infer(server: ModelServer):
             if unknown:
                 raise ProtocolError(400, f"model {name!r} has no output(s) {unknown}; outputs: {sorted(outputs)}")
             outputs = {k: v for k, v in outputs.items() if k in requested}
-        answer = {"model_name": model, "model_version": served, "id": body.id,
-                  "outputs": [encode_output(k, v) for k, v in outputs.items()]}
-        as_binary = {k for k in outputs if (requested and (requested[k].parameters or {}).get("binary_data"))
-                     or parameters.get("binary_data_output")}
+        answer = {
+            "model_name": model,
+            "model_version": served,
+            "id": body.id,
+            "outputs": [encode_output(k, v) for k, v in outputs.items()],
+        }
+        as_binary = {
+            k
+            for k in outputs
+            if (requested and (requested[k].parameters or {}).get("binary_data"))
+            or parameters.get("binary_data_output")
+        }
         if as_binary:
             payload, length = binary.encode_binary_response(answer, {k: outputs[k] for k in as_binary})
-            return Response(payload, media_type="application/octet-stream",
-                            headers={"Inference-Header-Content-Length": str(length)})
+            return Response(
+                payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(length)}
+            )
         return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
+
     return infer
 
 
 def _repository_routes(app: FastAPI, server: ModelServer) -> None:
-    @app.post("/v2/repository/index", response_model=list[RepositoryModel], tags=[V2], responses=ERRORS,
-              summary="Every configured model, its version and state")
+    @app.post(
+        "/v2/repository/index",
+        response_model=list[RepositoryModel],
+        tags=[V2],
+        responses=ERRORS,
+        summary="Every configured model, its version and state",
+    )
     async def index(body: RepositoryIndexRequest | None = None):
         return server.repository.index(ready_only=bool(body and body.ready))
 
-    @app.post("/v2/repository/models/{name}/load", tags=[V2], responses=ERRORS, response_model=RepositoryModel,
-              summary="Load now (parameters: `version` or `alias` to follow)")
+    @app.post(
+        "/v2/repository/models/{name}/load",
+        tags=[V2],
+        responses=ERRORS,
+        response_model=RepositoryModel,
+        summary="Load now (parameters: `version` or `alias` to follow)",
+    )
     async def load(name: str, body: RepositoryLoadRequest | None = None):
         from starlette.concurrency import run_in_threadpool
 
@@ -241,6 +313,7 @@ def _validation_message(errors: list) -> str:
 
 def _document_request_bodies(app: FastAPI) -> None:
     """The infer routes read their body themselves (JSON or binary); their schema is added here."""
+
     def openapi():
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)

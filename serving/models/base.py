@@ -48,8 +48,13 @@ class DynamicBatcher:
     `max_batch` rows), runs `run(batch)` once in a thread and hands each request its rows back.
     `on_batch(rows)` observes batch sizes (metrics)."""
 
-    def __init__(self, run: Callable[[np.ndarray], np.ndarray], max_batch: int, max_delay_ms: float,
-                 on_batch: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        run: Callable[[np.ndarray], np.ndarray],
+        max_batch: int,
+        max_delay_ms: float,
+        on_batch: Callable[[int], None] | None = None,
+    ):
         self.run = run
         self.max_batch = max_batch
         self.max_delay = max_delay_ms / 1000

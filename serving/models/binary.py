@@ -47,9 +47,12 @@ def decode_inputs(request: InferenceRequest, binary: bytes) -> dict[str, np.ndar
             out[tensor.name] = decode_input(tensor)
             continue
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-            raise ProtocolError(400, f"input {tensor.name!r}: binary_data_size {size!r} does not fit the "
-                                     f"{len(binary) - offset} binary bytes left")
-        out[tensor.name] = decode_binary(tensor, binary[offset:offset + size])
+            raise ProtocolError(
+                400,
+                f"input {tensor.name!r}: binary_data_size {size!r} does not fit the "
+                f"{len(binary) - offset} binary bytes left",
+            )
+        out[tensor.name] = decode_binary(tensor, binary[offset : offset + size])
         offset += size
     if offset != len(binary):
         raise ProtocolError(400, f"{len(binary) - offset} binary bytes after the last binary input")
@@ -67,16 +70,20 @@ def decode_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
             position += 4
             if position + length > len(raw):
                 raise ProtocolError(400, f"input {tensor.name!r}: BYTES element longer than the data")
-            values.append(raw[position:position + length])
+            values.append(raw[position : position + length])
             position += length
         if len(values) != count:
-            raise ProtocolError(400, f"input {tensor.name!r}: shape {tensor.shape} needs {count} values, "
-                                     f"binary data has {len(values)}")
+            raise ProtocolError(
+                400, f"input {tensor.name!r}: shape {tensor.shape} needs {count} values, binary data has {len(values)}"
+            )
         return np.array(values or [], dtype=object).reshape(tensor.shape)
     dtype = DATATYPES[tensor.datatype].newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
-        raise ProtocolError(400, f"input {tensor.name!r}: shape {tensor.shape} of {tensor.datatype} needs "
-                                 f"{count * dtype.itemsize} bytes, got {len(raw)}")
+        raise ProtocolError(
+            400,
+            f"input {tensor.name!r}: shape {tensor.shape} of {tensor.datatype} needs "
+            f"{count * dtype.itemsize} bytes, got {len(raw)}",
+        )
     array = np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
     if tensor.datatype == "BOOL" and array.size and array.view(np.uint8).max() > 1:
         raise ProtocolError(400, f"input {tensor.name!r}: BOOL bytes must be 0 or 1")

@@ -13,18 +13,36 @@ DEFAULT_GRPC_PORT = 8501
 
 
 @click.command("models")
-@click.option("--config", "config_path", envvar="MLPLANE_MODEL_SERVER_CONFIG", default=None,
-              help="Server YAML (serving/models/config.py); default: every platform model from the local lake.")
+@click.option(
+    "--config",
+    "config_path",
+    envvar="MLPLANE_MODEL_SERVER_CONFIG",
+    default=None,
+    help="Server YAML (serving/models/config.py); default: every platform model from the local lake.",
+)
 @click.option("--data-dir", default=None, help="Lake root for the default config ($MLPLANE_DATA_DIR or ./data).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=DEFAULT_PORT, show_default=True, help="REST (OIP v2, /recommend, Feast API)")
 @click.option("--grpc-port", default=DEFAULT_GRPC_PORT, show_default=True, help="gRPC OIP v2; 0 turns it off")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where the models run")
-@click.option("--experiments", "experiments_file", envvar="MLPLANE_EXPERIMENTS", default=None,
-              help="Experiments file (deploy/experiments.yaml): A/B variants and shadows, re-read on change")
+@click.option(
+    "--experiments",
+    "experiments_file",
+    envvar="MLPLANE_EXPERIMENTS",
+    default=None,
+    help="Experiments file (deploy/experiments.yaml): A/B variants and shadows, re-read on change",
+)
 @click.option("--log-level", default="info", show_default=True)
-def serve_models(config_path: str | None, data_dir: str | None, host: str, port: int, grpc_port: int,
-                 device: str | None, experiments_file: str | None, log_level: str) -> None:
+def serve_models(
+    config_path: str | None,
+    data_dir: str | None,
+    host: str,
+    port: int,
+    grpc_port: int,
+    device: str | None,
+    experiments_file: str | None,
+    log_level: str,
+) -> None:
     """Serve the registry's models over the Open Inference Protocol v2, recommendations and online features."""
     import logging
 

@@ -17,6 +17,7 @@ KINDS = ("two_tower", "clip_text", "clip_image", "content_violation")
 
 class ModelEntry(BaseModel):
     """One served model: the OIP name clients use, the registry model and the alias or version it follows."""
+
     name: str
     registry_model: str
     kind: str
@@ -51,25 +52,32 @@ class ServerConfig(BaseModel):
     online_store: str = "sqlite"
     redis_url: str = "localhost:6379"
     feast_registry_url: str | None = None
-    vector_store: str | None = Field(default=None, description="Folder (Qdrant Edge) or http(s) URL; default "
-                                                               "<lake>/serving/vectors")
+    vector_store: str | None = Field(
+        default=None, description="Folder (Qdrant Edge) or http(s) URL; default <lake>/serving/vectors"
+    )
     workdir: str | None = Field(default=None, description="Where model artifacts are downloaded")
     models: list[ModelEntry] = []
     recommend_model: str = Field(default="personalization", description="Served two-tower model `recommend` uses")
-    feature_service: str = Field(default="personalization_ranking",
-                                 description="Fallback when a model version names no feature service")
+    feature_service: str = Field(
+        default="personalization_ranking", description="Fallback when a model version names no feature service"
+    )
     candidates: int = Field(default=100, ge=1, description="Items retrieved from the vector DB before reranking")
     poll_interval_s: float = Field(default=2.0, gt=0, description="How often aliases are re-read")
-    feature_log_sample: float = Field(default=0.05, ge=0, le=1, description="Share of answers whose features "
-                                                                           "are logged for the skew check")
-    experiments_file: str | None = Field(default=None, description="deploy/experiments.yaml: A/B variants and "
-                                                                   "shadows of the recommend model; re-read on change")
+    feature_log_sample: float = Field(
+        default=0.05, ge=0, le=1, description="Share of answers whose features are logged for the skew check"
+    )
+    experiments_file: str | None = Field(
+        default=None,
+        description="deploy/experiments.yaml: A/B variants and shadows of the recommend model; re-read on change",
+    )
     prediction_log: bool = Field(default=True, description="Log every answer to <lake>/serving/prediction_log_spool")
-    prediction_log_spill: str | None = Field(default=None, description="Where records wait while the lake is "
-                                                                       "unwritable (default <workdir>/log_spill)")
+    prediction_log_spill: str | None = Field(
+        default=None, description="Where records wait while the lake is unwritable (default <workdir>/log_spill)"
+    )
     prediction_log_flush_s: float = Field(default=1.0, gt=0)
-    prediction_log_max_backlog: int = Field(default=500_000, ge=1, description="Unwritten records past which "
-                                                                              "answers are refused (503)")
+    prediction_log_max_backlog: int = Field(
+        default=500_000, ge=1, description="Unwritten records past which answers are refused (503)"
+    )
     shadow_workers: int = Field(default=2, ge=1)
     shadow_max_pending: int = Field(default=1000, ge=1, description="Shadow copies queued before more are skipped")
     batching: BatchingConfig = BatchingConfig()
@@ -81,8 +89,12 @@ class ServerConfig(BaseModel):
         root = Path(data_dir)
         models = [
             ModelEntry(name="personalization", registry_model="personalization", kind="two_tower"),
-            ModelEntry(name="personalization-challenger", registry_model="personalization", kind="two_tower",
-                       alias="challenger"),
+            ModelEntry(
+                name="personalization-challenger",
+                registry_model="personalization",
+                kind="two_tower",
+                alias="challenger",
+            ),
             ModelEntry(name="clip_text", registry_model="clip", kind="clip_text"),
             ModelEntry(name="clip_image", registry_model="clip", kind="clip_image"),
             ModelEntry(name="content_violation", registry_model="clip", kind="content_violation"),

@@ -41,8 +41,7 @@ class ClipEncoder(ServedModel):
         self.model = load_model(self.spec, device=device)
         self.modality = modality
         self.size = image_size(self.model)
-        dim = int(self.model.text_projection.shape[1]) if modality == "text" else \
-            int(self.model.visual.output_dim)
+        dim = int(self.model.text_projection.shape[1]) if modality == "text" else int(self.model.visual.output_dim)
         self.inputs = [TensorSpec(modality, "BYTES", (-1,))]
         self.outputs = [TensorSpec("embedding", "FP32", (-1, dim))]
         encode = self._encode_texts if modality == "text" else self._encode_images
@@ -101,11 +100,16 @@ class ContentViolationScorer(ServedModel):
         if references.height and items.is_empty():
             raise ValueError("none of the reference items has a readable thumbnail in the lake")
         embeddings = encode_images(self.encoder.model, pixels, device) if items.height else np.zeros((0, 0))
-        self.references = pl.DataFrame({"item_id": items["item_id"], "image_embedding": embeddings.tolist()},
-                                        schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32)})
+        self.references = pl.DataFrame(
+            {"item_id": items["item_id"], "image_embedding": embeddings.tolist()},
+            schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32)},
+        )
         self.inputs = [TensorSpec("image", "BYTES", (-1,))]
-        self.outputs = [TensorSpec("similarity", "FP32", (-1,)), TensorSpec("flagged", "BOOL", (-1,)),
-                        TensorSpec("nearest_reference_id", "INT64", (-1,))]
+        self.outputs = [
+            TensorSpec("similarity", "FP32", (-1,)),
+            TensorSpec("flagged", "BOOL", (-1,)),
+            TensorSpec("nearest_reference_id", "INT64", (-1,)),
+        ]
 
     def parameters(self) -> dict:
         return {"references": self.references.height, "default_threshold": self.threshold}
@@ -114,14 +118,20 @@ class ContentViolationScorer(ServedModel):
         threshold = parameters.get("threshold", self.threshold)
         if not isinstance(threshold, int | float) or isinstance(threshold, bool) or not -1 <= threshold <= 1:
             raise ProtocolError(400, f"parameter 'threshold' must be a number in [-1, 1], got {threshold!r}")
-        frame = pl.DataFrame({"item_id": [-1] * len(embeddings), "image_embedding": embeddings.tolist(),
-                              "model_version": [""] * len(embeddings)},
-                             schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32),
-                                     "model_version": pl.String})
+        frame = pl.DataFrame(
+            {
+                "item_id": [-1] * len(embeddings),
+                "image_embedding": embeddings.tolist(),
+                "model_version": [""] * len(embeddings),
+            },
+            schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32), "model_version": pl.String},
+        )
         flags = cv.flag_items(frame, self.references, float(threshold))  # the batch flags' own scoring
-        return {"similarity": flags["similarity"].fill_null(float("nan")).to_numpy().astype(np.float32),
-                "flagged": flags["flagged"].to_numpy().astype(bool),
-                "nearest_reference_id": flags["nearest_reference_id"].fill_null(-1).to_numpy().astype(np.int64)}
+        return {
+            "similarity": flags["similarity"].fill_null(float("nan")).to_numpy().astype(np.float32),
+            "flagged": flags["flagged"].to_numpy().astype(bool),
+            "nearest_reference_id": flags["nearest_reference_id"].fill_null(-1).to_numpy().astype(np.int64),
+        }
 
     def infer(self, inputs, parameters):
         return self.score(self.encoder.infer(inputs, parameters)["embedding"], parameters)

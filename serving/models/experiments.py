@@ -36,6 +36,7 @@ log = logging.getLogger("mlplane.models")
 @dataclass(frozen=True)
 class Snapshot:
     """One configuration in use; never changed, only replaced."""
+
     experiments: tuple[Experiment, ...] = ()
     routing: tuple[Experiment, ...] = ()  # the experiments on the recommend model, in file order
     shadows: tuple[Shadow, ...] = ()  # the shadows of the recommend model
@@ -75,13 +76,32 @@ class ExperimentRouter:
 
     def describe(self) -> dict:
         snap = self.snapshot
-        return {"file": str(self.path) if self.path else None, "reason": self.reason, "digest": snap.digest,
-                "experiments": [{"name": e.name, "model": e.model, "routes_recommend": e in snap.routing,
-                                 "variants": [{"name": v.name, "model_ref": v.model_ref, "traffic": v.traffic,
-                                               "served_by": snap.entries.get((e.name, v.name))}
-                                              for v in e.variants]} for e in snap.experiments],
-                "shadows": [{"name": s.name, "model": s.model, "model_ref": s.model_ref,
-                             "served_by": snap.entries[("", s.name)]} for s in snap.shadows]}
+        return {
+            "file": str(self.path) if self.path else None,
+            "reason": self.reason,
+            "digest": snap.digest,
+            "experiments": [
+                {
+                    "name": e.name,
+                    "model": e.model,
+                    "routes_recommend": e in snap.routing,
+                    "variants": [
+                        {
+                            "name": v.name,
+                            "model_ref": v.model_ref,
+                            "traffic": v.traffic,
+                            "served_by": snap.entries.get((e.name, v.name)),
+                        }
+                        for v in e.variants
+                    ],
+                }
+                for e in snap.experiments
+            ],
+            "shadows": [
+                {"name": s.name, "model": s.model, "model_ref": s.model_ref, "served_by": snap.entries[("", s.name)]}
+                for s in snap.shadows
+            ],
+        }
 
     # --- (re)loading ------------------------------------------------------------------------------
     def reload(self) -> bool:
@@ -103,8 +123,13 @@ class ExperimentRouter:
                 self._refused = digest
                 return self._refuse(str(error))
             self.snapshot, self.reason = snapshot, ""
-            log.info("experiments: %d in use (%d route recommend), %d shadows, file %s", len(snapshot.experiments),
-                     len(snapshot.routing), len(snapshot.shadows), digest)
+            log.info(
+                "experiments: %d in use (%d route recommend), %d shadows, file %s",
+                len(snapshot.experiments),
+                len(snapshot.routing),
+                len(snapshot.shadows),
+                digest,
+            )
             return True
 
     def _refuse(self, reason: str) -> bool:
@@ -126,8 +151,9 @@ class ExperimentRouter:
             name = self.repository.find(default.registry_model, alias, version)
             if name is None:
                 name = f"{default.registry_model}@{alias or 'v' + str(version)}"
-                entry = ModelEntry(name=name, registry_model=default.registry_model, kind=default.kind,
-                                   alias=alias, version=version)
+                entry = ModelEntry(
+                    name=name, registry_model=default.registry_model, kind=default.kind, alias=alias, version=version
+                )
                 if name not in self.repository.states:
                     added.append(name)
                 state = self.repository.ensure(entry)

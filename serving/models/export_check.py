@@ -36,9 +36,15 @@ class Comparison:
     problem: str = ""
 
     def row(self) -> dict:
-        return {"triton_model": self.model, "version": self.version, "rows": self.rows,
-                "max_abs_diff": f"{self.max_abs_diff:.2e}", "tolerance": f"{ATOL:g} + {RTOL:g}*|served|",
-                "passed": self.passed, "problem": self.problem}
+        return {
+            "triton_model": self.model,
+            "version": self.version,
+            "rows": self.rows,
+            "max_abs_diff": f"{self.max_abs_diff:.2e}",
+            "tolerance": f"{ATOL:g} + {RTOL:g}*|served|",
+            "passed": self.passed,
+            "problem": self.problem,
+        }
 
 
 def compare_export(repository: Path, model: TritonModel, folder: Path, seed: int = 0) -> Comparison:
@@ -49,11 +55,18 @@ def compare_export(repository: Path, model: TritonModel, folder: Path, seed: int
         served, inputs = _served_and_inputs(model, folder, rng, rows)
         exported = _run_exported(repository, model, inputs)
     except Exception as error:  # a broken export is a failed comparison, reported with its reason
-        return Comparison(model.name, model.target.version, rows, float("nan"), False,
-                          f"{type(error).__name__}: {error}")
+        return Comparison(
+            model.name, model.target.version, rows, float("nan"), False, f"{type(error).__name__}: {error}"
+        )
     if exported.shape != served.shape:
-        return Comparison(model.name, model.target.version, rows, float("nan"), False,
-                          f"exported output shape {exported.shape} != served {served.shape}")
+        return Comparison(
+            model.name,
+            model.target.version,
+            rows,
+            float("nan"),
+            False,
+            f"exported output shape {exported.shape} != served {served.shape}",
+        )
     diff = np.abs(exported.astype(np.float64) - served.astype(np.float64))
     passed = bool(np.all(diff <= ATOL + RTOL * np.abs(served)))
     return Comparison(model.name, model.target.version, rows, float(diff.max(initial=0.0)), passed)
@@ -106,15 +119,17 @@ def _run_exported(repository: Path, model: TritonModel, inputs: dict) -> np.ndar
         value = np.asarray(inputs[spec.name])
         row_shape = tuple(spec.reshape.shape) if spec.HasField("reshape") else tuple(spec.dims)
         if value.shape[1:] != row_shape or value.dtype != NUMPY_OF[data_type]:
-            raise ValueError(f"input {spec.name!r}: encoded {value.dtype}{list(value.shape[1:])}, config.pbtxt "
-                             f"declares {data_type}{list(row_shape)}")
+            raise ValueError(
+                f"input {spec.name!r}: encoded {value.dtype}{list(value.shape[1:])}, config.pbtxt "
+                f"declares {data_type}{list(row_shape)}"
+            )
         tensors[spec.name] = torch.from_numpy(np.ascontiguousarray(value))
     script = load_exported(repository, model)
     towers = model.part in ("user_tower", "item_tower")  # one Dict[str, Tensor] argument; encoders one tensor
     outputs, start = [], 0
     with torch.no_grad():
         for size in BATCHES:
-            batch = {k: v[start:start + size] for k, v in tensors.items()}
+            batch = {k: v[start : start + size] for k, v in tensors.items()}
             outputs.append(script(batch if towers else next(iter(batch.values()))).numpy())
             start += size
     return np.concatenate(outputs)
@@ -126,15 +141,16 @@ def random_columns(spec: TowerSpec, rng, rows: int) -> dict[str, list]:
     columns: dict[str, list] = {spec.id_column: rng.integers(0, 2 * spec.id_buckets + 5, rows).tolist()}
     for i, column in enumerate(spec.numeric):
         values = rng.normal(spec.means[i], spec.stds[i] * 2, rows).tolist()
-        columns[column] = [None if r < 0.1 else float("nan") if r < 0.15 else v
-                           for v, r in zip(values, rng.random(rows))]
+        columns[column] = [
+            None if r < 0.1 else float("nan") if r < 0.15 else v for v, r in zip(values, rng.random(rows))
+        ]
     for column, known in spec.categorical.items():
         choices = [*known, "never-seen"]
-        columns[column] = [None if r < 0.1 else choices[int(k)]
-                           for r, k in zip(rng.random(rows), rng.integers(0, len(choices), rows))]
+        columns[column] = [
+            None if r < 0.1 else choices[int(k)] for r, k in zip(rng.random(rows), rng.integers(0, len(choices), rows))
+        ]
     for column in spec.histories:
-        columns[column] = [rng.integers(0, 3 * spec.id_buckets + 5, int(n)).tolist()
-                           for n in rng.integers(0, 16, rows)]
+        columns[column] = [rng.integers(0, 3 * spec.id_buckets + 5, int(n)).tolist() for n in rng.integers(0, 16, rows)]
     if spec.embedding_column:
         vectors = rng.normal(size=(rows, spec.embedding_dim)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -143,8 +159,12 @@ def random_columns(spec: TowerSpec, rng, rows: int) -> dict[str, list]:
 
 
 def _frame(spec: TowerSpec, columns: dict[str, list]) -> pl.DataFrame:
-    schema = {spec.id_column: pl.Int64, **{c: pl.Float64 for c in spec.numeric},
-              **{c: pl.String for c in spec.categorical}, **{c: pl.List(pl.Int64) for c in spec.histories}}
+    schema = {
+        spec.id_column: pl.Int64,
+        **{c: pl.Float64 for c in spec.numeric},
+        **{c: pl.String for c in spec.categorical},
+        **{c: pl.List(pl.Int64) for c in spec.histories},
+    }
     if spec.embedding_column:
         schema[spec.embedding_column] = pl.List(pl.Float32)
     return pl.DataFrame({c: columns[c] for c in schema}, schema=schema, strict=False)
@@ -163,4 +183,3 @@ def _random_png(rng) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
-

@@ -23,6 +23,7 @@ SDK_LOCK = threading.Lock()
 
 class GetOnlineFeaturesRequest(BaseModel):
     """As `feast serve` takes it: a feature service or `view:feature` references, entity columns."""
+
     entities: dict[str, list[Any]]
     feature_service: str | None = None
     features: list[str] = []
@@ -30,10 +31,12 @@ class GetOnlineFeaturesRequest(BaseModel):
 
 
 def add_feast_routes(app: FastAPI, server) -> None:
-    @app.post("/get-online-features", tags=[FEAST], responses={400: {"model": ErrorResponse},
-                                                               404: {"model": ErrorResponse},
-                                                               503: {"model": ErrorResponse}},
-              summary="Online feature values (Feast feature-server shapes)")
+    @app.post(
+        "/get-online-features",
+        tags=[FEAST],
+        responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        summary="Online feature values (Feast feature-server shapes)",
+    )
     async def get_online_features(body: GetOnlineFeaturesRequest):
         return JSONResponse(await run_in_threadpool(online_features, server, body))
 
@@ -46,8 +49,11 @@ def online_features(server, body: GetOnlineFeaturesRequest) -> dict:
     store = server.feature_store.store
     try:
         with SDK_LOCK:
-            features = store.get_feature_service(body.feature_service, allow_cache=True) if body.feature_service \
+            features = (
+                store.get_feature_service(body.feature_service, allow_cache=True)
+                if body.feature_service
                 else body.features
+            )
     except FeastError as error:
         raise ProtocolError(404, f"unknown feature service {body.feature_service!r}") from error
     if not body.feature_service and not body.features:
@@ -55,12 +61,12 @@ def online_features(server, body: GetOnlineFeaturesRequest) -> dict:
     started = time.perf_counter()
     try:
         with SDK_LOCK:
-            response = store.get_online_features(features=features, entity_rows=body.entities,
-                                                 full_feature_names=body.full_feature_names)
+            response = store.get_online_features(
+                features=features, entity_rows=body.entities, full_feature_names=body.full_feature_names
+            )
     except (FeastError, KeyError, ValueError, TypeError) as error:
         raise ProtocolError(400, f"{type(error).__name__}: {error}") from error
-    server.metrics.feature_read.labels(body.feature_service or "features").observe(
-        time.perf_counter() - started)
+    server.metrics.feature_read.labels(body.feature_service or "features").observe(time.perf_counter() - started)
     return convert_response_to_dict(response.proto)
 
 

@@ -18,8 +18,15 @@ from serving.models.recommend import Answer
 
 log = logging.getLogger("mlplane.models")
 ZONE, TABLE = "serving", "served_features"
-SCHEMA = {"request_id": pl.String, "served_at": pl.Datetime("us", "UTC"), "user_id": pl.Int64,
-          "model_name": pl.String, "model_version": pl.String, "feature_service": pl.String, "features": pl.String}
+SCHEMA = {
+    "request_id": pl.String,
+    "served_at": pl.Datetime("us", "UTC"),
+    "user_id": pl.Int64,
+    "model_name": pl.String,
+    "model_version": pl.String,
+    "feature_service": pl.String,
+    "features": pl.String,
+}
 
 
 class FeatureLog:
@@ -37,10 +44,15 @@ class FeatureLog:
     def __call__(self, answer: Answer) -> None:
         if self.sample <= 0 or self._random.random() >= self.sample:
             return
-        row = {"request_id": answer.request_id, "served_at": answer.served_at, "user_id": answer.user_id,
-               "model_name": answer.model_name, "model_version": answer.model_version,
-               "feature_service": answer.feature_service,
-               "features": json.dumps(answer.features, default=str, sort_keys=True)}
+        row = {
+            "request_id": answer.request_id,
+            "served_at": answer.served_at,
+            "user_id": answer.user_id,
+            "model_name": answer.model_name,
+            "model_version": answer.model_version,
+            "feature_service": answer.feature_service,
+            "features": json.dumps(answer.features, default=str, sort_keys=True),
+        }
         with self._lock:
             self._rows.append(row)
 

@@ -14,12 +14,26 @@ from serving.models import binary
 from serving.models.protocol import ProtocolError, RequestInput, datatype_of, decode_input, element_count
 from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
 
-STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
-                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
-CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-                  "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-                  "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
-                  "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 
 
 def parameters_of(parameters) -> dict:
@@ -49,8 +63,9 @@ def decode_tensors(request) -> dict[str, np.ndarray]:
             spec.data = values
             out[tensor.name] = decode_input(spec)
         elif len(values) != count:
-            raise ProtocolError(400, f"input {tensor.name!r}: shape {spec.shape} needs {count} values, "
-                                     f"contents has {len(values)}")
+            raise ProtocolError(
+                400, f"input {tensor.name!r}: shape {spec.shape} needs {count} values, contents has {len(values)}"
+            )
         else:
             out[tensor.name] = np.array(values or [], dtype=object).reshape(spec.shape)
     return out
@@ -84,16 +99,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             meta = self.server.metadata(request.name, request.version or None)
         except ProtocolError as error:
             await self._fail(context, error)
-        tensors = [[pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
-                    for t in meta[side]] for side in ("inputs", "outputs")]
-        return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                                        inputs=tensors[0], outputs=tensors[1])
+        tensors = [
+            [
+                pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                for t in meta[side]
+            ]
+            for side in ("inputs", "outputs")
+        ]
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=tensors[0],
+            outputs=tensors[1],
+        )
 
     async def ModelInfer(self, request, context):
         try:
             inputs = decode_tensors(request)
             name, version, outputs = await self.server.infer(
-                request.model_name, request.model_version or None, inputs, parameters_of(request.parameters), "grpc")
+                request.model_name, request.model_version or None, inputs, parameters_of(request.parameters), "grpc"
+            )
             wanted = [o.name for o in request.outputs] or list(outputs)
             unknown = sorted(set(wanted) - set(outputs))
             if unknown:
@@ -103,22 +129,30 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         response = pb.ModelInferResponse(model_name=name, model_version=version, id=request.id)
         for key in wanted:
             array = np.asarray(outputs[key])
-            response.outputs.append(pb.ModelInferResponse.InferOutputTensor(
-                name=key, datatype=datatype_of(array), shape=list(array.shape)))
+            response.outputs.append(
+                pb.ModelInferResponse.InferOutputTensor(name=key, datatype=datatype_of(array), shape=list(array.shape))
+            )
             response.raw_output_contents.append(binary.to_bytes(array))
         return response
 
     async def RepositoryIndex(self, request, context):
         models = self.server.repository.index(ready_only=request.ready)
-        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(
-            name=m.name, version=m.version or "", state=m.state, reason=m.reason) for m in models])
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=m.name, version=m.version or "", state=m.state, reason=m.reason
+                )
+                for m in models
+            ]
+        )
 
     async def RepositoryModelLoad(self, request, context):
         from starlette.concurrency import run_in_threadpool
 
         try:
-            await run_in_threadpool(self.server.repository.load, request.model_name,
-                                    parameters_of(request.parameters) or None)
+            await run_in_threadpool(
+                self.server.repository.load, request.model_name, parameters_of(request.parameters) or None
+            )
         except ProtocolError as error:
             await self._fail(context, error)
         return pb.RepositoryModelLoadResponse()
@@ -133,8 +167,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
 class GrpcFrontEnd:
     def __init__(self, server: ModelServer, host: str, port: int):
-        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                                             ("grpc.max_send_message_length", 64 * 1024 * 1024)])
+        self.grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ]
+        )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(server), self.grpc)
         self.port = self.grpc.add_insecure_port(f"{host}:{port}")
 

@@ -48,9 +48,16 @@ def write_atomically(data: pl.DataFrame, path: Path) -> None:
 
 
 class PredictionLog:
-    def __init__(self, lake_root: Path, spill_dir: Path, flush_interval_s: float = 1.0, max_batch: int = 10_000,
-                 max_backlog: int = 500_000, write: Writer = write_atomically,
-                 on_state: Callable[[int, bool], None] | None = None):
+    def __init__(
+        self,
+        lake_root: Path,
+        spill_dir: Path,
+        flush_interval_s: float = 1.0,
+        max_batch: int = 10_000,
+        max_backlog: int = 500_000,
+        write: Writer = write_atomically,
+        on_state: Callable[[int, bool], None] | None = None,
+    ):
         self.spool = Path(lake_root) / ZONE / SPOOL
         self.spill = Path(spill_dir)
         self.flush_interval_s = flush_interval_s
@@ -73,8 +80,11 @@ class PredictionLog:
     def submit(self, record: PredictionRecord) -> None:
         with self._lock:
             if len(self._pending) >= self.max_backlog:
-                raise ProtocolError(503, f"prediction log backlog full ({len(self._pending)} records unwritten: "
-                                         f"{self.last_error or 'writer behind'}); not answering unlogged")
+                raise ProtocolError(
+                    503,
+                    f"prediction log backlog full ({len(self._pending)} records unwritten: "
+                    f"{self.last_error or 'writer behind'}); not answering unlogged",
+                )
             self._pending.append(record)
             if len(self._pending) >= self.max_batch:
                 self._wake.set()
@@ -133,8 +143,13 @@ class PredictionLog:
             try:
                 write_atomically(frame(part), path)
             except Exception as error:  # noqa: BLE001 - the records stay queued in memory
-                log.error("prediction log: the spill folder %s refused %d records too (%s: %s); kept in memory",
-                          self.spill, len(part), type(error).__name__, error)
+                log.error(
+                    "prediction log: the spill folder %s refused %d records too (%s: %s); kept in memory",
+                    self.spill,
+                    len(part),
+                    type(error).__name__,
+                    error,
+                )
                 continue
             self._spilled |= {id(r) for r in part}
             self._mirrored.setdefault(day, []).append(path)
@@ -166,11 +181,20 @@ class PredictionLog:
         self._spill(self._pending)
         still = [r for r in self._pending if id(r) not in self._spilled]
         if still:
-            log.critical("prediction log: %d records could be written neither to %s nor to %s (%s)",
-                         len(still), self.spool, self.spill, self.last_error)
+            log.critical(
+                "prediction log: %d records could be written neither to %s nor to %s (%s)",
+                len(still),
+                self.spool,
+                self.spill,
+                self.last_error,
+            )
         else:
-            log.warning("prediction log: %d records are in %s until the lake takes them (%s)",
-                        len(self._pending), self.spill, self.last_error)
+            log.warning(
+                "prediction log: %d records are in %s until the lake takes them (%s)",
+                len(self._pending),
+                self.spill,
+                self.last_error,
+            )
 
 
 def _by_day(records: list[PredictionRecord]) -> dict[date, list[PredictionRecord]]:
@@ -184,13 +208,26 @@ def record_of(answer: Answer, status: str = OK, error: str | None = None) -> Pre
     """The log record of a recommend answer (live or shadow)."""
     inputs = {"user_id": answer.user_id, "k": answer.k, "context": answer.context, "features": answer.features}
     return PredictionRecord(
-        request_id=answer.request_id, served_at=answer.served_at, role=answer.role, endpoint=RECOMMEND,
-        user_id=answer.user_id, experiment=answer.experiment, variant=answer.variant,
-        assignments=answer.assignments, served_model=answer.served_model, registry_model=answer.model_name,
-        model_version=answer.model_version, k=answer.k, inputs_hash=inputs_hash(inputs),
-        latency_ms=float(answer.timings_ms.get("total", 0.0)), item_ids=list(answer.item_ids),
-        scores=[float(s) for s in answer.scores], inputs=canonical_json(inputs) if answer.log_inputs else None,
-        status=status, error=error)
+        request_id=answer.request_id,
+        served_at=answer.served_at,
+        role=answer.role,
+        endpoint=RECOMMEND,
+        user_id=answer.user_id,
+        experiment=answer.experiment,
+        variant=answer.variant,
+        assignments=answer.assignments,
+        served_model=answer.served_model,
+        registry_model=answer.model_name,
+        model_version=answer.model_version,
+        k=answer.k,
+        inputs_hash=inputs_hash(inputs),
+        latency_ms=float(answer.timings_ms.get("total", 0.0)),
+        item_ids=list(answer.item_ids),
+        scores=[float(s) for s in answer.scores],
+        inputs=canonical_json(inputs) if answer.log_inputs else None,
+        status=status,
+        error=error,
+    )
 
 
 class LiveAnswers:

@@ -27,10 +27,18 @@ class ProtocolError(Exception):
 
 # v2 datatype -> numpy dtype (BYTES: numpy object arrays of bytes)
 DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64), "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
 }
 NUMPY_TO_DATATYPE = {v: k for k, v in DATATYPES.items() if k != "BYTES"}
@@ -76,9 +84,12 @@ class RequestInput(BaseModel):
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] | None = None
-    data: list[Any] | None = Field(default=None, description="Row-major, flattened or nested; BYTES as strings "
-                                   "(base64 with parameters.binary_encoding='base64'); absent when the tensor "
-                                   "travels in the binary extension (parameters.binary_data_size)")
+    data: list[Any] | None = Field(
+        default=None,
+        description="Row-major, flattened or nested; BYTES as strings "
+        "(base64 with parameters.binary_encoding='base64'); absent when the tensor "
+        "travels in the binary extension (parameters.binary_data_size)",
+    )
 
 
 class RequestOutput(BaseModel):
@@ -128,6 +139,7 @@ class RepositoryLoadRequest(BaseModel):
 @dataclass(frozen=True)
 class TensorSpec:
     """What a model accepts for one input: datatypes and shape (-1: any size)."""
+
     name: str
     datatype: str
     shape: tuple[int, ...]
@@ -160,8 +172,9 @@ _ALLOWED_TYPES = {"BOOL": ({bool}, "booleans"), "INT": ({int}, "integers"), "FP"
 
 def _check_values(flat: list, datatype: str, name: str) -> None:
     """Every value of the datatype's kind."""
-    allowed, kind = _ALLOWED_TYPES["BOOL" if datatype == "BOOL" else
-                                   "INT" if datatype.startswith(("INT", "UINT")) else "FP"]
+    allowed, kind = _ALLOWED_TYPES[
+        "BOOL" if datatype == "BOOL" else "INT" if datatype.startswith(("INT", "UINT")) else "FP"
+    ]
     if set(map(type, flat)) <= allowed:
         return
     bad = next(v for v in flat if type(v) not in allowed)
@@ -260,9 +273,14 @@ def check_inputs(model_name: str, specs: list[TensorSpec], inputs: dict[str, np.
         expected = DATATYPES[spec.datatype]
         if array.dtype != expected:
             actual = "BYTES" if array.dtype == object else NUMPY_TO_DATATYPE.get(array.dtype, str(array.dtype))
-            raise ProtocolError(400, f"model {model_name!r} input {name!r}: datatype {actual}, "
-                                     f"expected {spec.datatype}")
+            raise ProtocolError(
+                400, f"model {model_name!r} input {name!r}: datatype {actual}, expected {spec.datatype}"
+            )
         if len(array.shape) != len(spec.shape) or any(
-                want != -1 and got != want for got, want in zip(array.shape, spec.shape)):
-            raise ProtocolError(400, f"model {model_name!r} input {name!r}: shape {list(array.shape)} does not "
-                                     f"match {list(spec.shape)} (-1: any size)")
+            want != -1 and got != want for got, want in zip(array.shape, spec.shape)
+        ):
+            raise ProtocolError(
+                400,
+                f"model {model_name!r} input {name!r}: shape {list(array.shape)} does not "
+                f"match {list(spec.shape)} (-1: any size)",
+            )

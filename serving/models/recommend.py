@@ -40,6 +40,7 @@ MAX_K = 1000
 @dataclass
 class Answer:
     """One recommendation as served; what every hook sees."""
+
     request_id: str
     user_id: int
     k: int
@@ -63,6 +64,7 @@ class Answer:
 @dataclass(frozen=True)
 class Route:
     """Who answers a request: a served entry, and the experiment and variant that chose it."""
+
     model: str
     experiment: str = ""
     variant: str = ""
@@ -73,8 +75,12 @@ VariantChooser = Callable[[int, dict], Route]
 AnswerHook = Callable[[Answer], None]
 
 
-STREAMING_EMPTY = {f"{plan.view}__{feature}": value for plan in streaming_plans(catalogue)
-                   for feature, value in empty_values(plan).items() if value is not None}
+STREAMING_EMPTY = {
+    f"{plan.view}__{feature}": value
+    for plan in streaming_plans(catalogue)
+    for feature, value in empty_values(plan).items()
+    if value is not None
+}
 
 
 class UserFeatures:
@@ -128,9 +134,17 @@ class Candidates:
 
 
 class Recommender:
-    def __init__(self, repository: ModelRepository, features: UserFeatures, candidates: Candidates,
-                 metrics: ServerMetrics, default_variant: str, n_candidates: int,
-                 choose_variant: VariantChooser | None = None, on_answer: list[AnswerHook] | None = None):
+    def __init__(
+        self,
+        repository: ModelRepository,
+        features: UserFeatures,
+        candidates: Candidates,
+        metrics: ServerMetrics,
+        default_variant: str,
+        n_candidates: int,
+        choose_variant: VariantChooser | None = None,
+        on_answer: list[AnswerHook] | None = None,
+    ):
         self.repository = repository
         self.features = features
         self.candidates = candidates
@@ -149,16 +163,28 @@ class Recommender:
         features = self.features.read(served.feature_service, [user_id])
         read = time.perf_counter()
         self.metrics.feature_read.labels(served.feature_service).observe(read - started)
-        answer = self.answer_with(loaded, route, user_id, k, context,
-                                  {name: values[0] for name, values in features.items()}, request_id)
-        answer.timings_ms = {"features": (read - started) * 1000, **answer.timings_ms,
-                             "total": (time.perf_counter() - started) * 1000}
+        answer = self.answer_with(
+            loaded, route, user_id, k, context, {name: values[0] for name, values in features.items()}, request_id
+        )
+        answer.timings_ms = {
+            "features": (read - started) * 1000,
+            **answer.timings_ms,
+            "total": (time.perf_counter() - started) * 1000,
+        }
         for hook in self.on_answer:
             hook(answer)
         return answer
 
-    def answer_with(self, loaded: LoadedVersion, route: Route, user_id: int, k: int, context: dict,
-                    features: dict[str, Any], request_id: str | None = None) -> Answer:
+    def answer_with(
+        self,
+        loaded: LoadedVersion,
+        route: Route,
+        user_id: int,
+        k: int,
+        context: dict,
+        features: dict[str, Any],
+        request_id: str | None = None,
+    ) -> Answer:
         """The answer of one loaded version to features already read (one row: column -> value)."""
         served = self._two_tower(route.model, loaded)
         started = time.perf_counter()
@@ -167,10 +193,25 @@ class Recommender:
         retrieved = time.perf_counter()
         items, scores = self.rerank(served, vector, found, excluded({n: [v] for n, v in features.items()}, context), k)
         self.metrics.retrieval.labels(route.model, loaded.version).observe(retrieved - started)
-        return Answer(request_id or uuid.uuid4().hex, user_id, k, context, route.variant or route.model,
-                      loaded.entry.registry_model, loaded.version, served.feature_service, items, scores, features,
-                      datetime.now(UTC), {"retrieval": (retrieved - started) * 1000}, route.model, route.experiment,
-                      dict(route.assignments), log_inputs=served.log_inputs)
+        return Answer(
+            request_id or uuid.uuid4().hex,
+            user_id,
+            k,
+            context,
+            route.variant or route.model,
+            loaded.entry.registry_model,
+            loaded.version,
+            served.feature_service,
+            items,
+            scores,
+            features,
+            datetime.now(UTC),
+            {"retrieval": (retrieved - started) * 1000},
+            route.model,
+            route.experiment,
+            dict(route.assignments),
+            log_inputs=served.log_inputs,
+        )
 
     @staticmethod
     def _two_tower(name: str, loaded: LoadedVersion) -> TwoTowerModel:
@@ -179,8 +220,9 @@ class Recommender:
         return loaded.model
 
     @staticmethod
-    def rerank(served: TwoTowerModel, vector: np.ndarray, found: list[int], exclude: set[int],
-               k: int) -> tuple[list[int], list[float]]:
+    def rerank(
+        served: TwoTowerModel, vector: np.ndarray, found: list[int], exclude: set[int], k: int
+    ) -> tuple[list[int], list[float]]:
         """The candidates by the model's own score (inner product), best first, exclusions dropped; equal
         scores (items with the same features, common among new ones) by item id, so answers are stable."""
         if served.items is None:

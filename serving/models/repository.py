@@ -43,8 +43,14 @@ class EntryState:
 
 
 class ModelRepository:
-    def __init__(self, registry: ModelRegistry, entries: list[ModelEntry], loader: Loader, workdir: Path,
-                 on_swap: Callable[[LoadedVersion], None] | None = None):
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        entries: list[ModelEntry],
+        loader: Loader,
+        workdir: Path,
+        on_swap: Callable[[LoadedVersion], None] | None = None,
+    ):
         self.registry = registry
         self.loader = loader
         self.workdir = workdir
@@ -61,11 +67,15 @@ class ModelRepository:
             raise ProtocolError(404, f"unknown model {name!r}; models: {sorted(self.states)}")
         current = state.current
         if current is None:
-            raise ProtocolError(503 if not state.unloaded else 400,
-                                f"model {name!r} is not ready: {state.reason or 'not loaded'}")
+            raise ProtocolError(
+                503 if not state.unloaded else 400, f"model {name!r} is not ready: {state.reason or 'not loaded'}"
+            )
         if version is not None and version != current.version:
-            raise ProtocolError(404, f"model {name!r} has no version {version!r} loaded; it serves v{current.version} "
-                                     f"({state.entry.follows})")
+            raise ProtocolError(
+                404,
+                f"model {name!r} has no version {version!r} loaded; it serves v{current.version} "
+                f"({state.entry.follows})",
+            )
         return current
 
     def index(self, ready_only: bool = False) -> list[RepositoryModel]:
@@ -74,8 +84,14 @@ class ModelRepository:
             current = state.current
             if ready_only and current is None:
                 continue
-            out.append(RepositoryModel(name=name, version=current.version if current else None,
-                                       state="READY" if current else "UNAVAILABLE", reason=state.reason))
+            out.append(
+                RepositoryModel(
+                    name=name,
+                    version=current.version if current else None,
+                    state="READY" if current else "UNAVAILABLE",
+                    reason=state.reason,
+                )
+            )
         return out
 
     # --- loading ------------------------------------------------------------------------------
@@ -126,8 +142,13 @@ class ModelRepository:
             return
         old, state.current = state.current, LoadedVersion(entry, version, model, time.time())
         state.reason, state.failed_version = "", None
-        log.info("%s: serving %s v%s (loaded in %.1f s)", entry.name, entry.registry_model, version,
-                 time.perf_counter() - started)
+        log.info(
+            "%s: serving %s v%s (loaded in %.1f s)",
+            entry.name,
+            entry.registry_model,
+            version,
+            time.perf_counter() - started,
+        )
         self.on_swap(state.current)
         if old is not None:
             old.model.close()

@@ -39,25 +39,54 @@ class ModelServer:
         self.config = config
         self.metrics = ServerMetrics()
         self.lake = Lake(config.lake_path())
-        self.registry = ModelRegistry(config.tracking_uri) if config.tracking_uri else \
-            ModelRegistry.local(Path(config.registry_root or config.lake_path() / "registry"))
-        self.feature_store = FeatureStoreEngine(FeatureStoreSettings(
-            repo_dir=Path(config.feature_repo or config.lake_path() / "feature_repo"),
-            offline_root=config.lake_path() / "offline", online_store=config.online_store,
-            redis_url=config.redis_url, registry_url=config.feast_registry_url))
+        self.registry = (
+            ModelRegistry(config.tracking_uri)
+            if config.tracking_uri
+            else ModelRegistry.local(Path(config.registry_root or config.lake_path() / "registry"))
+        )
+        self.feature_store = FeatureStoreEngine(
+            FeatureStoreSettings(
+                repo_dir=Path(config.feature_repo or config.lake_path() / "feature_repo"),
+                offline_root=config.lake_path() / "offline",
+                online_store=config.online_store,
+                redis_url=config.redis_url,
+                registry_url=config.feast_registry_url,
+            )
+        )
         self.vectors = Candidates(VectorStore.open(config.vector_location()))
         self.repository = ModelRepository(self.registry, config.models, self._load, config.work_path())
         self.feature_log = FeatureLog(config.lake_path(), config.feature_log_sample)
-        self.experiments = ExperimentRouter(Path(config.experiments_file) if config.experiments_file else None,
-                                            self.repository, config.recommend_model)
-        self.prediction_log = PredictionLog(config.lake_path(), config.spill_path(), config.prediction_log_flush_s,
-                                            max_backlog=config.prediction_log_max_backlog,
-                                            on_state=self.metrics.log_state) if config.prediction_log else None
-        self.recommender = Recommender(self.repository, UserFeatures(self.feature_store), self.vectors, self.metrics,
-                                       config.recommend_model, config.candidates,
-                                       choose_variant=self.experiments.choose)
-        self.shadows = ShadowRunner(self.experiments.shadows, self.recommender, self._log, self.metrics,
-                                    config.shadow_workers, config.shadow_max_pending)
+        self.experiments = ExperimentRouter(
+            Path(config.experiments_file) if config.experiments_file else None, self.repository, config.recommend_model
+        )
+        self.prediction_log = (
+            PredictionLog(
+                config.lake_path(),
+                config.spill_path(),
+                config.prediction_log_flush_s,
+                max_backlog=config.prediction_log_max_backlog,
+                on_state=self.metrics.log_state,
+            )
+            if config.prediction_log
+            else None
+        )
+        self.recommender = Recommender(
+            self.repository,
+            UserFeatures(self.feature_store),
+            self.vectors,
+            self.metrics,
+            config.recommend_model,
+            config.candidates,
+            choose_variant=self.experiments.choose,
+        )
+        self.shadows = ShadowRunner(
+            self.experiments.shadows,
+            self.recommender,
+            self._log,
+            self.metrics,
+            config.shadow_workers,
+            config.shadow_max_pending,
+        )
         live = [LiveAnswers(self.prediction_log)] if self.prediction_log else []
         self.recommender.on_answer = [*live, self.shadows, self.feature_log]
 
@@ -108,8 +137,9 @@ class ModelServer:
         raise ValueError(f"unknown model kind {entry.kind!r}")
 
     # --- inference --------------------------------------------------------------------------------
-    async def infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray], parameters: dict,
-                    protocol: str) -> tuple[str, str, dict[str, np.ndarray]]:
+    async def infer(
+        self, name: str, version: str | None, inputs: dict[str, np.ndarray], parameters: dict, protocol: str
+    ) -> tuple[str, str, dict[str, np.ndarray]]:
         """(model name, version, outputs); ProtocolError for what the client got wrong."""
         started = time.perf_counter()
         try:
@@ -129,19 +159,34 @@ class ModelServer:
             self._log_infer(name, version_served, inputs, outputs, parameters, seconds)
         return name, version_served, outputs
 
-    def _log_infer(self, name: str, version: str, inputs: dict, outputs: dict, parameters: dict,
-                   seconds: float) -> None:
+    def _log_infer(
+        self, name: str, version: str, inputs: dict, outputs: dict, parameters: dict, seconds: float
+    ) -> None:
         if self.prediction_log is None:
             return
         user = parameters.get("user_id")
         state = self.repository.states[name]
         entry, loaded = state.entry, state.current
-        self.prediction_log.submit(PredictionRecord(
-            request_id=str(parameters.get("request_id") or uuid.uuid4().hex), served_at=datetime.now(UTC), role=LIVE,
-            endpoint=name, user_id=user if isinstance(user, int) and not isinstance(user, bool) else None,
-            experiment="", variant=name, assignments={}, served_model=name, registry_model=entry.registry_model,
-            model_version=version, k=None, inputs_hash="", latency_ms=seconds * 1000, tensors=(inputs, outputs),
-            tensor_inputs_allowed=bool(loaded and loaded.model.log_inputs)))
+        self.prediction_log.submit(
+            PredictionRecord(
+                request_id=str(parameters.get("request_id") or uuid.uuid4().hex),
+                served_at=datetime.now(UTC),
+                role=LIVE,
+                endpoint=name,
+                user_id=user if isinstance(user, int) and not isinstance(user, bool) else None,
+                experiment="",
+                variant=name,
+                assignments={},
+                served_model=name,
+                registry_model=entry.registry_model,
+                model_version=version,
+                k=None,
+                inputs_hash="",
+                latency_ms=seconds * 1000,
+                tensors=(inputs, outputs),
+                tensor_inputs_allowed=bool(loaded and loaded.model.log_inputs),
+            )
+        )
 
     def model_names(self) -> list[str]:
         return [*self.repository.states, RECOMMEND_MODEL]
@@ -157,8 +202,8 @@ class ModelServer:
         items = np.full((len(answers), width), -1, np.int64)
         scores = np.full((len(answers), width), np.nan, np.float32)
         for row, answer in enumerate(answers):
-            items[row, :len(answer.item_ids)] = answer.item_ids
-            scores[row, :len(answer.scores)] = answer.scores
+            items[row, : len(answer.item_ids)] = answer.item_ids
+            scores[row, : len(answer.scores)] = answer.scores
         versions = np.array([a.model_version.encode() for a in answers], dtype=object)
         version = answers[0].model_version if answers else ""
         return version, {"item_ids": items, "scores": scores, "model_version": versions}
@@ -178,17 +223,28 @@ class ModelServer:
     def metadata(self, name: str, version: str | None) -> dict:
         if name == RECOMMEND_MODEL:
             loaded = self.repository.get(self.config.recommend_model)
-            return {"name": name, "versions": [loaded.version], "platform": "mlplane_recommend",
-                    "inputs": [s.metadata().model_dump() for s in RECOMMEND_INPUTS],
-                    "outputs": [s.metadata().model_dump() for s in RECOMMEND_OUTPUTS],
-                    "parameters": {"serves": self.config.recommend_model}}
+            return {
+                "name": name,
+                "versions": [loaded.version],
+                "platform": "mlplane_recommend",
+                "inputs": [s.metadata().model_dump() for s in RECOMMEND_INPUTS],
+                "outputs": [s.metadata().model_dump() for s in RECOMMEND_OUTPUTS],
+                "parameters": {"serves": self.config.recommend_model},
+            }
         loaded = self.repository.get(name, version)
         model = loaded.model
-        return {"name": name, "versions": [loaded.version], "platform": model.platform,
-                "inputs": [s.metadata().model_dump() for s in model.inputs],
-                "outputs": [s.metadata().model_dump() for s in model.outputs],
-                "parameters": {"registry_model": loaded.entry.registry_model, "follows": loaded.entry.follows,
-                               **model.parameters()}}
+        return {
+            "name": name,
+            "versions": [loaded.version],
+            "platform": model.platform,
+            "inputs": [s.metadata().model_dump() for s in model.inputs],
+            "outputs": [s.metadata().model_dump() for s in model.outputs],
+            "parameters": {
+                "registry_model": loaded.entry.registry_model,
+                "follows": loaded.entry.follows,
+                **model.parameters(),
+            },
+        }
 
     def ready(self, name: str, version: str | None) -> bool:
         if name == RECOMMEND_MODEL:
@@ -203,5 +259,8 @@ class ModelServer:
 
 
 RECOMMEND_INPUTS = [TensorSpec("user_id", "INT64", (-1,)), TensorSpec("k", "INT32", (1,), optional=True)]
-RECOMMEND_OUTPUTS = [TensorSpec("item_ids", "INT64", (-1, -1)), TensorSpec("scores", "FP32", (-1, -1)),
-                     TensorSpec("model_version", "BYTES", (-1,))]
+RECOMMEND_OUTPUTS = [
+    TensorSpec("item_ids", "INT64", (-1, -1)),
+    TensorSpec("scores", "FP32", (-1, -1)),
+    TensorSpec("model_version", "BYTES", (-1,)),
+]

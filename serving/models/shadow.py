@@ -25,8 +25,15 @@ ShadowSource = Callable[[], list[tuple[Shadow, str]]]  # the shadows in use, wit
 
 
 class ShadowRunner:
-    def __init__(self, shadows: ShadowSource, recommender: Recommender, submit: Callable[[PredictionRecord], None],
-                 metrics: ServerMetrics, workers: int = 2, max_pending: int = 1000):
+    def __init__(
+        self,
+        shadows: ShadowSource,
+        recommender: Recommender,
+        submit: Callable[[PredictionRecord], None],
+        metrics: ServerMetrics,
+        workers: int = 2,
+        max_pending: int = 1000,
+    ):
         self.shadows = shadows
         self.recommender = recommender
         self.submit = submit
@@ -54,17 +61,34 @@ class ShadowRunner:
         route = Route(entry, "", shadow.name, live.assignments)
         try:
             loaded = self.recommender.repository.get(entry)
-            answer = self.recommender.answer_with(loaded, route, live.user_id, live.k, live.context, live.features,
-                                                  live.request_id)
+            answer = self.recommender.answer_with(
+                loaded, route, live.user_id, live.k, live.context, live.features, live.request_id
+            )
             answer.role = SHADOW
             answer.timings_ms["total"] = (time.perf_counter() - started) * 1000
             record = record_of(answer)
             outcome = "ok"
         except Exception as error:  # noqa: BLE001 - a failing shadow is logged, never raised
-            failed = Answer(live.request_id, live.user_id, live.k, live.context, shadow.name, shadow.model, "",
-                            live.feature_service, [], [], live.features, live.served_at,
-                            {"total": (time.perf_counter() - started) * 1000}, entry, "", live.assignments, SHADOW,
-                            live.log_inputs)
+            failed = Answer(
+                live.request_id,
+                live.user_id,
+                live.k,
+                live.context,
+                shadow.name,
+                shadow.model,
+                "",
+                live.feature_service,
+                [],
+                [],
+                live.features,
+                live.served_at,
+                {"total": (time.perf_counter() - started) * 1000},
+                entry,
+                "",
+                live.assignments,
+                SHADOW,
+                live.log_inputs,
+            )
             record = record_of(failed, status=ERROR, error=f"{type(error).__name__}: {error}")
             outcome = "error"
         finally:

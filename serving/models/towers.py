@@ -27,6 +27,7 @@ INLINE_VALUES = 2048
 @dataclass
 class ItemIndex:
     """Every catalogue item's tower vector, rows in item-id order."""
+
     item_ids: np.ndarray
     vectors: np.ndarray
     row_of: dict[int, int]
@@ -41,8 +42,11 @@ class ItemIndex:
         unknown = sorted({int(i) for i in item_ids.reshape(-1)} - self.row_of.keys())
         if unknown:
             raise ProtocolError(400, f"unknown item id(s) {unknown[:10]}: not in the catalogue this version indexed")
-        return np.vectorize(self.row_of.__getitem__, otypes=[np.int64])(item_ids) if item_ids.size else \
-            item_ids.astype(np.int64)
+        return (
+            np.vectorize(self.row_of.__getitem__, otypes=[np.int64])(item_ids)
+            if item_ids.size
+            else item_ids.astype(np.int64)
+        )
 
 
 class UserEncoder:
@@ -66,8 +70,9 @@ class UserEncoder:
         numeric = np.nan_to_num(numeric, nan=0.0, posinf=np.inf, neginf=-np.inf)
         for i, column in enumerate(spec.numeric):
             numeric[:, i] = spec.scale(column, numeric[:, i])
-        numeric = ((numeric - self.means) / self.stds).astype(np.float32) if spec.numeric else \
-            numeric.astype(np.float32)
+        numeric = (
+            ((numeric - self.means) / self.stds).astype(np.float32) if spec.numeric else numeric.astype(np.float32)
+        )
         categorical = np.zeros((rows, len(spec.categorical)), np.int64)
         for i, column in enumerate(spec.categorical):
             index = self.indexes[column]
@@ -78,7 +83,7 @@ class UserEncoder:
             for row, items in enumerate(columns[column]):
                 if items:
                     items = list(items)[-HISTORY_LENGTH:]
-                    matrix[row, :len(items)] = np.asarray(items, np.int64) + 1
+                    matrix[row, : len(items)] = np.asarray(items, np.int64) + 1
             inputs[f"history{i}"] = matrix
         return inputs
 
@@ -130,17 +135,21 @@ class TwoTowerModel(ServedModel):
         self.encoder = UserEncoder(model.spec.user)
         self.kernel = UserTowerKernel(model.network)
         spec = model.spec.user
-        self.inputs = [TensorSpec(spec.id_column, "INT64", (-1,)),
-                       *[TensorSpec(c, "FP64", (-1,)) for c in spec.numeric],
-                       *[TensorSpec(c, "BYTES", (-1,)) for c in spec.categorical],
-                       *[TensorSpec(c, "INT64", (-1, -1)) for c in spec.histories],
-                       TensorSpec("item_ids", "INT64", (-1, -1), optional=True)]
+        self.inputs = [
+            TensorSpec(spec.id_column, "INT64", (-1,)),
+            *[TensorSpec(c, "FP64", (-1,)) for c in spec.numeric],
+            *[TensorSpec(c, "BYTES", (-1,)) for c in spec.categorical],
+            *[TensorSpec(c, "INT64", (-1, -1)) for c in spec.histories],
+            TensorSpec("item_ids", "INT64", (-1, -1), optional=True),
+        ]
         dim = model.spec.vector_dim
         self.outputs = [TensorSpec("user_vector", "FP32", (-1, dim)), TensorSpec("item_scores", "FP32", (-1, -1))]
 
     def parameters(self) -> dict:
-        return {"feature_service": self.feature_service,
-                "catalogue_items": 0 if self.items is None else len(self.items.item_ids)}
+        return {
+            "feature_service": self.feature_service,
+            "catalogue_items": 0 if self.items is None else len(self.items.item_ids),
+        }
 
     async def infer_async(self, inputs: dict[str, np.ndarray], parameters: dict) -> dict[str, np.ndarray]:
         if sum(a.size for a in inputs.values()) <= INLINE_VALUES:
@@ -181,8 +190,11 @@ class TwoTowerModel(ServedModel):
 
     def item_scores(self, user_vectors: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
         if self.items is None:
-            raise ProtocolError(503, "item scores need the item catalogue, which was not found when this version "
-                                     "loaded (no offline item features in the lake)")
+            raise ProtocolError(
+                503,
+                "item scores need the item catalogue, which was not found when this version "
+                "loaded (no offline item features in the lake)",
+            )
         if len(item_ids) != len(user_vectors):
             raise ProtocolError(400, f"item_ids has {len(item_ids)} rows, the users {len(user_vectors)}")
         vectors = self.items.vectors[self.items.rows(item_ids)]  # (N, M, vector_dim)

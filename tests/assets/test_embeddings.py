@@ -51,10 +51,13 @@ def resources(data_dir, ray_dir):
 
 
 def materialize_days(data_dir, ray_dir, first, last, selection=DAILY):
-    return materialize(all_assets, selection=selection, resources=resources(data_dir, ray_dir),
-                       instance=DagsterInstance.ephemeral(),
-                       tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
-                             ASSET_PARTITION_RANGE_END_TAG: last.isoformat()})
+    return materialize(
+        all_assets,
+        selection=selection,
+        resources=resources(data_dir, ray_dir),
+        instance=DagsterInstance.ephemeral(),
+        tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()},
+    )
 
 
 def break_day_two(data_dir) -> dict:
@@ -64,8 +67,9 @@ def break_day_two(data_dir) -> dict:
     new = items.filter(pl.col("created_at").dt.date() == SECOND_DAY)["item_id"].to_list()
     corrupt, untitled = new[0], new[1]
     (data_dir / "landing" / "thumbnails" / f"{corrupt}.png").write_bytes(b"\x89PNG this is not an image")
-    items.with_columns(title=pl.when(pl.col("item_id") == untitled).then(pl.lit("  "))
-                       .otherwise(pl.col("title"))).write_parquet(path)
+    items.with_columns(
+        title=pl.when(pl.col("item_id") == untitled).then(pl.lit("  ")).otherwise(pl.col("title"))
+    ).write_parquet(path)
     return {"corrupt": corrupt, "untitled": untitled}
 
 
@@ -78,9 +82,12 @@ def lake(tmp_path_factory):
     broken = break_day_two(data_dir)
     run_pipeline(data_dir, FIRST_DAY, LAST_DAY, selection=AssetSelection.assets(["warehouse", "items"]))
     model_run = materialize(
-        all_assets, selection=AssetSelection.assets("clip_model"), resources=resources(data_dir, ray_dir),
+        all_assets,
+        selection=AssetSelection.assets("clip_model"),
+        resources=resources(data_dir, ray_dir),
         instance=DagsterInstance.ephemeral(),
-        run_config={"ops": {"clip_model": {"config": {"epochs": 12}}}})
+        run_config={"ops": {"clip_model": {"config": {"epochs": 12}}}},
+    )
     daily_run = materialize_days(data_dir, ray_dir, FIRST_DAY, LAST_DAY)
     yield {"dir": data_dir, "ray_dir": ray_dir, "broken": broken, "model_run": model_run, "daily_run": daily_run}
     ray.shutdown()
@@ -139,13 +146,18 @@ def test_failure_in_a_batch_or_a_killed_encoder_still_yields_one_row_per_item(la
     clean = embed_items(items, store.root / "landing", spec, EmbedConfig(read_block_rows=64), version)
     for actors, stage in ((0, "preprocess"), (0, "encode"), (1, "encode")):
         marker = tmp_path / f"{stage}-{actors}.failed"
-        drilled = embed_items(items, store.root / "landing", spec,
-                              EmbedConfig(read_block_rows=64, actors=actors,
-                                          drill=FailureDrill(victim, str(marker), stage)), version)
+        drilled = embed_items(
+            items,
+            store.root / "landing",
+            spec,
+            EmbedConfig(read_block_rows=64, actors=actors, drill=FailureDrill(victim, str(marker), stage)),
+            version,
+        )
         assert marker.exists(), f"the {stage} failure was not injected"
         assert drilled["item_id"].to_list() == sorted(items["item_id"].to_list())
-        assert np.allclose(np.stack(drilled["image_embedding"].to_numpy()),
-                           np.stack(clean["image_embedding"].to_numpy()), atol=1e-5)
+        assert np.allclose(
+            np.stack(drilled["image_embedding"].to_numpy()), np.stack(clean["image_embedding"].to_numpy()), atol=1e-5
+        )
     model = load_model(spec)
     embedded = clean.filter(pl.col("skip_reason").is_null())
     sample = embedded.sample(10, seed=int(np.random.default_rng().integers(1 << 30))).sort("item_id")
@@ -165,8 +177,11 @@ def test_rerunning_a_partition_is_idempotent(lake):
     materialize_days(lake["dir"], lake["ray_dir"], SECOND_DAY, SECOND_DAY)
     after = store.read_partition("embeddings", "items", SECOND_DAY)
     assert after["item_id"].to_list() == before["item_id"].to_list()
-    assert np.allclose(np.stack(after.drop_nulls("image_embedding")["image_embedding"].to_numpy()),
-                       np.stack(before.drop_nulls("image_embedding")["image_embedding"].to_numpy()), atol=1e-5)
+    assert np.allclose(
+        np.stack(after.drop_nulls("image_embedding")["image_embedding"].to_numpy()),
+        np.stack(before.drop_nulls("image_embedding")["image_embedding"].to_numpy()),
+        atol=1e-5,
+    )
     assert store.read_partition("content_violations", "flags", SECOND_DAY).equals(flags_before)
     with VectorStore.open(str(lake["dir"] / "vectors")) as vectors:
         assert vectors.count("items") == count_before == latest_item_embeddings(lake["dir"]).height
@@ -181,15 +196,36 @@ def test_search_with_filters_returns_only_matching_items(lake):
         search = ItemSearch(vectors, spec)
         exact = search.search(text=target["title"], k=3, using="text")
         assert exact[0].payload["item_id"] == target["item_id"]
-        hits = search.search(text=target["title"], k=20, category=target["category"],
-                             price_min=target["price"] / 2, price_max=target["price"] * 2)
+        hits = search.search(
+            text=target["title"],
+            k=20,
+            category=target["category"],
+            price_min=target["price"] / 2,
+            price_max=target["price"] * 2,
+        )
         assert hits and target["item_id"] in [h.payload["item_id"] for h in hits]
-        assert all(h.payload["category"] == target["category"]
-                   and target["price"] / 2 <= h.payload["price"] <= target["price"] * 2 for h in hits)
+        assert all(
+            h.payload["category"] == target["category"]
+            and target["price"] / 2 <= h.payload["price"] <= target["price"] * 2
+            for h in hits
+        )
         by_image = search.search(image=lake["dir"] / "landing" / target["thumbnail_path"], k=1)
         assert by_image[0].payload["item_id"] == target["item_id"]
-    out = CliRunner().invoke(main, ["search", target["title"], "--category", target["category"], "--price-max",
-                                    str(target["price"]), "-k", "5", "--data-dir", str(lake["dir"])])
+    out = CliRunner().invoke(
+        main,
+        [
+            "search",
+            target["title"],
+            "--category",
+            target["category"],
+            "--price-max",
+            str(target["price"]),
+            "-k",
+            "5",
+            "--data-dir",
+            str(lake["dir"]),
+        ],
+    )
     assert out.exit_code == 0, out.output
     rows = [json.loads(line) for line in out.output.splitlines()]
     assert rows and all(r["category"] == target["category"] and r["price"] <= target["price"] for r in rows)
@@ -212,8 +248,12 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
     materialize_days(lake["dir"], lake["ray_dir"], FIRST_DAY, LAST_DAY, GT_QUEUE)
     # careful annotators: with few violations among many ordinary items, alpha punishes each error hard
     label_everything(lake["dir"], {"ann0": 1.0, "ann1": 0.99, "ann2": 0.98})
-    materialize(all_assets, selection=GT_RELEASE, resources=resources(lake["dir"], lake["ray_dir"]),
-                instance=DagsterInstance.ephemeral())
+    materialize(
+        all_assets,
+        selection=GT_RELEASE,
+        resources=resources(lake["dir"], lake["ray_dir"]),
+        instance=DagsterInstance.ephemeral(),
+    )
     after = materialize_days(lake["dir"], lake["ray_dir"], FIRST_DAY, LAST_DAY, FLAGS_AND_VECTORS)
     metadata = materialization(after, FLAGS_KEY).metadata
     release = newest_release(lake["dir"], "content_violation").labels()
@@ -225,8 +265,9 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
     assert metadata["threshold_source"].value == "calibrated on release v0001"
     threshold = metadata["threshold"].value
     # leave-one-out similarity of every labelled item to the other confirmed violations, in plain numpy
-    labelled = [(int(k), label == "violation") for k, label in release.select("key", "label").rows()
-                if int(k) in vectors_by_id]
+    labelled = [
+        (int(k), label == "violation") for k, label in release.select("key", "label").rows() if int(k) in vectors_by_id
+    ]
     refs = np.array([vectors_by_id[r] for r in references], dtype=np.float32)
     hits = []
     for item_id, is_violation in labelled:
@@ -239,8 +280,9 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
     assert metadata["release_recall"].value == pytest.approx(tp / sum(v for _, v in hits))
     # against the answer key (read here, in the test, never by the product)
     truth = violation_answer_key(lake["dir"])
-    flags = pl.concat([store.read_partition("content_violations", "flags", d) for d in (FIRST_DAY, SECOND_DAY,
-                                                                                          LAST_DAY)])
+    flags = pl.concat(
+        [store.read_partition("content_violations", "flags", d) for d in (FIRST_DAY, SECOND_DAY, LAST_DAY)]
+    )
     flagged = set(flags.filter("flagged")["item_id"].to_list()) - set(references)
     assert flagged, "the release's confirmed violations flag other items"
     violations = {int(k) for k, v in truth.items() if v == "violation"} & set(flags["item_id"].to_list())
@@ -261,8 +303,9 @@ def test_items_gone_from_the_catalogue_are_deleted_from_the_index(lake, tmp_path
     with VectorStore.open(str(tmp_path / "vectors")) as vectors:
         assert sync_vector_store(vectors, embeddings, catalogue) == {"upserted": embeddings.height, "deleted": 0}
         gone = embeddings["item_id"][:3].to_list()
-        result = sync_vector_store(vectors, embeddings.filter(~pl.col("item_id").is_in(gone)),
-                                   catalogue.filter(~pl.col("item_id").is_in(gone)))
+        result = sync_vector_store(
+            vectors, embeddings.filter(~pl.col("item_id").is_in(gone)), catalogue.filter(~pl.col("item_id").is_in(gone))
+        )
         assert result["deleted"] == 3
         assert vectors.count("items") == embeddings.height - 3
         assert not set(map(str, gone)) & set(vectors.ids("items"))

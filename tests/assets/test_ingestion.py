@@ -13,8 +13,9 @@ INTERACTIONS = AssetKey(["warehouse", "interactions"])
 
 
 def check_result(result, name):
-    [evaluation] = [e for e in result.get_asset_check_evaluations()
-                    if e.asset_check_key == AssetCheckKey(INTERACTIONS, name)]
+    [evaluation] = [
+        e for e in result.get_asset_check_evaluations() if e.asset_check_key == AssetCheckKey(INTERACTIONS, name)
+    ]
     return evaluation
 
 
@@ -40,8 +41,11 @@ def test_quality_gate_blocks_bad_rows_and_keeps_the_previous_partition(tmp_path)
     before = lake.read_partition("warehouse", "interactions", FIRST_DAY)
 
     # a well-formed file whose content breaks a rule: negative purchase amounts
-    refund = before.filter(pl.col("event_type") == "purchase").head(3).with_columns(
-        pl.col("event_id") + "-refund", pl.col("amount") * -1)
+    refund = (
+        before.filter(pl.col("event_type") == "purchase")
+        .head(3)
+        .with_columns(pl.col("event_id") + "-refund", pl.col("amount") * -1)
+    )
     refund.write_parquet(lake.landing_dir("interactions", FIRST_DAY) / "refunds.parquet")
     result = run_pipeline(tmp_path, FIRST_DAY, FIRST_DAY, INGESTION, instance=instance, raise_on_error=False)
 

@@ -22,8 +22,12 @@ def local_resources(lake) -> dict:
 
 
 def run_export(lake):
-    result = materialize(all_assets, selection=AssetSelection.assets(MODEL_EXPORT), resources=local_resources(lake),
-                         instance=DagsterInstance.ephemeral())
+    result = materialize(
+        all_assets,
+        selection=AssetSelection.assets(MODEL_EXPORT),
+        resources=local_resources(lake),
+        instance=DagsterInstance.ephemeral(),
+    )
     assert result.success
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert checks[TRITON_CHECK].passed, checks[TRITON_CHECK].metadata
@@ -42,15 +46,25 @@ def test_export_follows_promotion_and_rollback(tmp_path):
     run_export(lake)
     repository = lake / TRITON_REPOSITORY
     assert sorted(p.name for p in repository.iterdir()) == [
-        "clip_image", "clip_text", "personalization-challenger-item_tower", "personalization-challenger-user_tower",
-        "personalization-item_tower", "personalization-user_tower"]
+        "clip_image",
+        "clip_text",
+        "personalization-challenger-item_tower",
+        "personalization-challenger-user_tower",
+        "personalization-item_tower",
+        "personalization-user_tower",
+    ]
     assert pinned(lake, "personalization-user_tower") == [1]
     assert pinned(lake, "personalization-challenger-user_tower") == [2]
     manifests = {p.name: list(yaml.safe_load_all(p.read_text())) for p in (lake / KSERVE_FOLDER).glob("*.yaml")}
     # one InferenceService per served model of the local server (content_violation too: it has no Triton form)
-    assert sorted(manifests) == ["mlplane-clip-image.yaml", "mlplane-clip-text.yaml",
-                                 "mlplane-content-violation.yaml", "mlplane-personalization-challenger.yaml",
-                                 "mlplane-personalization.yaml", "mlplane-triton.yaml"]
+    assert sorted(manifests) == [
+        "mlplane-clip-image.yaml",
+        "mlplane-clip-text.yaml",
+        "mlplane-content-violation.yaml",
+        "mlplane-personalization-challenger.yaml",
+        "mlplane-personalization.yaml",
+        "mlplane-triton.yaml",
+    ]
     assert all(problems(doc) == [] for docs in manifests.values() for doc in docs)
     isvc = manifests["mlplane-personalization.yaml"][1]
     assert isvc["metadata"]["annotations"]["mlplane.io/registry-version"] == "1"

@@ -40,17 +40,22 @@ def expected_top(lake_dir, day: date) -> pl.DataFrame:
         pair[0] += kind == "impression"
         pair[1] += kind == "click"
     rows = sorted(counts.items(), key=lambda kv: (-kv[1][1], kv[0]))[:20]
-    return pl.DataFrame({"item_id": [i for i, _ in rows], "clicks": [c for _, (_, c) in rows],
-                         "impressions": [n for _, (n, _) in rows]})
+    return pl.DataFrame(
+        {"item_id": [i for i, _ in rows], "clicks": [c for _, (_, c) in rows], "impressions": [n for _, (n, _) in rows]}
+    )
 
 
 def test_the_notebook_runs_daily_with_its_output_kept_per_run(lake_dir):
     instance = DagsterInstance.ephemeral()
     runs = []
     for _ in range(2):  # a re-run keeps both executed notebooks
-        result = materialize(all_assets, selection=AssetSelection.assets(*daily_top_items.assets),
-                             resources=resources_for("local", data_dir=str(lake_dir)), instance=instance,
-                             partition_key="2026-01-02")
+        result = materialize(
+            all_assets,
+            selection=AssetSelection.assets(*daily_top_items.assets),
+            resources=resources_for("local", data_dir=str(lake_dir)),
+            instance=instance,
+            partition_key="2026-01-02",
+        )
         assert result.success
         runs.append(result.run_id)
     for run_id in runs:
@@ -73,8 +78,13 @@ def test_a_failing_notebook_fails_the_run_naming_the_cell_and_keeps_its_output(l
     notebook["cells"][2]["source"] = "raise ValueError('no such table')"
     broken.write_text(json.dumps(notebook))
     pipeline = notebook_pipeline(broken, description="A notebook that fails", partitions_def=daily_partitions)
-    result = materialize(pipeline.assets, resources={"lake": resources_for("local", str(lake_dir))["lake"]},
-                         instance=DagsterInstance.ephemeral(), partition_key="2026-01-01", raise_on_error=False)
+    result = materialize(
+        pipeline.assets,
+        resources={"lake": resources_for("local", str(lake_dir))["lake"]},
+        instance=DagsterInstance.ephemeral(),
+        partition_key="2026-01-01",
+        raise_on_error=False,
+    )
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
     assert "failed in cell" in failure.step_failure_data.error.message
@@ -86,7 +96,13 @@ def test_the_notebook_still_runs_on_its_own(lake_dir, tmp_path):
     import papermill
 
     out = tmp_path / "as-is.ipynb"
-    papermill.execute_notebook(str(daily_top_items.notebook), str(out), parameters={"data_dir": str(lake_dir)},
-                               kernel_name="python3", cwd=str(daily_top_items.notebook.parent), progress_bar=False)
+    papermill.execute_notebook(
+        str(daily_top_items.notebook),
+        str(out),
+        parameters={"data_dir": str(lake_dir)},
+        kernel_name="python3",
+        cwd=str(daily_top_items.notebook.parent),
+        progress_bar=False,
+    )
     # its own default: the newest day
     assert (lake_dir / "reports" / "daily_top_items" / "date=2026-01-02" / "part-0.parquet").exists()

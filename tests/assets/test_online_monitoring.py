@@ -57,12 +57,19 @@ def log_day(lake_root, records) -> None:
 
 
 def run(lake_root, day, url):
-    resources = {"lake": LakeResource(root=str(lake_root)), "quality": QualityResource(lake=LakeResource(
-        root=str(lake_root))), "notifier": WebhookNotifier(url=url)}
-    return materialize([prediction_logs, online_accuracy], resources=resources, partition_key=day.isoformat(),
-                       instance=DagsterInstance.ephemeral(),
-                       raise_on_error=False, run_config={"ops": {"monitoring__online_accuracy": {"config": {
-                           "k": 5, "horizon_minutes": 30}}}})  # as the recomputation
+    resources = {
+        "lake": LakeResource(root=str(lake_root)),
+        "quality": QualityResource(lake=LakeResource(root=str(lake_root))),
+        "notifier": WebhookNotifier(url=url),
+    }
+    return materialize(
+        [prediction_logs, online_accuracy],
+        resources=resources,
+        partition_key=day.isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+        run_config={"ops": {"monitoring__online_accuracy": {"config": {"k": 5, "horizon_minutes": 30}}}},
+    )  # as the recomputation
 
 
 def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhook(tmp_path, webhook):
@@ -75,8 +82,7 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
     first = run(tmp_path, day, url)
     assert first.success
     taken_in = lake.read_partition(LOG_ZONE, TABLE, day)
-    assert taken_in.sort("request_id", "role", "variant").equals(
-        frame(records).sort("request_id", "role", "variant"))
+    assert taken_in.sort("request_id", "role", "variant").equals(frame(records).sort("request_id", "role", "variant"))
     checks = {e.check_name: e.passed for e in first.get_asset_check_evaluations()}
     assert checks == {"great_expectations": True, DROP_CHECK: True}  # no earlier day: nothing to drop from
     stored = lake.read_partition(ZONE, MODELS_TABLE, day)
@@ -94,8 +100,12 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
     next_day = day + timedelta(days=1)
     later = [dataclasses.replace(r, served_at=r.served_at + timedelta(days=1)) for r in records]
     log_day(tmp_path, later)
-    lake.write_partition("warehouse", "interactions", next_day, events.filter(pl.col("event_type") == "impression")
-                         .with_columns(pl.col("event_timestamp") + timedelta(days=1)))
+    lake.write_partition(
+        "warehouse",
+        "interactions",
+        next_day,
+        events.filter(pl.col("event_type") == "impression").with_columns(pl.col("event_timestamp") + timedelta(days=1)),
+    )
     second = run(tmp_path, next_day, url)
     checks = {e.check_name: e for e in second.get_asset_check_evaluations()}
     assert checks["great_expectations"].passed and not checks[DROP_CHECK].passed

@@ -30,15 +30,25 @@ def ray(tmp_path_factory):
 
 
 def toy(registry_root):
-    @training_pipeline("toy_online", description="A toy model gated on online evidence", deps=[],
-                       partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"),
-                       promotion_evidence="online")
+    @training_pipeline(
+        "toy_online",
+        description="A toy model gated on online evidence",
+        deps=[],
+        partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"),
+        promotion_evidence="online",
+    )
     def train(run: TrainingRun) -> TrainedModel:
         folder = run.workdir / "model"
         folder.mkdir()
         (folder / "weights.txt").write_text(f"trained for {run.day}")
-        return TrainedModel(folder, {"auc": 0.1}, "auc", evaluate=lambda champion: 0.9,  # worse offline
-                            data_partitions=[str(run.day)], feature_service="personalization_ranking")
+        return TrainedModel(
+            folder,
+            {"auc": 0.1},
+            "auc",
+            evaluate=lambda champion: 0.9,  # worse offline
+            data_partitions=[str(run.day)],
+            feature_service="personalization_ranking",
+        )
 
     return train
 
@@ -61,12 +71,19 @@ def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_li
     comparisons = by_experiment(scored_answers(frame(records), events, SETTINGS), {"ab": "control"}, SETTINGS)
     Lake(tmp_path / "lake").write_partition(ZONE, COMPARISONS_TABLE, T0.date(), comparisons)
     pipeline = toy(tmp_path / "registry")
-    resources = {"lake": LakeResource(root=str(tmp_path / "lake")),
-                 "model_registry": ModelRegistryResource(root=str(tmp_path / "registry")),
-                 "ray": ray}
-    result = materialize(pipeline.assets, selection=AssetSelection.all(), resources=resources,
-                         partition_key=T0.date().isoformat(), instance=DagsterInstance.ephemeral(),
-                         raise_on_error=False)
+    resources = {
+        "lake": LakeResource(root=str(tmp_path / "lake")),
+        "model_registry": ModelRegistryResource(root=str(tmp_path / "registry")),
+        "ray": ray,
+    }
+    result = materialize(
+        pipeline.assets,
+        selection=AssetSelection.all(),
+        resources=resources,
+        partition_key=T0.date().isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
     gate = next(e for e in result.get_asset_check_evaluations() if e.check_name == GATE_CHECK)
     assert gate.passed is promoted, gate.description
     assert registry.by_alias("toy_online", "champion").version == ("2" if promoted else "1")

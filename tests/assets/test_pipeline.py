@@ -36,8 +36,11 @@ def expected_user_features(events: list[dict], user_id: int, end: datetime) -> d
 
     mine = [e for e in events if e["user_id"] == user_id]
     clicks7 = [e for e in mine if e["event_type"] == "click" and within(e, 7)]
-    clicks30 = sorted((e for e in mine if e["event_type"] == "click" and within(e, 30)),
-                      key=lambda e: (e["event_timestamp"], e["item_id"]), reverse=True)
+    clicks30 = sorted(
+        (e for e in mine if e["event_type"] == "click" and within(e, 30)),
+        key=lambda e: (e["event_timestamp"], e["item_id"]),
+        reverse=True,
+    )
     last = []
     for e in clicks30:
         if e["item_id"] not in last:
@@ -158,8 +161,12 @@ def test_labels_come_from_later_clicks_in_the_session(pipeline_dir):
                 current = e
                 if e["event_timestamp"] < END:
                     expected[e["event_id"]] = False
-            elif (e["event_type"] == "click" and current is not None and current["event_id"] in expected
-                  and e["event_timestamp"] < current["event_timestamp"] + LABEL_HORIZON):
+            elif (
+                e["event_type"] == "click"
+                and current is not None
+                and current["event_id"] in expected
+                and e["event_timestamp"] < current["event_timestamp"] + LABEL_HORIZON
+            ):
                 expected[current["event_id"]] = True
     got = dict(training.select("event_id", "label_click").iter_rows())
     assert got == expected
@@ -168,17 +175,25 @@ def test_labels_come_from_later_clicks_in_the_session(pipeline_dir):
 
 def test_impressions_without_a_session_are_dropped_and_counted():
     at = datetime(2026, 1, 1, 12, tzinfo=UTC)
-    rows = pl.DataFrame({"event_id": ["a", "b", "c"], "user_id": [1, 1, 1], "item_id": [5, 5, 5],
-                         "event_type": ["impression", "impression", "click"], "session_id": [None, "s", "s"],
-                         "event_timestamp": [at, at, at + LABEL_HORIZON - timedelta(seconds=1)]})
+    rows = pl.DataFrame(
+        {
+            "event_id": ["a", "b", "c"],
+            "user_id": [1, 1, 1],
+            "item_id": [5, 5, 5],
+            "event_type": ["impression", "impression", "click"],
+            "session_id": [None, "s", "s"],
+            "event_timestamp": [at, at, at + LABEL_HORIZON - timedelta(seconds=1)],
+        }
+    )
     labelled = labelled_impressions(rows)
     assert labelled.without_session == 1
     assert labelled.rows.select("event_id", "label_click").rows() == [("b", True)]
     # an impression at 23:50 is labelled by a click at 00:10 the next day, which the day's dataset waits for
     night = datetime(2026, 1, 1, 23, 50, tzinfo=UTC)
     day = rows.slice(1, 1).with_columns(pl.lit(night).cast(pl.Datetime("us", "UTC")).alias("event_timestamp"))
-    next_day = rows.slice(2, 1).with_columns(pl.lit(night + timedelta(minutes=20)).cast(pl.Datetime("us", "UTC"))
-                                             .alias("event_timestamp"))
+    next_day = rows.slice(2, 1).with_columns(
+        pl.lit(night + timedelta(minutes=20)).cast(pl.Datetime("us", "UTC")).alias("event_timestamp")
+    )
     assert labelled_impressions(day, next_day).rows["label_click"].to_list() == [True]
     assert labelled_impressions(day).rows["label_click"].to_list() == [False]
     late = rows.with_columns(pl.col("event_timestamp") + pl.Series([timedelta(0), timedelta(0), timedelta(seconds=1)]))
@@ -190,8 +205,10 @@ def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
     users = sample_users(events, n=10, seed=5)
     rows = [{"user_id": u, "item_id": 0} for u in users]
     before_online = store.online_features("personalization_ranking", rows)
-    before = {name: lake.read_partition("offline", name, LAST_DAY)
-              for name in ("user_engagement", "item_popularity", "user_item_affinity")}
+    before = {
+        name: lake.read_partition("offline", name, LAST_DAY)
+        for name in ("user_engagement", "item_popularity", "user_item_affinity")
+    }
     before_training = lake.read_partition("datasets", "personalization_training", LAST_DAY)
 
     run_pipeline(pipeline_dir, LAST_DAY, LAST_DAY, selection=daily_assets | AssetSelection.groups("datasets"))
@@ -202,13 +219,13 @@ def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
         assert_frame_equal(after, frame, rel_tol=1e-12, abs_tol=0)
         keys = [c for c in after.columns if c.endswith("_id")] + ["event_timestamp"]
         assert after.select(keys).is_duplicated().sum() == 0, name
-    assert_frame_equal(lake.read_partition("datasets", "personalization_training", LAST_DAY), before_training,
-                       rel_tol=1e-12, abs_tol=0)
+    assert_frame_equal(
+        lake.read_partition("datasets", "personalization_training", LAST_DAY), before_training, rel_tol=1e-12, abs_tol=0
+    )
     after_online = store.online_features("personalization_ranking", rows)
     assert after_online.keys() == before_online.keys()
     for name, values in after_online.items():
-        assert values == [pytest.approx(v, rel=1e-12) if isinstance(v, float) else v
-                          for v in before_online[name]], name
+        assert values == [pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for v in before_online[name]], name
 
 
 def test_online_item_content_is_the_latest_catalogue_row(pipeline_dir, store):

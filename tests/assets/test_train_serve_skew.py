@@ -43,8 +43,14 @@ def run(data_dir, selection, feature_store: FeatureStoreResource | None = None, 
     resources = local_resources(data_dir)
     if feature_store is not None:
         resources["feature_store"] = feature_store
-    return materialize(all_assets, selection=selection, resources=resources, partition_key=day.isoformat(),
-                       instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    return materialize(
+        all_assets,
+        selection=selection,
+        resources=resources,
+        partition_key=day.isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
 
 
 def check(result, name: str):
@@ -73,8 +79,13 @@ def test_training_set_check_passes_and_catches_streaming_views_read_from_daily_r
 
     def daily_row_instead(lake, view, rows, timing):
         day = rows.with_columns((pl.col("event_timestamp").dt.date() - timedelta(days=1)).alias("_day"))
-        offline = pl.concat([lake.read_partition("offline", view.name, d).with_columns(pl.lit(d).alias("_day"))
-                             for d in sorted(set(day["_day"].to_list())) if d >= FIRST_DAY])
+        offline = pl.concat(
+            [
+                lake.read_partition("offline", view.name, d).with_columns(pl.lit(d).alias("_day"))
+                for d in sorted(set(day["_day"].to_list()))
+                if d >= FIRST_DAY
+            ]
+        )
         return day.join(offline.drop("event_timestamp"), on=[*view.join_keys, "_day"], how="left")
 
     monkeypatch.setattr(point_in_time, "_streaming_values", daily_row_instead)
@@ -92,9 +103,15 @@ def test_training_set_check_passes_and_catches_streaming_views_read_from_daily_r
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_a_correction_reaches_the_online_store(lake_copy, backend):
     """Re-materializing after a correction overwrites, on Redis as on SQLite."""
-    engine = FeatureStoreEngine(FeatureStoreSettings(
-        repo_dir=lake_copy / f"repo_{backend}", offline_root=lake_copy / "offline",
-        project=f"t11_{uuid.uuid4().hex[:10]}", online_store=backend, redis_url=REDIS))
+    engine = FeatureStoreEngine(
+        FeatureStoreSettings(
+            repo_dir=lake_copy / f"repo_{backend}",
+            offline_root=lake_copy / "offline",
+            project=f"t11_{uuid.uuid4().hex[:10]}",
+            online_store=backend,
+            redis_url=REDIS,
+        )
+    )
     try:
         engine.apply()
         engine.materialize_days(FIRST_DAY, LAST_DAY)
@@ -104,23 +121,30 @@ def test_a_correction_reaches_the_online_store(lake_copy, backend):
         engine.materialize_days(LAST_DAY, LAST_DAY)
         after = [v["price"] for _, v in engine.online_view("item_content", items, ["price"])]
         assert [a for a in after if a is not None] and all(
-            a == pytest.approx(2 * b) for a, b in zip(after, before) if b is not None)
+            a == pytest.approx(2 * b) for a, b in zip(after, before) if b is not None
+        )
     finally:
         engine.store.teardown()
 
 
 def redis_store(data_dir, project: str) -> FeatureStoreResource:
-    return FeatureStoreResource(lake=local_resources(data_dir)["lake"], project=project, online_store="redis",
-                                redis_url=REDIS)
+    return FeatureStoreResource(
+        lake=local_resources(data_dir)["lake"], project=project, online_store="redis", redis_url=REDIS
+    )
 
 
 def test_online_check_catches_a_redis_store_that_keeps_old_values(lake_copy, monkeypatch):
     """Defect 3: Feast's Redis store skipped rows not newer than the stored ones."""
     store = redis_store(lake_copy, f"t11_{uuid.uuid4().hex[:10]}")
     config_dict = FeatureStoreSettings.config_dict
-    monkeypatch.setattr(FeatureStoreSettings, "config_dict",
-                        lambda self: {**config_dict(self), "online_store": {
-                            k: v for k, v in config_dict(self)["online_store"].items() if k != "skip_dedup"}})
+    monkeypatch.setattr(
+        FeatureStoreSettings,
+        "config_dict",
+        lambda self: {
+            **config_dict(self),
+            "online_store": {k: v for k, v in config_dict(self)["online_store"].items() if k != "skip_dedup"},
+        },
+    )
     try:
         assert check(run(lake_copy, ONLINE, store), ONLINE_CHECK).passed
         correct_every_price(lake_copy)
@@ -138,8 +162,9 @@ def test_batch_never_replaces_a_newer_streaming_value(lake_copy, monkeypatch):
     engine = local_resources(lake_copy)["feature_store"].get_client()
     view = catalogue.view("item_sales_today")
     rows = Lake(lake_copy).read_partition("offline", view.name, LAST_DAY).to_pandas()
-    pushed = rows.assign(event_timestamp=pd.Timestamp(day_end(LAST_DAY) + timedelta(minutes=5)),
-                         purchases_today=0, clicks_today=0)  # the live job, five minutes after midnight
+    pushed = rows.assign(
+        event_timestamp=pd.Timestamp(day_end(LAST_DAY) + timedelta(minutes=5)), purchases_today=0, clicks_today=0
+    )  # the live job, five minutes after midnight
     engine.store.write_to_online_store(view.name, pushed)
     keys = rows[["item_id"]].to_dict("records")
 
@@ -147,14 +172,19 @@ def test_batch_never_replaces_a_newer_streaming_value(lake_copy, monkeypatch):
     assert {v["purchases_today"] for _, v in engine.online_view(view.name, keys, ["purchases_today"])} == {0}
 
     def old_materialize(self, first, last, views=None):  # everything through Feast, streaming views too
-        self.store.materialize(start_date=day_end(first - timedelta(days=1)), end_date=day_end(last),
-                               feature_views=[v.name for v in catalogue.views if not v.is_table_view])
+        self.store.materialize(
+            start_date=day_end(first - timedelta(days=1)),
+            end_date=day_end(last),
+            feature_views=[v.name for v in catalogue.views if not v.is_table_view],
+        )
 
     monkeypatch.setattr(FeatureStoreEngine, "materialize_days", old_materialize)
     evaluation = check(run(lake_copy, ONLINE), ONLINE_CHECK)
     assert not evaluation.passed
-    replaced = {dict(r.data)["view"]: dict(r.data)["entities"]
-                for r in evaluation.metadata["streaming_values_replaced_by_older"].value.records}
+    replaced = {
+        dict(r.data)["view"]: dict(r.data)["entities"]
+        for r in evaluation.metadata["streaming_values_replaced_by_older"].value.records
+    }
     assert replaced[view.name] > 0
 
 

@@ -31,11 +31,17 @@ def chromium():
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     engine = QualityEngine(tmp_path_factory.mktemp("quality"))
-    suite = Suite("interactions", [gxe.ExpectColumnValuesToNotBeNull(column="user_id"),
-                                   gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0)])
+    suite = Suite(
+        "interactions",
+        [
+            gxe.ExpectColumnValuesToNotBeNull(column="user_id"),
+            gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0),
+        ],
+    )
     engine.validate(suite, pd.DataFrame({"user_id": [1, 2, 3], "price": [1.0, 2.0, 3.0]}), "interactions 2026-01-01")
-    engine.validate(suite, pd.DataFrame({"user_id": [1, None, 3], "price": [1.0, -2.0, 3.0]}),
-                    "interactions 2026-01-02")
+    engine.validate(
+        suite, pd.DataFrame({"user_id": [1, None, 3], "price": [1.0, -2.0, 3.0]}), "interactions 2026-01-02"
+    )
     return engine.build_docs().parent
 
 

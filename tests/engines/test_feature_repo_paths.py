@@ -31,8 +31,9 @@ def test_a_relative_data_dir_gives_a_repo_the_feast_cli_reads_from_anywhere(tmp_
     assert "OFFLINE_ROOT = Path(__file__).resolve().parent / '../offline'" in (repo / "definitions.py").read_text()
 
     for cwd, repo_arg in ((work, "data/feature_repo"), (elsewhere, str(repo)), (tmp_path, "work/data/feature_repo")):
-        out = subprocess.run([FEAST, "-c", repo_arg, "feature-views", "list"], cwd=cwd, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [FEAST, "-c", repo_arg, "feature-views", "list"], cwd=cwd, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, (cwd, out.stderr[-3000:])
         assert "user_engagement" in out.stdout and "item_content" in out.stdout
     # the CLI found the registry this process wrote, not a new one beside the caller
@@ -40,6 +41,11 @@ def test_a_relative_data_dir_gives_a_repo_the_feast_cli_reads_from_anywhere(tmp_
 
     moved = tmp_path / "moved"
     (work / "data").rename(moved)  # the whole lake moves: the repository still reads its own files
-    out = subprocess.run([FEAST, "-c", str(moved / "feature_repo"), "feature-views", "list"], cwd=elsewhere,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [FEAST, "-c", str(moved / "feature_repo"), "feature-views", "list"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0 and "user_engagement" in out.stdout, out.stderr[-3000:]

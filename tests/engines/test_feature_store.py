@@ -27,9 +27,16 @@ def registry_db():
 
 def test_redis_online_store_and_postgres_registry_serve_what_sqlite_serves(pipeline_dir, tmp_path, registry_db):
     project = f"mlplane_test_{uuid.uuid4().hex[:8]}"
-    prod = FeatureStoreEngine(FeatureStoreSettings(
-        repo_dir=tmp_path / "repo", offline_root=pipeline_dir / "offline", project=project,
-        online_store="redis", redis_url=REDIS, registry_url=registry_db))
+    prod = FeatureStoreEngine(
+        FeatureStoreSettings(
+            repo_dir=tmp_path / "repo",
+            offline_root=pipeline_dir / "offline",
+            project=project,
+            online_store="redis",
+            redis_url=REDIS,
+            registry_url=registry_db,
+        )
+    )
     local = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
     client = redis_client()
     try:
@@ -53,13 +60,18 @@ def test_feast_cli_works_on_the_generated_repo(pipeline_dir):
     engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
     engine.write_repo()
     feast = Path(sys.executable).with_name("feast")
-    out = subprocess.run([str(feast), "-c", str(engine.settings.repo_dir), "feature-services", "list"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(feast), "-c", str(engine.settings.repo_dir), "feature-services", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     for service in ("personalization_ranking", "search", "safety"):
         assert service in out.stdout
-    plan = subprocess.run([str(feast), "-c", str(engine.settings.repo_dir), "plan"],
-                          capture_output=True, text=True, timeout=180)
+    plan = subprocess.run(
+        [str(feast), "-c", str(engine.settings.repo_dir), "plan"], capture_output=True, text=True, timeout=180
+    )
     assert plan.returncode == 0, plan.stderr
     assert "user_item_affinity" in plan.stdout  # it parsed the generated definitions
 
@@ -70,8 +82,10 @@ def test_online_reader_returns_what_feast_returns(pipeline_dir):
 
     engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
     pairs = pl.read_parquet(pipeline_dir / "offline" / "user_item_affinity" / "*" / "*.parquet")
-    rows = [{"user_id": u, "item_id": i} for u, i in pairs.select("user_id", "item_id").unique().sort("user_id")
-            .head(150).rows()]
+    rows = [
+        {"user_id": u, "item_id": i}
+        for u, i in pairs.select("user_id", "item_id").unique().sort("user_id").head(150).rows()
+    ]
     reported = pl.read_parquet(pipeline_dir / "offline" / "user_reports" / "*" / "*.parquet").get_column("user_id")
     rows += [{"user_id": u, "item_id": rows[0]["item_id"]} for u in reported.unique().sort().head(20)]
     rows += [{"user_id": 10**9, "item_id": rows[0]["item_id"]}, rows[0]]  # an unknown user, a repeated row

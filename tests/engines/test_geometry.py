@@ -55,8 +55,9 @@ def test_two_boxes_in_an_l_give_the_analytic_hull_ratio_fill_and_symmetry():
 
 def test_a_prism_matches_the_polygon_formulas():
     n, a, b, h = 12, 0.5, 0.25, 2.0  # an elliptical 12-gon prism standing on z
-    got = measure_file(file_of([("prism", np.zeros(3), np.array([2 * a, 2 * b, h]), "z")], sections=n), "glb",
-                       resolution=256)
+    got = measure_file(
+        file_of([("prism", np.zeros(3), np.array([2 * a, 2 * b, h]), "z")], sections=n), "glb", resolution=256
+    )
     polygon = 0.5 * n * a * b * math.sin(2 * math.pi / n)
     corners = [(a * math.cos(2 * math.pi * k / n), b * math.sin(2 * math.pi * k / n)) for k in range(n + 1)]
     perimeter = sum(math.dist(p, q) for p, q in zip(corners, corners[1:]))
@@ -100,8 +101,15 @@ def test_symmetry_of_masks():
 
 
 @pytest.mark.parametrize("fmt", ["glb", "obj"])
-@pytest.mark.parametrize("defect, reason", [("non_manifold", "non-manifold"), ("degenerate_faces", "degenerate faces"),
-                                            ("empty", "empty mesh"), ("unreadable", "unreadable")])
+@pytest.mark.parametrize(
+    "defect, reason",
+    [
+        ("non_manifold", "non-manifold"),
+        ("degenerate_faces", "degenerate faces"),
+        ("empty", "empty mesh"),
+        ("unreadable", "unreadable"),
+    ],
+)
 def test_broken_meshes_get_a_reason_not_an_exception(fmt, defect, reason):
     vertices, faces = MeshSpec((box((0, 0, 0), (1, 1, 1)),), 8).build()
     got = measure_file(broken_file(defect, vertices, faces, fmt), fmt)
@@ -110,8 +118,10 @@ def test_broken_meshes_get_a_reason_not_an_exception(fmt, defect, reason):
 
 
 def test_missing_mesh_files_and_paths_get_a_reason(tmp_path):
-    items = pl.DataFrame({"item_id": [1, 2], "updated_at": [None, None], "mesh_path": ["meshes/1.glb", None]},
-                         schema={"item_id": pl.Int64, "updated_at": pl.Datetime("us", "UTC"), "mesh_path": pl.String})
+    items = pl.DataFrame(
+        {"item_id": [1, 2], "updated_at": [None, None], "mesh_path": ["meshes/1.glb", None]},
+        schema={"item_id": pl.Int64, "updated_at": pl.Datetime("us", "UTC"), "mesh_path": pl.String},
+    )
     rows = measure_items_locally(items, tmp_path)
     assert rows["mesh_error"].to_list() == ["mesh file missing: meshes/1.glb", "no mesh path"]
     with pytest.raises(ValueError, match="duplicate item_id"):
@@ -125,7 +135,8 @@ def test_simulated_meshes_measure_as_the_answer_key_says(tmp_path):
     _, changed = sim.world.at(0)  # the first day: the whole catalogue, each item with its mesh
     truth = pl.DataFrame([sim.write_mesh(item) for item in changed.items.itertuples()], infer_schema_length=None)
     items = pl.from_pandas(changed.items[["item_id", "updated_at", "mesh_path"]]).with_columns(
-        pl.col("updated_at").cast(pl.Datetime("us", "UTC")))
+        pl.col("updated_at").cast(pl.Datetime("us", "UTC"))
+    )
     assert set(DEFECTS) == set(truth["mesh_defect"].drop_nulls())  # every kind of defect occurs
     assert sorted(items["mesh_path"].str.extract(r"\.(\w+)$").unique().to_list()) == ["glb", "obj"]
     rows = measure_items_locally(items, tmp_path / "landing").join(truth, on="item_id", suffix="_truth")
@@ -133,8 +144,14 @@ def test_simulated_meshes_measure_as_the_answer_key_says(tmp_path):
     broken = rows.filter(pl.col("mesh_defect").is_not_null())
     assert broken["mesh_error"].null_count() == 0
     for reason, defect in zip(broken["mesh_error"], broken["mesh_defect"]):
-        assert reason.startswith({"non_manifold": "non-manifold", "degenerate_faces": "degenerate faces",
-                                  "empty": "empty mesh", "unreadable": "unreadable"}[defect]), (reason, defect)
+        assert reason.startswith(
+            {
+                "non_manifold": "non-manifold",
+                "degenerate_faces": "degenerate faces",
+                "empty": "empty mesh",
+                "unreadable": "unreadable",
+            }[defect]
+        ), (reason, defect)
     good = rows.filter(pl.col("mesh_defect").is_null())
     assert good["mesh_error"].null_count() == good.height and good["is_watertight"].all()
     assert (good["vertex_count"] == good["vertex_count_truth"]).all()

@@ -23,7 +23,8 @@ def geometry_ray(tmp_path_factory):
     for item in changed.items.itertuples():
         sim.write_mesh(item)
     items = pl.from_pandas(changed.items[["item_id", "updated_at", "mesh_path"]]).with_columns(
-        pl.col("updated_at").cast(pl.Datetime("us", "UTC")))
+        pl.col("updated_at").cast(pl.Datetime("us", "UTC"))
+    )
     RayResource(num_cpus=2, object_store_mb=200, temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp")).ensure_started()
     yield {"landing": root / "landing", "items": items, "plain": measure_items_locally(items, root / "landing")}
     ray.shutdown()
@@ -40,8 +41,11 @@ def test_a_failed_task_still_gives_one_row_per_item(geometry_ray, tmp_path, kill
     items = geometry_ray["items"]
     victim = int(items["item_id"][items.height // 2])
     marker = tmp_path / "failed"
-    rows = measure_items(items, geometry_ray["landing"],
-                         GeometryConfig(block_rows=16, drill=FailureDrill(victim, str(marker), kill=kill)))
+    rows = measure_items(
+        items,
+        geometry_ray["landing"],
+        GeometryConfig(block_rows=16, drill=FailureDrill(victim, str(marker), kill=kill)),
+    )
     assert marker.exists(), "the failure was not injected"
     assert rows["item_id"].to_list() == sorted(items["item_id"].to_list())
     assert_frame_equal(rows, geometry_ray["plain"])

@@ -36,8 +36,12 @@ def test_malformed_file_is_quarantined_whole_and_the_rest_loads(sim, tmp_path, k
     assert list(report.quarantined) == [bad.name]
     problem = report.quarantined[bad.name]
     assert bad.name in problem
-    expected = {"bad_json": "not valid JSON", "missing_column": "missing column(s) user_id",
-                "wrong_type": "column 'user_id' cannot be read as int64", "out_of_day": "outside 2026-01-01"}[kind]
+    expected = {
+        "bad_json": "not valid JSON",
+        "missing_column": "missing column(s) user_id",
+        "wrong_type": "column 'user_id' cannot be read as int64",
+        "out_of_day": "outside 2026-01-01",
+    }[kind]
     assert expected in problem
     moved = lake.root / "quarantine" / "interactions" / "date=2026-01-01" / bad.name
     assert moved.exists() and not bad.exists()
@@ -58,8 +62,9 @@ def test_fixed_file_loads_on_rerun(sim, tmp_path):
 
     assert report.quarantined == {}
     assert second.height == first.height + fixed.height
-    assert set(fixed.get_column("event_id")) <= set(lake.read_partition("warehouse", "interactions", DAY)
-                                                   .get_column("event_id"))
+    assert set(fixed.get_column("event_id")) <= set(
+        lake.read_partition("warehouse", "interactions", DAY).get_column("event_id")
+    )
     assert bad.name not in report.files_loaded
 
 
@@ -106,8 +111,9 @@ def test_jsonl_and_parquet_deliveries_load_to_the_same_rows(tmp_path, stream):
 
 
 @pytest.mark.parametrize("correction_arrives", ["later", "earlier"])
-def test_a_redelivered_event_resolves_to_the_newest_delivery_in_warehouse_and_staging(sim, tmp_path,
-                                                                                     correction_arrives):
+def test_a_redelivered_event_resolves_to_the_newest_delivery_in_warehouse_and_staging(
+    sim, tmp_path, correction_arrives
+):
     """One rule for re-deliveries with different content: the newest delivery (arrival order) wins,
     in the warehouse and in the streaming backfill's staging. The correction moves the event earlier."""
     import json
@@ -119,8 +125,7 @@ def test_a_redelivered_event_resolves_to_the_newest_delivery_in_warehouse_and_st
     original = lake.landing_files("interactions", DAY)[0]
     event = pl.read_parquet(original).filter(pl.col("event_timestamp").dt.hour() >= 2).head(1)
     row = event.row(0, named=True)
-    corrected = event.with_columns(
-        pl.col("event_timestamp") - pl.duration(hours=1), pl.lit("console").alias("device"))
+    corrected = event.with_columns(pl.col("event_timestamp") - pl.duration(hours=1), pl.lit("console").alias("device"))
     assert corrected["event_timestamp"][0].date() == DAY
     path = lake.landing_dir("interactions", DAY) / "zz-correction.parquet"
     corrected.write_parquet(path)
@@ -133,9 +138,14 @@ def test_a_redelivered_event_resolves_to_the_newest_delivery_in_warehouse_and_st
     assert got.height == 1 and report.duplicate_rows == 1
     assert (got["event_timestamp"][0], got["device"][0]) == (want["event_timestamp"], want["device"])
 
-    staged = [json.loads(line) for p in sorted((tmp_path / "staged").glob("*.jsonl")) for line in p.read_text()
-              .splitlines()] if stage_landing(lake, "interactions", [DAY], tmp_path / "staged", key="event_id") else []
+    staged = (
+        [json.loads(line) for p in sorted((tmp_path / "staged").glob("*.jsonl")) for line in p.read_text().splitlines()]
+        if stage_landing(lake, "interactions", [DAY], tmp_path / "staged", key="event_id")
+        else []
+    )
     mine = [r for r in staged if r["event_id"] == row["event_id"]]
     assert len(staged) == frame.height and len(mine) == 1
     assert (mine[0]["device"], mine[0]["event_timestamp"][:19]) == (
-        want["device"], want["event_timestamp"].strftime("%Y-%m-%dT%H:%M:%S"))
+        want["device"],
+        want["event_timestamp"].strftime("%Y-%m-%dT%H:%M:%S"),
+    )

@@ -27,12 +27,14 @@ class Script:
 
 def test_429_and_503_are_retried_after_retry_after_and_other_errors_are_recorded():
     limited = (429, {"retry-after": "7"}, {"error": {"message": "Rate limit reached"}})
-    script = Script({
-        "chair": [limited, limited, (200, {}, OK)],
-        "lamp": [(503, {}, {"error": {"message": "no backend"}}), (200, {}, OK)],
-        "sword": [(400, {}, {"error": {"message": "bad body"}})],
-        "rock": [limited],
-    })
+    script = Script(
+        {
+            "chair": [limited, limited, (200, {}, OK)],
+            "lamp": [(503, {}, {"error": {"message": "no backend"}}), (200, {}, OK)],
+            "sword": [(400, {}, {"error": {"message": "bad body"}})],
+            "rock": [limited],
+        }
+    )
     slept = []
     items = [{"item_id": i, "title": t, "category": "c"} for i, t in enumerate(["chair", "lamp", "sword", "rock"])]
     spec = BatchSpec("m", concurrency=2, retry=RetryPolicy(max_attempts=4, base_delay_s=0.5, max_delay_s=30))
@@ -47,8 +49,15 @@ def test_429_and_503_are_retried_after_retry_after_and_other_errors_are_recorded
     assert script.calls == {"chair": 3, "lamp": 2, "sword": 1, "rock": 4}
     # Retry-After (7 s) wins over the backoff; the 503 without one backs off 0.5 s; no sleep after the last try
     assert sorted(slept) == sorted([7, 7, 0.5, 7, 7, 7])
-    assert run.totals() == {"items": 4, "generated": 2, "failed": 2, "prompt_tokens": 22, "completion_tokens": 8,
-                            "rate_limited_retries": 7, "attempts": 10}
+    assert run.totals() == {
+        "items": 4,
+        "generated": 2,
+        "failed": 2,
+        "prompt_tokens": 22,
+        "completion_tokens": 8,
+        "rate_limited_retries": 7,
+        "attempts": 10,
+    }
 
 
 def test_backoff_doubles_up_to_the_cap():

@@ -67,9 +67,11 @@ def exported(tmp_path_factory):
     registry = build_registry(root)
     repository = root / "repository"
     out = []
-    for t in (target(registry, "personalization", "personalization", "two_tower", "1"),
-              target(registry, "clip_text", "clip", "clip_text", "1"),
-              target(registry, "clip_image", "clip", "clip_image", "1")):
+    for t in (
+        target(registry, "personalization", "personalization", "two_tower", "1"),
+        target(registry, "clip_text", "clip", "clip_text", "1"),
+        target(registry, "clip_image", "clip", "clip_image", "1"),
+    ):
         folder = registry.load(t.registry_model, t.version, root / "artifacts" / t.name)
         out += [(model, folder) for model in export_target(t, folder, repository)]
     return registry, repository, out, root
@@ -77,8 +79,12 @@ def exported(tmp_path_factory):
 
 def test_every_export_gives_the_served_models_outputs(exported):
     _, repository, models, _ = exported
-    assert sorted(m.name for m, _ in models) == ["clip_image", "clip_text", "personalization-item_tower",
-                                                 "personalization-user_tower"]
+    assert sorted(m.name for m, _ in models) == [
+        "clip_image",
+        "clip_text",
+        "personalization-item_tower",
+        "personalization-user_tower",
+    ]
     for model, folder in models:
         result = compare_export(repository, model, folder)
         assert result.passed, result
@@ -113,8 +119,11 @@ def test_a_different_model_or_a_wrong_config_fails_the_comparison(exported, tmp_
     assert not mixed.passed and mixed.max_abs_diff > 1e-2
     # a config.pbtxt that declares another width than the tower reads
     config_file = v2_user.folder(other) / CONFIG_FILE
-    config_file.write_text(config_file.read_text().replace('name: "numeric"\n  data_type: TYPE_FP32\n  dims: 1',
-                                                           'name: "numeric"\n  data_type: TYPE_FP32\n  dims: 2'))
+    config_file.write_text(
+        config_file.read_text().replace(
+            'name: "numeric"\n  data_type: TYPE_FP32\n  dims: 1', 'name: "numeric"\n  data_type: TYPE_FP32\n  dims: 2'
+        )
+    )
     broken = compare_export(other, v2_user, v2_folder)
     assert not broken.passed and "'numeric'" in broken.problem
     # the untouched v1 export still passes: the failures above come from the changes
@@ -123,11 +132,16 @@ def test_a_different_model_or_a_wrong_config_fails_the_comparison(exported, tmp_
 
 def test_tower_with_clip_embeddings_and_no_categories_exports_exactly(tmp_path):
     rng = np.random.default_rng(3)
-    frame = pl.DataFrame({
-        "user_id": [1, 2, 3], "item_id": [10, 11, 12],
-        "user_engagement__clicks_7d": [1.0, 5.0, 0.0],
-        "item_content__price": [3.0, 9.5, 1.0],
-        "item_embedding": rng.normal(size=(3, 6)).astype(np.float32).tolist(), "label": [1.0, 0.0, 1.0]})
+    frame = pl.DataFrame(
+        {
+            "user_id": [1, 2, 3],
+            "item_id": [10, 11, 12],
+            "user_engagement__clicks_7d": [1.0, 5.0, 0.0],
+            "item_content__price": [3.0, 9.5, 1.0],
+            "item_embedding": rng.normal(size=(3, 6)).astype(np.float32).tolist(),
+            "label": [1.0, 0.0, 1.0],
+        }
+    )
     torch.manual_seed(5)
     spec = build_spec(frame, TrainConfig(dim=4, hidden=8), item_embeddings=frame.select("item_id", "item_embedding"))
     assert spec.item.embedding_column and not spec.item.categorical and not spec.user.histories
@@ -159,8 +173,14 @@ def test_publish_keeps_versions_and_moves_the_pin(exported, tmp_path):
 
 
 # --- KServe ------------------------------------------------------------------------------------------
-SERVER = {"lake_root": "/data/lake", "registry_root": "/data/lake/registry", "tracking_uri": None,
-          "online_store": "redis", "redis_url": "redis.internal:6379", "poll_interval_s": 2.0}
+SERVER = {
+    "lake_root": "/data/lake",
+    "registry_root": "/data/lake/registry",
+    "tracking_uri": None,
+    "online_store": "redis",
+    "redis_url": "redis.internal:6379",
+    "poll_interval_s": 2.0,
+}
 
 
 def manifests(version: str = "3") -> list[dict]:
@@ -171,27 +191,44 @@ def manifests(version: str = "3") -> list[dict]:
 def test_generated_manifests_validate_against_kserve_fields():
     config, isvc = manifests()
     assert kserve.problems(config) == [] and kserve.problems(isvc) == []
-    triton = kserve.triton_manifest([ExportTarget("clip_text", "clip", "clip_text", "3", "a", "c")],
-                                    kserve.KServeSettings(triton_runtime_version="25.01-py3"))
+    triton = kserve.triton_manifest(
+        [ExportTarget("clip_text", "clip", "clip_text", "3", "a", "c")],
+        kserve.KServeSettings(triton_runtime_version="25.01-py3"),
+    )
     assert kserve.problems(triton) == []
     assert isvc["metadata"]["name"] == "mlplane-clip-text"
     # KServe's own sample of a custom predictor (docs/samples/v1beta1/custom/prebuilt-image) validates too
-    sample = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-              "metadata": {"labels": {"controller-tools.k8s.io": "1.0"}, "name": "custom-prebuilt-image"},
-              "spec": {"predictor": {"containers": [{"name": "custom", "image": "codait/max-object-detector",
-                                                     "ports": [{"containerPort": 5000, "protocol": "TCP"}]}]}}}
+    sample = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"labels": {"controller-tools.k8s.io": "1.0"}, "name": "custom-prebuilt-image"},
+        "spec": {
+            "predictor": {
+                "containers": [
+                    {
+                        "name": "custom",
+                        "image": "codait/max-object-detector",
+                        "ports": [{"containerPort": 5000, "protocol": "TCP"}],
+                    }
+                ]
+            }
+        },
+    }
     assert kserve.problems(sample) == []
 
 
-@pytest.mark.parametrize("path, value, expected", [
-    (("spec", "predictor", "containers", 0, "imagePullPolicyy"), "Always", "imagePullPolicyy"),  # not a field
-    (("spec", "predictor", "minReplicas"), "two", "'two' is not of type 'integer'"),
-    (("spec", "predictor", "containers", 0, "ports", 0, "containerPort"), None, "None is not of type 'integer'"),
-    (("spec", "predictor", "canaryTrafic"), 10, "canaryTrafic"),
-    (("spec", "transformer"), {"containers": [{"image": "x"}]}, "'name' is a required property"),
-    (("metadata", "name"), "Mlplane_Clip", "not a valid InferenceService name"),
-    (("apiVersion",), "serving.kserve.io/v1alpha1", "no schema for InferenceService"),
-])
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        (("spec", "predictor", "containers", 0, "imagePullPolicyy"), "Always", "imagePullPolicyy"),  # not a field
+        (("spec", "predictor", "minReplicas"), "two", "'two' is not of type 'integer'"),
+        (("spec", "predictor", "containers", 0, "ports", 0, "containerPort"), None, "None is not of type 'integer'"),
+        (("spec", "predictor", "canaryTrafic"), 10, "canaryTrafic"),
+        (("spec", "transformer"), {"containers": [{"image": "x"}]}, "'name' is a required property"),
+        (("metadata", "name"), "Mlplane_Clip", "not a valid InferenceService name"),
+        (("apiVersion",), "serving.kserve.io/v1alpha1", "no schema for InferenceService"),
+    ],
+)
 def test_manifest_schema_rejects_what_kserve_would(path, value, expected):
     isvc = copy.deepcopy(manifests()[1])
     node = isvc

@@ -44,27 +44,91 @@ def simulated(seed: int, users: int = 300, lift: float = 0.0):
         scores = sorted((rng.gauss(-2, 1) for _ in items), reverse=True)
         request = f"r{n}"
         assignments = {"ab": arm, "other": other}
-        records.append(PredictionRecord(request, at, LIVE, "recommend", user, "ab", arm, assignments,
-                                        "personalization" if arm == "control" else "personalization-challenger",
-                                        "personalization", "1" if arm == "control" else "2", 5, "0" * 64,
-                                        rng.random() * 10, items, scores))
+        records.append(
+            PredictionRecord(
+                request,
+                at,
+                LIVE,
+                "recommend",
+                user,
+                "ab",
+                arm,
+                assignments,
+                "personalization" if arm == "control" else "personalization-challenger",
+                "personalization",
+                "1" if arm == "control" else "2",
+                5,
+                "0" * 64,
+                rng.random() * 10,
+                items,
+                scores,
+            )
+        )
         shadow_items = items[:2] + rng.sample(range(500), 3)
         shadow_scores = sorted((rng.gauss(-2, 1) for _ in range(5)), reverse=True)
-        records.append(PredictionRecord(request, at, SHADOW, "recommend", user, "", "slow", assignments,
-                                        "personalization@slow", "personalization", "3", 5, "0" * 64,
-                                        rng.random() * 20, shadow_items, shadow_scores))
+        records.append(
+            PredictionRecord(
+                request,
+                at,
+                SHADOW,
+                "recommend",
+                user,
+                "",
+                "slow",
+                assignments,
+                "personalization@slow",
+                "personalization",
+                "3",
+                5,
+                "0" * 64,
+                rng.random() * 20,
+                shadow_items,
+                shadow_scores,
+            )
+        )
         p = 0.15 + (lift if arm == "treatment" else 0.0)
         for rank, item in enumerate(items):
             if rng.random() < p / (rank + 1) ** 0.5:
                 kind = rng.choice(["click", "play", "impression"])
                 delay = timedelta(minutes=rng.choice([1, 10, 29, 31, 90]))
                 events.append({"user_id": user, "item_id": item, "event_type": kind, "event_timestamp": at + delay})
-        events.append({"user_id": user, "item_id": rng.randrange(500), "event_type": "click",
-                       "event_timestamp": at - timedelta(minutes=5)})  # before the answer: never a hit
-    records.append(PredictionRecord("failed", T0, SHADOW, "recommend", 1, "", "broken", {}, "x", "personalization",
-                                    "", 5, "0" * 64, 1.0, status="error", error="boom"))
-    interactions = pl.DataFrame(events, schema={"user_id": pl.Int64, "item_id": pl.Int64, "event_type": pl.String,
-                                                "event_timestamp": pl.Datetime("us", "UTC")})
+        events.append(
+            {
+                "user_id": user,
+                "item_id": rng.randrange(500),
+                "event_type": "click",
+                "event_timestamp": at - timedelta(minutes=5),
+            }
+        )  # before the answer: never a hit
+    records.append(
+        PredictionRecord(
+            "failed",
+            T0,
+            SHADOW,
+            "recommend",
+            1,
+            "",
+            "broken",
+            {},
+            "x",
+            "personalization",
+            "",
+            5,
+            "0" * 64,
+            1.0,
+            status="error",
+            error="boom",
+        )
+    )
+    interactions = pl.DataFrame(
+        events,
+        schema={
+            "user_id": pl.Int64,
+            "item_id": pl.Int64,
+            "event_type": pl.String,
+            "event_timestamp": pl.Datetime("us", "UTC"),
+        },
+    )
     return records, interactions
 
 
@@ -85,8 +149,15 @@ def recompute(records, interactions):
             dcg += hit / math.log2(rank + 1)
             expected += 1 / (1 + math.exp(-score))
         ideal = sum(1 / math.log2(i + 1) for i in range(1, sum(hits) + 1))
-        out.append({"record": r, "hits": sum(hits), "shown": len(hits), "ndcg": dcg / ideal if ideal else 0.0,
-                    "expected": expected})
+        out.append(
+            {
+                "record": r,
+                "hits": sum(hits),
+                "shown": len(hits),
+                "ndcg": dcg / ideal if ideal else 0.0,
+                "expected": expected,
+            }
+        )
     return out
 
 
@@ -108,8 +179,12 @@ def test_metrics_per_model_version_match_a_recomputation_from_the_raw_rows():
     truth = recompute(records, interactions)
     assert table["answers"].sum() == len(truth)
     for row in table.iter_rows(named=True):
-        mine = [t for t in truth if (t["record"].role, t["record"].model_version, t["record"].variant) ==
-                (row["role"], row["model_version"], row["variant"])]
+        mine = [
+            t
+            for t in truth
+            if (t["record"].role, t["record"].model_version, t["record"].variant)
+            == (row["role"], row["model_version"], row["variant"])
+        ]
         users = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
         for t in mine:
             u = users[t["record"].user_id]
@@ -122,8 +197,11 @@ def test_metrics_per_model_version_match_a_recomputation_from_the_raw_rows():
         ndcg, ndcg_se = ratio_and_se({k: (v[2], v[3]) for k, v in users.items()})
         calibration, calibration_se = ratio_and_se({k: (v[0], v[4]) for k, v in users.items()})
         assert row["users"] == len(users) and row["hits"] == sum(v[0] for v in users.values())
-        for name, value, se in (("ctr", ctr, ctr_se), ("ndcg", ndcg, ndcg_se),
-                                ("calibration", calibration, calibration_se)):
+        for name, value, se in (
+            ("ctr", ctr, ctr_se),
+            ("ndcg", ndcg, ndcg_se),
+            ("calibration", calibration, calibration_se),
+        ):
             assert row[name] == pytest.approx(value, rel=1e-9)
             assert row[f"{name}_low"] == pytest.approx(value - Z95 * se, rel=1e-9)
             assert row[f"{name}_high"] == pytest.approx(value + Z95 * se, rel=1e-9)
@@ -147,9 +225,9 @@ def test_experiment_differences_tests_and_sample_sizes_match_a_recomputation():
                     users[t["record"].user_id][1] += t["shown"]
             arms[arm] = (*ratio_and_se(users), len(users))
         (c, c_se, c_n), (v, v_se, v_n) = arms[row["control"]], arms[row["variant"]]
-        se = math.sqrt(c_se ** 2 + v_se ** 2)
+        se = math.sqrt(c_se**2 + v_se**2)
         p = math.erfc(abs(v - c) / se / math.sqrt(2))
-        needed = math.ceil((Z95 + 0.8416212335729143) ** 2 * (c_se ** 2 * c_n + v_se ** 2 * v_n) / (0.05 * c) ** 2)
+        needed = math.ceil((Z95 + 0.8416212335729143) ** 2 * (c_se**2 * c_n + v_se**2 * v_n) / (0.05 * c) ** 2)
         assert (row["control_users"], row["variant_users"]) == (c_n, v_n)
         assert row["difference"] == pytest.approx(v - c, rel=1e-9)
         assert row["p_value"] == pytest.approx(p, rel=1e-6, abs=1e-12)
@@ -192,8 +270,7 @@ def test_a_significant_drop_is_found_and_the_verdict_reads_the_comparisons():
     assert not drops(yesterday, yesterday, threshold=0.2, alpha=0.01)
     comparisons = by_experiment(answers, {"ab": "control"}, SETTINGS)
     verdict = online_verdict(comparisons, challenger="2", champion="1")
-    assert verdict.source == "ab" and verdict.p_value == comparisons.filter(
-        pl.col("experiment") == "ab")["p_value"][0]
+    assert verdict.source == "ab" and verdict.p_value == comparisons.filter(pl.col("experiment") == "ab")["p_value"][0]
     assert not online_verdict(comparisons, challenger="7", champion="1").passed
 
 

@@ -45,8 +45,11 @@ def warehouse(pipeline_dir):
     lake = Lake(pipeline_dir)
 
     def rows(source: str) -> list[tuple[date, dict]]:
-        return [(d, r) for d in lake.partition_days("warehouse", source)
-                for r in lake.read_partition("warehouse", source, d).to_dicts()]
+        return [
+            (d, r)
+            for d in lake.partition_days("warehouse", source)
+            for r in lake.read_partition("warehouse", source, d).to_dicts()
+        ]
 
     return {"interactions": [r for _, r in rows("interactions")], "items": rows("items"), "users": rows("users")}
 
@@ -68,8 +71,11 @@ def test_dimension_views_are_the_newest_version_known_at_t(pipeline_dir, warehou
     for entity, row in zip(entities, got):
         t = entity["event_timestamp"]
         # a row counts from the end of the day it was delivered (the daily run puts it online then)
-        seen = [(r["updated_at"], d, r) for d, r in versions[entity["item_id"]]
-                if midnight(d + timedelta(days=1)) <= t and r["updated_at"] <= t]
+        seen = [
+            (r["updated_at"], d, r)
+            for d, r in versions[entity["item_id"]]
+            if midnight(d + timedelta(days=1)) <= t and r["updated_at"] <= t
+        ]
         want = max(seen, key=lambda v: (v[0], v[1]))[2] if seen else None
         assert row["item_content__price"] == (want["price"] if want else None), entity
         assert row["item_content__category"] == (want["category"] if want else None), entity
@@ -125,8 +131,9 @@ def test_streaming_views_are_the_newest_published_window(pipeline_dir, warehouse
 
 
 def test_a_read_before_any_data_gives_nulls_and_says_so(pipeline_dir):
-    frame = pl.DataFrame({"user_id": [1, 2], "item_id": [1, 2],
-                          "event_timestamp": [datetime(2025, 6, 1, 12, tzinfo=UTC)] * 2})
+    frame = pl.DataFrame(
+        {"user_id": [1, 2], "item_id": [1, 2], "event_timestamp": [datetime(2025, 6, 1, 12, tzinfo=UTC)] * 2}
+    )
     columns = ["user_profile__country", "user_engagement__clicks_7d", "user_activity_realtime__clicks_1h"]
     result = features_as_of(pipeline_dir, columns, frame, TIMING)
     assert result.frame.select(columns).null_count().row(0) == (2, 2, 2)
@@ -163,11 +170,19 @@ def test_batch_inference_reads_the_catalogue_not_the_days_changes(pipeline_dir):
     delivered so far has its attributes."""
     lake = Lake(pipeline_dir)
     changed = lake.read_partition("offline", "item_content", LAST_DAY).height
-    existing = sorted(pl.concat([lake.read_partition("warehouse", "items", d) for d in
-                                 lake.partition_days("warehouse", "items") if d <= LAST_DAY])["item_id"].unique())
+    existing = sorted(
+        pl.concat(
+            [
+                lake.read_partition("warehouse", "items", d)
+                for d in lake.partition_days("warehouse", "items")
+                if d <= LAST_DAY
+            ]
+        )["item_id"].unique()
+    )
     assert changed < len(existing) / 2
-    result = entity_features(lake, LAST_DAY, ["item_id", "item_content__category", "item_content__price"],
-                             "item_id", existing, TIMING)
+    result = entity_features(
+        lake, LAST_DAY, ["item_id", "item_content__category", "item_content__price"], "item_id", existing, TIMING
+    )
     assert result.frame.height == len(existing)
     assert result.frame["item_content__category"].null_count() == 0
 
@@ -180,12 +195,21 @@ def test_dimension_versions_resolve_late_and_repeated_deliveries(tmp_path):
     at = [datetime(2026, 1, d, 10, tzinfo=UTC) for d in (1, 2, 3)]
 
     def delivery(day: int, rows: list[tuple[int, datetime, str]]):
-        frame = pl.DataFrame({"user_id": [r[0] for r in rows], "country": [r[2] for r in rows], "region": "eu",
-                              "age_bucket": "25-34", "is_creator": False, "signup_at": at[0], "updated_at":
-                              [r[1] for r in rows]}, schema_overrides={"updated_at": pl.Datetime("us", "UTC"),
-                                                                      "signup_at": pl.Datetime("us", "UTC")})
+        frame = pl.DataFrame(
+            {
+                "user_id": [r[0] for r in rows],
+                "country": [r[2] for r in rows],
+                "region": "eu",
+                "age_bucket": "25-34",
+                "is_creator": False,
+                "signup_at": at[0],
+                "updated_at": [r[1] for r in rows],
+            },
+            schema_overrides={"updated_at": pl.Datetime("us", "UTC"), "signup_at": pl.Datetime("us", "UTC")},
+        )
         lake.write_partition("warehouse", "users", date(2026, 1, day), frame)
         from feature_defs.compile.polars import build_table_rows
+
         lake.write_partition("offline", view.name, date(2026, 1, day), build_table_rows(view, frame.lazy()).collect())
 
     delivery(1, [(1, at[0], "DE"), (2, at[0], "FR")])
@@ -193,8 +217,12 @@ def test_dimension_versions_resolve_late_and_repeated_deliveries(tmp_path):
     delivery(3, [(1, at[0], "XX")])  # user 1: a late delivery of an older change
     versions = dimension_versions(lake, view, date(2026, 1, 3))
     assert versions.filter(pl.col("user_id") == 1)["country"].to_list() == ["DE", "AT"]
-    times = [datetime(2026, 1, 1, 23, tzinfo=UTC), datetime(2026, 1, 2, 1, tzinfo=UTC),
-             datetime(2026, 1, 3, 1, tzinfo=UTC), datetime(2026, 1, 4, 1, tzinfo=UTC)]
+    times = [
+        datetime(2026, 1, 1, 23, tzinfo=UTC),
+        datetime(2026, 1, 2, 1, tzinfo=UTC),
+        datetime(2026, 1, 3, 1, tzinfo=UTC),
+        datetime(2026, 1, 4, 1, tzinfo=UTC),
+    ]
     frame = pl.DataFrame({"user_id": [1, 1, 1, 1, 2, 2, 2, 2], "event_timestamp": times * 2})
     got = features_as_of(tmp_path, ["user_profile__country"], frame).frame["user_profile__country"].to_list()
     assert got == [None, "DE", "AT", "AT", None, "FR", "BE", "BE"]
@@ -203,11 +231,20 @@ def test_dimension_versions_resolve_late_and_repeated_deliveries(tmp_path):
 def test_item_embeddings_join_as_of_the_rows_time(tmp_path):
     lake = Lake(tmp_path)
     for day, value in ((date(2026, 1, 1), 1.0), (date(2026, 1, 3), 3.0)):
-        lake.write_partition("embeddings", "items", day, pl.DataFrame({
-            "item_id": [7], "image_embedding": [[value, value]], "skip_reason": [None]},
-            schema_overrides={"image_embedding": pl.List(pl.Float32), "skip_reason": pl.String}))
-    times = [datetime(2026, 1, 1, 12, tzinfo=UTC), datetime(2026, 1, 3, 12, tzinfo=UTC),
-             datetime(2026, 1, 4, 0, tzinfo=UTC)]
+        lake.write_partition(
+            "embeddings",
+            "items",
+            day,
+            pl.DataFrame(
+                {"item_id": [7], "image_embedding": [[value, value]], "skip_reason": [None]},
+                schema_overrides={"image_embedding": pl.List(pl.Float32), "skip_reason": pl.String},
+            ),
+        )
+    times = [
+        datetime(2026, 1, 1, 12, tzinfo=UTC),
+        datetime(2026, 1, 3, 12, tzinfo=UTC),
+        datetime(2026, 1, 4, 0, tzinfo=UTC),
+    ]
     frame = pl.DataFrame({"item_id": [7, 7, 7], "event_timestamp": times})
     got = item_embeddings_as_of(tmp_path, frame)["item_embedding"].to_list()
     assert got == [None, [1.0, 1.0], [3.0, 3.0]]

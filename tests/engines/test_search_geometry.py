@@ -10,8 +10,13 @@ from engines.search import ItemSearch
 from engines.vector_store import VectorStore
 from ml.clip import COMPACT_MODEL, ClipSpec
 
-GEOMETRY = pl.DataFrame({"item_id": [1, 2, 3, 4, 5, 6], "face_count": [100, 5000, 800, None, 60, 900],
-                         "is_watertight": [True, True, False, None, True, True]})
+GEOMETRY = pl.DataFrame(
+    {
+        "item_id": [1, 2, 3, 4, 5, 6],
+        "face_count": [100, 5000, 800, None, 60, 900],
+        "is_watertight": [True, True, False, None, True, True],
+    }
+)
 
 
 @pytest.fixture
@@ -20,10 +25,15 @@ def search(tmp_path):
     with VectorStore.open(str(tmp_path / "vectors")) as store:
         store.ensure_collection(COLLECTION, {"image": 128, "text": 128}, PAYLOAD_INDEXES)
         ids = list(range(1, 7))
-        store.upsert(COLLECTION, [str(i) for i in ids], {"image": rng.normal(size=(6, 128)),
-                                                          "text": rng.normal(size=(6, 128))},
-                     [{"item_id": i, "category": "hat", "creator": 1, "price": 1.0, "title": f"item {i}",
-                       "flags": []} for i in ids])
+        store.upsert(
+            COLLECTION,
+            [str(i) for i in ids],
+            {"image": rng.normal(size=(6, 128)), "text": rng.normal(size=(6, 128))},
+            [
+                {"item_id": i, "category": "hat", "creator": 1, "price": 1.0, "title": f"item {i}", "flags": []}
+                for i in ids
+            ],
+        )
         yield ItemSearch(store, ClipSpec(COMPACT_MODEL), GEOMETRY)
 
 

@@ -15,26 +15,75 @@ from engines.simulator import MALFORMED_KINDS, Simulator, SimulatorConfig, simul
 
 START = date(2026, 1, 1)
 DAYS = [START + timedelta(days=k) for k in range(3)]
-SMALL = SimulatorConfig(seed=11, start_date=START, n_users=400, n_creators=40, n_items=300, n_reference_items=6,
-                        new_users_per_day=5, new_items_per_day=10)
+SMALL = SimulatorConfig(
+    seed=11,
+    start_date=START,
+    n_users=400,
+    n_creators=40,
+    n_items=300,
+    n_reference_items=6,
+    new_users_per_day=5,
+    new_items_per_day=10,
+)
 
 TS = "timestamp[us, tz=UTC]"
 # Transcribed from docs/landing-format.md (deliberately not imported from the simulator).
 CONTRACT = {
-    "interactions": [("event_id", "string"), ("event_timestamp", TS), ("user_id", "int64"), ("item_id", "int64"),
-                     ("event_type", "string"), ("session_id", "string"), ("device", "string"),
-                     ("play_seconds", "double"), ("amount", "double")],
-    "chat_messages": [("message_id", "string"), ("event_timestamp", TS), ("sender_id", "int64"),
-                      ("receiver_id", "int64"), ("item_id", "int64"), ("text", "string")],
-    "abuse_reports": [("report_id", "string"), ("event_timestamp", TS), ("reporter_id", "int64"),
-                      ("reported_user_id", "int64"), ("item_id", "int64"), ("reason", "string")],
-    "items": [("item_id", "int64"), ("creator_id", "int64"), ("category", "string"), ("title", "string"),
-              ("description", "string"), ("price", "double"), ("thumbnail_path", "string"), ("mesh_path", "string"),
-              ("created_at", TS), ("updated_at", TS)],
-    "users": [("user_id", "int64"), ("country", "string"), ("region", "string"), ("age_bucket", "string"),
-              ("is_creator", "bool"), ("signup_at", TS), ("updated_at", TS)],
-    "creators": [("creator_id", "int64"), ("user_id", "int64"), ("display_name", "string"),
-                 ("joined_at", TS), ("updated_at", TS)],
+    "interactions": [
+        ("event_id", "string"),
+        ("event_timestamp", TS),
+        ("user_id", "int64"),
+        ("item_id", "int64"),
+        ("event_type", "string"),
+        ("session_id", "string"),
+        ("device", "string"),
+        ("play_seconds", "double"),
+        ("amount", "double"),
+    ],
+    "chat_messages": [
+        ("message_id", "string"),
+        ("event_timestamp", TS),
+        ("sender_id", "int64"),
+        ("receiver_id", "int64"),
+        ("item_id", "int64"),
+        ("text", "string"),
+    ],
+    "abuse_reports": [
+        ("report_id", "string"),
+        ("event_timestamp", TS),
+        ("reporter_id", "int64"),
+        ("reported_user_id", "int64"),
+        ("item_id", "int64"),
+        ("reason", "string"),
+    ],
+    "items": [
+        ("item_id", "int64"),
+        ("creator_id", "int64"),
+        ("category", "string"),
+        ("title", "string"),
+        ("description", "string"),
+        ("price", "double"),
+        ("thumbnail_path", "string"),
+        ("mesh_path", "string"),
+        ("created_at", TS),
+        ("updated_at", TS),
+    ],
+    "users": [
+        ("user_id", "int64"),
+        ("country", "string"),
+        ("region", "string"),
+        ("age_bucket", "string"),
+        ("is_creator", "bool"),
+        ("signup_at", TS),
+        ("updated_at", TS),
+    ],
+    "creators": [
+        ("creator_id", "int64"),
+        ("user_id", "int64"),
+        ("display_name", "string"),
+        ("joined_at", TS),
+        ("updated_at", TS),
+    ],
 }
 EVENT_STREAMS = ["interactions", "chat_messages", "abuse_reports"]
 
@@ -52,13 +101,18 @@ def read_all(root: Path, stream: str) -> pd.DataFrame:
 
 
 def truth(root: Path, name: str) -> pd.DataFrame:
-    return pd.concat([pq.read_table(p).to_pandas() for p in sorted((root / "sim_truth" / name).glob("*/*.parquet"))],
-                     ignore_index=True)
+    return pd.concat(
+        [pq.read_table(p).to_pandas() for p in sorted((root / "sim_truth" / name).glob("*/*.parquet"))],
+        ignore_index=True,
+    )
 
 
 def digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def thumbnail(root: Path, item_id: int) -> np.ndarray:
@@ -177,8 +231,10 @@ def test_users_click_their_clusters_preferred_categories_more(run_dir, interacti
     clusters = truth(run_dir, "users").set_index("user_id").taste_cluster
     affinity = pq.read_table(run_dir / "sim_truth" / "taste_clusters.parquet").to_pandas()
     preferred = set(map(tuple, affinity[affinity.affinity > 1][["taste_cluster", "category"]].to_numpy()))
-    events = interactions.assign(cluster=interactions.user_id.map(clusters),
-                                 category=interactions.item_id.map(items.set_index("item_id").category))
+    events = interactions.assign(
+        cluster=interactions.user_id.map(clusters),
+        category=interactions.item_id.map(items.set_index("item_id").category),
+    )
     events["preferred"] = [(c, k) in preferred for c, k in zip(events.cluster, events.category)]
     counts = events.groupby(["preferred", "event_type"]).size().unstack()
     ctr = counts["click"] / counts["impression"]

@@ -14,9 +14,16 @@ def catalogue(n: int = 200, seed: int = 0):
     ids = list(range(1, n + 1))
     image = rng.normal(size=(n, DIM)).astype(np.float32)
     text = rng.normal(size=(n, DIM)).astype(np.float32)
-    payloads = [{"item_id": i, "category": ["props", "vehicles", "characters"][i % 3],
-                 "creator": i % 7, "price": float(i % 50), "flags": ["violation"] if i % 10 == 0 else []}
-                for i in ids]
+    payloads = [
+        {
+            "item_id": i,
+            "category": ["props", "vehicles", "characters"][i % 3],
+            "creator": i % 7,
+            "price": float(i % 50),
+            "flags": ["violation"] if i % 10 == 0 else [],
+        }
+        for i in ids
+    ]
     return ids, image, text, payloads
 
 
@@ -30,8 +37,9 @@ def open_store(engine: str, folder: str) -> VectorStore:
 def store(request, tmp_path):
     ids, image, text, payloads = catalogue()
     store = open_store(request.param, str(tmp_path / "vectors"))
-    store.ensure_collection("items", {"image": DIM, "text": DIM},
-                            {"category": "keyword", "creator": "integer", "price": "float"})
+    store.ensure_collection(
+        "items", {"image": DIM, "text": DIM}, {"category": "keyword", "creator": "integer", "price": "float"}
+    )
     store.upsert("items", [str(i) for i in ids], {"image": image, "text": text}, payloads)
     yield store, (ids, image, text, payloads)
     store.close()
@@ -75,8 +83,12 @@ def test_filters_return_only_matching_items(store):
 def test_upsert_is_idempotent_and_delete_removes(store):
     store, (ids, image, text, payloads) = store
     assert store.count("items") == len(ids)
-    store.upsert("items", [str(i) for i in ids[:50]], {"image": image[:50], "text": text[:50]},
-                 [{**p, "price": 999.0} for p in payloads[:50]])
+    store.upsert(
+        "items",
+        [str(i) for i in ids[:50]],
+        {"image": image[:50], "text": text[:50]},
+        [{**p, "price": 999.0} for p in payloads[:50]],
+    )
     assert store.count("items") == len(ids)
     hit = store.search("items", image[0], "image", 1)[0]
     assert hit.id == "1" and hit.payload["price"] == 999.0

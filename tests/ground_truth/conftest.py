@@ -53,11 +53,17 @@ def make_accounts(engine, annotators: int, reviewers: int = 1, admins: int = 1) 
 
 def add_task(engine, spec: TaskSpec, keys: list[str], queue_name: str = "audit", gold: dict[str, str] | None = None):
     task = queue.create_task(engine, spec)
-    queue.add_items(engine, task, [ItemIn(key=k, queue=queue_name, title=f"item {k}", description=f"about {k}",
-                                          model_score=0.5) for k in keys])
+    queue.add_items(
+        engine,
+        task,
+        [ItemIn(key=k, queue=queue_name, title=f"item {k}", description=f"about {k}", model_score=0.5) for k in keys],
+    )
     if gold:
-        queue.add_items(engine, task, [ItemIn(key=f"gold-{k}", queue="gold", title=f"gold {k}", gold_label=v)
-                                       for k, v in gold.items()])
+        queue.add_items(
+            engine,
+            task,
+            [ItemIn(key=f"gold-{k}", queue="gold", title=f"gold {k}", gold_label=v) for k, v in gold.items()],
+        )
     return task
 
 
@@ -82,6 +88,7 @@ def label_everything(lake: Path, k_people: dict[str, float] = ACCURACY):
     database = resources_for("local", data_dir=str(lake))["labels"].database_url()
     with serve_app(database, lake / "landing") as base_url:
         run_concurrently([lambda p=p: p.label_all(base_url, "content_violation", key) for p in people])
-        disputed = SimulatedReviewer("rev0", PASSWORD).review_all(base_url, "content_violation", key,
-                                                                   CONTENT_VIOLATION.labels)
+        disputed = SimulatedReviewer("rev0", PASSWORD).review_all(
+            base_url, "content_violation", key, CONTENT_VIOLATION.labels
+        )
     return engine, key, people, disputed

@@ -18,8 +18,18 @@ def test_cohen_kappa_textbook():
 def test_fleiss_kappa_textbook():
     # Fleiss (1971) as on Wikipedia: 10 subjects, 14 raters, 5 categories; P-bar = 0.378,
     # P-bar_e = 0.213, kappa = 0.210.
-    table = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
-             [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]]
+    table = [
+        [0, 0, 0, 0, 14],
+        [0, 2, 6, 4, 2],
+        [0, 0, 3, 5, 6],
+        [0, 3, 9, 2, 0],
+        [2, 2, 8, 1, 1],
+        [7, 7, 0, 0, 0],
+        [3, 2, 6, 3, 0],
+        [2, 5, 3, 2, 2],
+        [6, 5, 2, 1, 0],
+        [0, 2, 2, 3, 7],
+    ]
     units = [[category for category, n in enumerate(row) for _ in range(n)] for row in table]
     assert fleiss_kappa(units) == pytest.approx(0.2099, abs=5e-4)
     with pytest.raises(ValueError):

@@ -10,8 +10,7 @@ from ground_truth.db import connect
 from ground_truth.schema import TaskSpec
 from tests.ground_truth.conftest import PASSWORD, add_task, login, make_accounts, serve_app
 
-TASK = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=2,
-                gold_share=0.0)
+TASK = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=2, gold_share=0.0)
 ANN, REV, ADM = "annotator", "reviewer", "admin"
 NEW_TASK = {"name": "other", "question": "q?", "labels": ["a", "b"]}
 
@@ -89,8 +88,9 @@ def test_bad_input_gets_a_4xx_naming_the_problem(app_url):
         assert stranger.status_code == 409 and "not assigned to you" in stranger.json()["detail"]
     assert httpx.post(app_url + "/api/login", json={"username": "annotator0", "password": "nope"}).status_code == 401
     with login(app_url, "admin0") as admin:
-        duplicate = admin.post("/api/accounts", json={"username": "annotator0", "password": PASSWORD,
-                                                      "role": "annotator"})
+        duplicate = admin.post(
+            "/api/accounts", json={"username": "annotator0", "password": PASSWORD, "role": "annotator"}
+        )
         assert duplicate.status_code == 409
         bad_task = admin.post("/api/tasks", json={"name": "x", "question": "q", "labels": ["a", "a"]})
         assert bad_task.status_code == 422

@@ -30,16 +30,26 @@ SECOND_DAY = FIRST_DAY + timedelta(days=1)
 
 
 def run(data_dir, selection, partitioned=True, run_config=None, raise_on_error=True):
-    tags = {ASSET_PARTITION_RANGE_START_TAG: FIRST_DAY.isoformat(),
-            ASSET_PARTITION_RANGE_END_TAG: LAST_DAY.isoformat()} if partitioned else {}
-    return materialize(all_assets, selection=selection, resources=resources_for("local", data_dir=str(data_dir)),
-                       instance=DagsterInstance.ephemeral(), tags=tags, run_config=run_config,
-                       raise_on_error=raise_on_error)
+    tags = (
+        {ASSET_PARTITION_RANGE_START_TAG: FIRST_DAY.isoformat(), ASSET_PARTITION_RANGE_END_TAG: LAST_DAY.isoformat()}
+        if partitioned
+        else {}
+    )
+    return materialize(
+        all_assets,
+        selection=selection,
+        resources=resources_for("local", data_dir=str(data_dir)),
+        instance=DagsterInstance.ephemeral(),
+        tags=tags,
+        run_config=run_config,
+        raise_on_error=raise_on_error,
+    )
 
 
 def metadata(result, *key):
-    return next(e.materialization for e in result.get_asset_materialization_events()
-                if e.asset_key == AssetKey(list(key))).metadata
+    return next(
+        e.materialization for e in result.get_asset_materialization_events() if e.asset_key == AssetKey(list(key))
+    ).metadata
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +62,16 @@ def lake(pipeline_dir, tmp_path_factory):
         shutil.copytree(pipeline_dir / folder, data_dir / folder)
     store = Lake(data_dir)
     day_items = store.read_partition("warehouse", "items", SECOND_DAY)["item_id"].sort()
-    flags = pl.DataFrame({"item_id": day_items, "nearest_reference_id": day_items[0], "similarity": 0.5,
-                          "flagged": day_items.is_in(day_items.head(5).implode()), "model_version": "stand-in"},
-                         schema_overrides={"similarity": pl.Float32})
+    flags = pl.DataFrame(
+        {
+            "item_id": day_items,
+            "nearest_reference_id": day_items[0],
+            "similarity": 0.5,
+            "flagged": day_items.is_in(day_items.head(5).implode()),
+            "model_version": "stand-in",
+        },
+        schema_overrides={"similarity": pl.Float32},
+    )
     store.write_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, SECOND_DAY, flags)
     return data_dir
 
@@ -134,8 +151,13 @@ def test_labels_review_and_versioned_releases(lake):
     files = {p.name: p.read_bytes() for p in release.folder.iterdir()}
     unchanged = run(lake, RELEASE, partitioned=False)
     assert metadata(unchanged, "ground_truth", "content_violation", "release")["created"].value is False
-    strict = run(lake, RELEASE, partitioned=False, raise_on_error=False,
-                 run_config={"ops": {"ground_truth__content_violation__release": {"config": {"min_agreement": 0.999}}}})
+    strict = run(
+        lake,
+        RELEASE,
+        partitioned=False,
+        raise_on_error=False,
+        run_config={"ops": {"ground_truth__content_violation__release": {"config": {"min_agreement": 0.999}}}},
+    )
     assert not strict.success
     queued = {s.key for s in review.item_states(engine, task)}
     late = next(k for k in sorted(key, key=int) if k not in queued)
@@ -144,4 +166,3 @@ def test_labels_review_and_versioned_releases(lake):
     second = run(lake, RELEASE, partitioned=False)
     assert metadata(second, "ground_truth", "content_violation", "release")["version"].value == 2
     assert {p.name: p.read_bytes() for p in release.folder.iterdir()} == files  # v1 untouched
-

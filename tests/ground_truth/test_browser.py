@@ -17,8 +17,14 @@ from tests.ground_truth.conftest import PASSWORD, login, make_accounts, serve_ap
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-TASK = TaskSpec(name="violation", question="Is this a copy?", labels=["violation", "ok"], annotators_per_item=2,
-                gold_share=0.0, instructions="1 = violation, 2 = ok")
+TASK = TaskSpec(
+    name="violation",
+    question="Is this a copy?",
+    labels=["violation", "ok"],
+    annotators_per_item=2,
+    gold_share=0.0,
+    instructions="1 = violation, 2 = ok",
+)
 
 
 @pytest.fixture
@@ -34,8 +40,16 @@ def app(tmp_path):
     items = []
     for i in range(3):
         (media / "thumbnails" / f"{i}.png").write_bytes(buffer.getvalue())
-        items.append(ItemIn(key=str(i), queue="audit", title=f"Teapot {i} <script>alert(1)</script>",
-                            description=f"A teapot, number {i}", thumbnail=f"thumbnails/{i}.png", model_score=0.9))
+        items.append(
+            ItemIn(
+                key=str(i),
+                queue="audit",
+                title=f"Teapot {i} <script>alert(1)</script>",
+                description=f"A teapot, number {i}",
+                thumbnail=f"thumbnails/{i}.png",
+                model_score=0.9,
+            )
+        )
     queue.add_items(engine, task, items)
     with serve_app(url, media) as base_url:
         yield base_url, engine, task
@@ -87,8 +101,9 @@ def test_label_review_and_forbidden_pages_in_chromium(app):
         with login(base_url, "annotator1") as other:  # 'violation' throughout: disagrees on the first item only
             item = other.get("/api/tasks/violation/next").json()["item"]
             while item is not None:
-                item = other.post("/api/tasks/violation/answers",
-                                  json={"item_id": item["item_id"], "label": "violation"}).json()["item"]
+                item = other.post(
+                    "/api/tasks/violation/answers", json={"item_id": item["item_id"], "label": "violation"}
+                ).json()["item"]
 
         reviewer = browser.new_page()
         sign_in(reviewer, base_url, "reviewer0")

@@ -12,13 +12,37 @@ from orchestration.profiles import resources_for
 
 def test_add_account_and_tasks(tmp_path):
     runner = CliRunner()
-    created = runner.invoke(main, ["labeling", "add-account", "alice", "--role", "reviewer", "--password",
-                                   "long enough", "--data-dir", str(tmp_path)])
+    created = runner.invoke(
+        main,
+        [
+            "labeling",
+            "add-account",
+            "alice",
+            "--role",
+            "reviewer",
+            "--password",
+            "long enough",
+            "--data-dir",
+            str(tmp_path),
+        ],
+    )
     assert created.exit_code == 0, created.output
     engine = resources_for("local", data_dir=str(tmp_path))["labels"].get_client()
     assert accounts.sign_in(engine, "alice", "long enough") is not None
-    again = runner.invoke(main, ["labeling", "add-account", "alice", "--role", "admin", "--password", "long enough",
-                                 "--data-dir", str(tmp_path)])
+    again = runner.invoke(
+        main,
+        [
+            "labeling",
+            "add-account",
+            "alice",
+            "--role",
+            "admin",
+            "--password",
+            "long enough",
+            "--data-dir",
+            str(tmp_path),
+        ],
+    )
     assert again.exit_code != 0 and "exists" in again.output
     queue.create_task(engine, CONTENT_VIOLATION)
     listed = runner.invoke(main, ["labeling", "tasks", "--data-dir", str(tmp_path)])

@@ -44,27 +44,42 @@ def lake(pipeline_dir, tmp_path_factory):
     for seed, alias in ((1, "champion"), (2, "challenger")):
         torch.manual_seed(seed)
         model = PersonalizationModel(TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=32))))
-        version = registry.register("personalization", model.save(data_dir / f"model-{seed}"),
-                                    {"mlplane.feature_service": "personalization_ranking"}, {"model_auc": 0.5})
+        version = registry.register(
+            "personalization",
+            model.save(data_dir / f"model-{seed}"),
+            {"mlplane.feature_service": "personalization_ranking"},
+            {"model_auc": 0.5},
+        )
         registry.set_alias("personalization", alias, version.version, who="test", reason="fixture")
     return data_dir
 
 
 def run(data_dir):
-    return materialize(all_assets, selection=QUEUE, resources=resources_for("local", data_dir=str(data_dir)),
-                       instance=DagsterInstance.ephemeral(), run_config={"ops": {
-                           "ground_truth__recommendation_relevance__queue": {"config": {"top": TOP}}}},
-                       tags={ASSET_PARTITION_RANGE_START_TAG: FIRST_DAY.isoformat(),
-                             ASSET_PARTITION_RANGE_END_TAG: LAST_DAY.isoformat()})
+    return materialize(
+        all_assets,
+        selection=QUEUE,
+        resources=resources_for("local", data_dir=str(data_dir)),
+        instance=DagsterInstance.ephemeral(),
+        run_config={"ops": {"ground_truth__recommendation_relevance__queue": {"config": {"top": TOP}}}},
+        tags={
+            ASSET_PARTITION_RANGE_START_TAG: FIRST_DAY.isoformat(),
+            ASSET_PARTITION_RANGE_END_TAG: LAST_DAY.isoformat(),
+        },
+    )
 
 
 def expected_pairs(data_dir) -> dict[str, tuple[float, float]]:
     """key "user:item" -> (gap, champion probability) of the day it is first queued, recomputed from the raw
     training-set files and the registry's two versions."""
     registry = ModelRegistry.local(data_dir / "registry")
-    models = {alias: PersonalizationModel.load(registry.load(
-        "personalization", registry.by_alias("personalization", alias).version, data_dir / "check" / alias))
-        for alias in ("champion", "challenger")}
+    models = {
+        alias: PersonalizationModel.load(
+            registry.load(
+                "personalization", registry.by_alias("personalization", alias).version, data_dir / "check" / alias
+            )
+        )
+        for alias in ("champion", "challenger")
+    }
     catalogue = set(pl.read_parquet(data_dir / "warehouse" / "items" / "*" / "*.parquet")["item_id"].to_list())
     found: dict[str, tuple[float, float]] = {}
     for d in range(DAYS):
@@ -90,15 +105,23 @@ def expected_pairs(data_dir) -> dict[str, tuple[float, float]]:
 def test_queue_holds_the_pairs_the_two_registered_models_disagree_on_most(lake):
     result = run(lake)
     assert result.success
-    meta = next(e.materialization for e in result.get_asset_materialization_events()
-                if e.asset_key == AssetKey(["ground_truth", "recommendation_relevance", "queue"])).metadata
+    meta = next(
+        e.materialization
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == AssetKey(["ground_truth", "recommendation_relevance", "queue"])
+    ).metadata
     assert (meta["champion"].value, meta["challenger"].value) == ("1", "2")
     engine = resources_for("local", data_dir=str(lake))["labels"].get_client()
     task = queue.get_task(engine, "recommendation_relevance")
     with engine.connect() as conn:
-        queued = {r.key: r for r in conn.execute(
-            select(items.c.key, items.c.priority, items.c.model_score, item_sources.c.queue)
-            .join(item_sources, item_sources.c.item_id == items.c.id).where(items.c.task_id == task.id))}
+        queued = {
+            r.key: r
+            for r in conn.execute(
+                select(items.c.key, items.c.priority, items.c.model_score, item_sources.c.queue)
+                .join(item_sources, item_sources.c.item_id == items.c.id)
+                .where(items.c.task_id == task.id)
+            )
+        }
     expected = expected_pairs(lake)
     assert len(expected) > TOP  # the days' top pairs are not all the same pairs
     assert set(queued) == set(expected)

@@ -13,8 +13,7 @@ from ground_truth.db import connect, slots
 from ground_truth.schema import ItemIn, Role, TaskSpec
 from tests.ground_truth.conftest import PASSWORD, add_task, make_accounts, serve_app
 
-SPEC = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=2,
-                gold_share=0.0)
+SPEC = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=2, gold_share=0.0)
 
 
 def ids(engine, names):
@@ -107,8 +106,9 @@ def test_twenty_concurrent_annotators_lose_nothing_and_never_exceed_k(database_u
         counts = run_concurrently([lambda p=p: p.label_all(base_url, task.spec.name, truth) for p in people])
     assert sum(counts) == len(keys) * k  # every slot filled, none twice
     with engine.begin() as conn:
-        rows = conn.execute(select(slots.c.item_id, slots.c.holder, slots.c.label)
-                            .where(slots.c.answered_at.is_not(None))).all()
+        rows = conn.execute(
+            select(slots.c.item_id, slots.c.holder, slots.c.label).where(slots.c.answered_at.is_not(None))
+        ).all()
     per_item: dict[int, int] = {}
     for row in rows:
         per_item[row.item_id] = per_item.get(row.item_id, 0) + 1

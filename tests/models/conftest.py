@@ -26,13 +26,23 @@ def ray_compute(tmp_path_factory):
         yield resource
 
 
-def train(data_dir: Path, ray_compute: RayResource, registry_root: Path, margin: float = 0.0,
-          raise_on_error: bool = True):
+def train(
+    data_dir: Path, ray_compute: RayResource, registry_root: Path, margin: float = 0.0, raise_on_error: bool = True
+):
     """The training job's assets for the newest simulated day."""
-    resources = {**resources_for("local", data_dir=str(data_dir)), "ray": ray_compute,
-                 "model_registry": ModelRegistryResource(root=str(registry_root), promotion_margin=margin)}
-    return materialize(all_assets, selection=MODEL_ASSETS, resources=resources, partition_key=LAST_DAY.isoformat(),
-                       instance=DagsterInstance.ephemeral(), raise_on_error=raise_on_error)
+    resources = {
+        **resources_for("local", data_dir=str(data_dir)),
+        "ray": ray_compute,
+        "model_registry": ModelRegistryResource(root=str(registry_root), promotion_margin=margin),
+    }
+    return materialize(
+        all_assets,
+        selection=MODEL_ASSETS,
+        resources=resources,
+        partition_key=LAST_DAY.isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=raise_on_error,
+    )
 
 
 @pytest.fixture(scope="session")

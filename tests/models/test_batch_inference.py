@@ -24,18 +24,27 @@ K = 5
 
 def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipeline_dir, ray_compute, tmp_path):
     _, _, registry_root = trained
-    resources = {**resources_for("local", data_dir=str(pipeline_dir)), "ray": ray_compute,
-                 "model_registry": ModelRegistryResource(root=str(registry_root)),
-                 "vector_store": VectorStoreResource(location=str(tmp_path / "vectors"))}
-    result = materialize(all_assets, selection=[engine_key()], resources=resources,
-                         partition_key=LAST_DAY.isoformat(), instance=DagsterInstance.ephemeral(),
-                         run_config={"ops": {"inference__personalization_recommendations":
-                                             {"config": {"k": K}}}})
+    resources = {
+        **resources_for("local", data_dir=str(pipeline_dir)),
+        "ray": ray_compute,
+        "model_registry": ModelRegistryResource(root=str(registry_root)),
+        "vector_store": VectorStoreResource(location=str(tmp_path / "vectors")),
+    }
+    result = materialize(
+        all_assets,
+        selection=[engine_key()],
+        resources=resources,
+        partition_key=LAST_DAY.isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        run_config={"ops": {"inference__personalization_recommendations": {"config": {"k": K}}}},
+    )
     assert result.success
-    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
-              for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
-    assert checks == {"covers_active_users": True, "items_exist": True, "score_drift": True,
-                      "train_serve_skew": True}
+    checks = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+    assert checks == {"covers_active_users": True, "items_exist": True, "score_drift": True, "train_serve_skew": True}
 
     lake = Lake(pipeline_dir)
     written = lake.read_partition(engine.ZONE, engine.TABLE, LAST_DAY)
@@ -50,8 +59,10 @@ def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipel
     store = resources["feature_store"].get_client()
     sample = active[:20]
     online = store.online_features("recommendations", [{"user_id": u} for u in sample])
-    expected = {u: (g.sort("rank").get_column("item_id").to_list(), g.sort("rank").get_column("score").to_list())
-                for (u,), g in written.filter(pl.col("user_id").is_in(sample)).group_by("user_id")}
+    expected = {
+        u: (g.sort("rank").get_column("item_id").to_list(), g.sort("rank").get_column("score").to_list())
+        for (u,), g in written.filter(pl.col("user_id").is_in(sample)).group_by("user_id")
+    }
     assert online["user_recommendations__item_ids"] == [expected[u][0] for u in sample]
     assert online["user_recommendations__scores"] == [expected[u][1] for u in sample]
     assert set(online["user_recommendations__model_version"]) == {"1"}
@@ -68,8 +79,9 @@ def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, p
     marker = tmp_path / "crashed"
     with VectorStore.open(str(tmp_path / "vectors")) as store:
         radius = engine.index_items(store, model, items, "1")
-        recommendations = engine.recommend(users, store, model, "1", radius, K, engine="ray", batch_size=64,
-                                           fail_once_marker=str(marker))
+        recommendations = engine.recommend(
+            users, store, model, "1", radius, K, engine="ray", batch_size=64, fail_once_marker=str(marker)
+        )
         baseline = engine.recommend(users, store, model, "1", radius, K, engine="local")
     assert marker.exists()  # a worker did die mid-batch
     result = engine.coverage(recommendations, active, existing)
@@ -81,37 +93,53 @@ def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, p
     first = users.head(1)
     exact = (model.user_vectors(first) @ model.item_vectors(items).T)[0]
     top = items.get_column("item_id").to_numpy()[exact.argsort()[::-1][:K]].tolist()
-    assert baseline.filter(pl.col("user_id") == first.item(0, "user_id")).sort("rank").get_column("item_id") \
-        .to_list() == top
+    assert (
+        baseline.filter(pl.col("user_id") == first.item(0, "user_id")).sort("rank").get_column("item_id").to_list()
+        == top
+    )
 
 
-def test_skew_check_blocks_batch_inference_that_reads_a_days_change_set(trained, pipeline_dir, ray_compute,
-                                                                       tmp_path, monkeypatch):
+def test_skew_check_blocks_batch_inference_that_reads_a_days_change_set(
+    trained, pipeline_dir, ray_compute, tmp_path, monkeypatch
+):
     """Issue 11, defect 1 put back: item features read from the day's partition of a dimension view
     (only the rows that changed that day). The blocking skew check fails and nothing is written."""
     _, _, registry_root = trained
 
     def day_partition(lake, day, columns, key, entities, timing):
-        frame = pl.DataFrame({key: entities, "event_timestamp": [day_end(day)] * len(entities)},
-                             schema_overrides={key: pl.Int64, "event_timestamp": pl.Datetime("us", "UTC")})
+        frame = pl.DataFrame(
+            {key: entities, "event_timestamp": [day_end(day)] * len(entities)},
+            schema_overrides={key: pl.Int64, "event_timestamp": pl.Datetime("us", "UTC")},
+        )
         views: dict[str, list[str]] = {}
         for column in [c for c in columns if "__" in c]:
             views.setdefault(column.split("__")[0], []).append(column.split("__")[1])
         for view, features in views.items():
-            table = lake.read_partition("offline", view, day).select(
-                key, *[pl.col(f).alias(f"{view}__{f}") for f in features]).unique(key, keep="last")
+            table = (
+                lake.read_partition("offline", view, day)
+                .select(key, *[pl.col(f).alias(f"{view}__{f}") for f in features])
+                .unique(key, keep="last")
+            )
             frame = frame.join(table, on=key, how="left")
         return AsOfResult(frame)
 
     monkeypatch.setattr(engine, "entity_features", day_partition)
     path = Lake(pipeline_dir).partition_path(engine.ZONE, engine.TABLE, LAST_DAY)
     before = path.read_bytes() if path.exists() else None
-    resources = {**resources_for("local", data_dir=str(pipeline_dir)), "ray": ray_compute,
-                 "model_registry": ModelRegistryResource(root=str(registry_root)),
-                 "vector_store": VectorStoreResource(location=str(tmp_path / "vectors"))}
-    result = materialize(all_assets, selection=[engine_key()], resources=resources,
-                         partition_key=LAST_DAY.isoformat(), instance=DagsterInstance.ephemeral(),
-                         raise_on_error=False)
+    resources = {
+        **resources_for("local", data_dir=str(pipeline_dir)),
+        "ray": ray_compute,
+        "model_registry": ModelRegistryResource(root=str(registry_root)),
+        "vector_store": VectorStoreResource(location=str(tmp_path / "vectors")),
+    }
+    result = materialize(
+        all_assets,
+        selection=[engine_key()],
+        resources=resources,
+        partition_key=LAST_DAY.isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
     assert not result.success
     [skew] = [c for c in result.get_asset_check_evaluations() if c.check_name == "train_serve_skew"]
     assert not skew.passed
@@ -122,6 +150,7 @@ def test_skew_check_blocks_batch_inference_that_reads_a_days_change_set(trained,
 
 def engine_key():
     from assets.inference import KEY
+
     return KEY
 
 

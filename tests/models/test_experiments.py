@@ -17,11 +17,20 @@ USERS = range(20_000)
 
 
 def many(n: int) -> dict:
-    return {"experiments": [
-        {"name": f"exp_{i}", "model": "personalization", "salt": f"salt-{i}",
-         "variants": [{"name": "control", "model_alias": "champion", "traffic": 0.7},
-                      {"name": "treatment", "model_version": 1, "traffic": 0.3}]}
-        for i in range(n)]}
+    return {
+        "experiments": [
+            {
+                "name": f"exp_{i}",
+                "model": "personalization",
+                "salt": f"salt-{i}",
+                "variants": [
+                    {"name": "control", "model_alias": "champion", "traffic": 0.7},
+                    {"name": "treatment", "model_version": 1, "traffic": 0.3},
+                ],
+            }
+            for i in range(n)
+        ]
+    }
 
 
 def test_assignment_is_deterministic_split_by_traffic_and_independent_across_25_experiments():
@@ -40,13 +49,16 @@ def test_assignment_is_deterministic_split_by_traffic_and_independent_across_25_
     assert {experiments[1].assign(u).model_ref for u in USERS} == {"@champion", "v1"}
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda e: e["variants"][0].update(traffic=0.6), "sums to"),
-    (lambda e: e["variants"][1].update(model_alias="champion"), "exactly one of model_alias or model_version"),
-    (lambda e: e.update(salt="salt-1"), "already used"),
-    (lambda e: e.pop("salt"), "missing salt"),
-    (lambda e: e.update(name="Bad Name"), "lower_snake_case"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda e: e["variants"][0].update(traffic=0.6), "sums to"),
+        (lambda e: e["variants"][1].update(model_alias="champion"), "exactly one of model_alias or model_version"),
+        (lambda e: e.update(salt="salt-1"), "already used"),
+        (lambda e: e.pop("salt"), "missing salt"),
+        (lambda e: e.update(name="Bad Name"), "lower_snake_case"),
+    ],
+)
 def test_bad_definitions_are_refused_with_the_problem_named(change, message):
     raw = many(2)
     change(raw["experiments"][0])
@@ -61,11 +73,18 @@ def test_the_shipped_experiments_file_loads():
 
 def test_offline_comparison_report_per_variant(trained, pipeline_dir):
     _, _, registry_root = trained
-    resources = {**resources_for("local", data_dir=str(pipeline_dir)),
-                 "model_registry": ModelRegistryResource(root=str(registry_root))}
+    resources = {
+        **resources_for("local", data_dir=str(pipeline_dir)),
+        "model_registry": ModelRegistryResource(root=str(registry_root)),
+    }
     key = AssetKey(["experiments", "personalization_challenger"])
-    result = materialize(all_assets, selection=[key], resources=resources, partition_key=LAST_DAY.isoformat(),
-                         instance=DagsterInstance.ephemeral())
+    result = materialize(
+        all_assets,
+        selection=[key],
+        resources=resources,
+        partition_key=LAST_DAY.isoformat(),
+        instance=DagsterInstance.ephemeral(),
+    )
     metadata = result.asset_materializations_for_node("experiments__personalization_challenger")[0].metadata
     rows = [r.data for r in metadata["comparison"].value.records]
     assert [r["variant"] for r in rows] == ["control", "treatment"]

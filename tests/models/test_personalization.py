@@ -33,8 +33,9 @@ def test_training_loss_falls_and_the_model_beats_popularity(trained):
         assert metrics[f"model_{metric}"] > metrics[f"popularity_{metric}"], (metric, metrics)
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert checks == {"beats_champion": True, "beats_baseline": True}
-    promoted = [e for e in result.get_asset_materialization_events()
-                if e.asset_key == AssetKey(["models", f"{MODEL}_champion"])]
+    promoted = [
+        e for e in result.get_asset_materialization_events() if e.asset_key == AssetKey(["models", f"{MODEL}_champion"])
+    ]
     assert promoted and result.success
     assert registry.by_alias(MODEL, "champion").version == "1"
     curve = materialization(result, "models/personalization").metadata["loss_curve"].value
@@ -50,8 +51,12 @@ def test_every_version_carries_its_lineage(trained):
     assert tags["mlplane.feature_service"] == "personalization_ranking"
     assert tags["mlplane.data_partitions"].split(",")[-1] == LAST_DAY.isoformat()
     assert len(tags["mlplane.code_version"]) >= 12
-    assert {"metric.model_auc", "metric.model_recall_at_10", "metric.model_ndcg_at_10",
-            "metric.popularity_recall_at_10"} <= set(tags)
+    assert {
+        "metric.model_auc",
+        "metric.model_recall_at_10",
+        "metric.model_ndcg_at_10",
+        "metric.popularity_recall_at_10",
+    } <= set(tags)
 
 
 def test_registry_round_trip_loads_the_trained_model(trained, pipeline_dir, tmp_path):
@@ -60,6 +65,7 @@ def test_registry_round_trip_loads_the_trained_model(trained, pipeline_dir, tmp_
     model = PersonalizationModel.load(folder)
     assert (folder / "loss_curve.png").stat().st_size > 0
     from engines.lake import Lake
+
     rows = Lake(pipeline_dir).read_partition("datasets", "personalization_training", LAST_DAY).head(50)
     scores = model.score(rows)
     assert scores.shape == (50,) and len(set(scores.round(6).tolist())) > 1
@@ -70,34 +76,72 @@ def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, pi
     # a margin no challenger can meet: the blocking check fails, the champion stays
     blocked = train(pipeline_dir, ray_compute, root, margin=1.0, raise_on_error=False)
     assert not blocked.success
-    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
-              for e in blocked.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    checks = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+        for e in blocked.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
     assert checks["beats_champion"] is False
     assert registry.by_alias(MODEL, "challenger").version == "2"
     assert registry.by_alias(MODEL, "champion").version == "1"
-    assert not any(e.asset_key == AssetKey(["models", f"{MODEL}_champion"])
-                   for e in blocked.get_asset_materialization_events() if hasattr(e, "asset_key"))
+    assert not any(
+        e.asset_key == AssetKey(["models", f"{MODEL}_champion"])
+        for e in blocked.get_asset_materialization_events()
+        if hasattr(e, "asset_key")
+    )
 
     # promoted by hand, then rolled back with the CLI: the alias returns and who/why are recorded
     registry.set_alias(MODEL, "champion", "2", who="test", reason="manual promotion")
     runner = CliRunner()
     env = {"MLPLANE_PROFILE": "local", "MLPLANE_DATA_DIR": str(root.parent / "unused")}
-    out = runner.invoke(main, ["models", "rollback", "--reason", "v2 hurts conversion", "--who", "alice",
-                               "--data-dir", str(root.parent / "cli-lake")], env=env)
+    out = runner.invoke(
+        main,
+        [
+            "models",
+            "rollback",
+            "--reason",
+            "v2 hurts conversion",
+            "--who",
+            "alice",
+            "--data-dir",
+            str(root.parent / "cli-lake"),
+        ],
+        env=env,
+    )
     assert out.exit_code != 0 and "no model registry" in out.output
     os.makedirs(root.parent / "cli-lake", exist_ok=True)
     (root.parent / "cli-lake" / "registry").symlink_to(root)
-    out = runner.invoke(main, ["models", "rollback", "--reason", "v2 hurts conversion", "--who", "alice",
-                               "--data-dir", str(root.parent / "cli-lake")], env=env)
+    out = runner.invoke(
+        main,
+        [
+            "models",
+            "rollback",
+            "--reason",
+            "v2 hurts conversion",
+            "--who",
+            "alice",
+            "--data-dir",
+            str(root.parent / "cli-lake"),
+        ],
+        env=env,
+    )
     assert out.exit_code == 0, out.output
     assert "v2 -> v1" in out.output
     assert registry.by_alias(MODEL, "champion").version == "1"
     last = registry.alias_log(MODEL, "champion")[-1]
-    assert (last["action"], last["who"], last["reason"], last["from"], last["version"]) == \
-        ("rollback", "alice", "v2 hurts conversion", "2", "1")
+    assert (last["action"], last["who"], last["reason"], last["from"], last["version"]) == (
+        "rollback",
+        "alice",
+        "v2 hurts conversion",
+        "2",
+        "1",
+    )
     listing = runner.invoke(main, ["models", "list", "--data-dir", str(root.parent / "cli-lake")], env=env)
-    aliases = {line.split()[0]: set(line.split("[", 1)[1].split("]", 1)[0].split(","))
-               for line in listing.output.splitlines() if line.startswith("v") and "[" in line}
+    aliases = {
+        line.split()[0]: set(line.split("[", 1)[1].split("]", 1)[0].split(","))
+        for line in listing.output.splitlines()
+        if line.startswith("v") and "[" in line
+    }
     assert "champion" in aliases["v1"] and "challenger" in aliases["v2"] and "champion" not in aliases["v2"]
 
     # a flipped byte in the stored artifact is refused on load

@@ -33,10 +33,16 @@ def frame(rows: int = 400, seed: int = 5) -> pl.DataFrame:
     out = []
     for _ in range(rows):
         day, item = rng.randrange(3), rng.randrange(1, 30)
-        out.append({"user_id": rng.randrange(1, 50), "item_id": item,
-                    "event_timestamp": start + timedelta(days=day, seconds=rng.randrange(86_400)),
-                    "label_click": rng.random() < 0.2, "label_play": rng.random() < 0.05,
-                    POPULAR: None if day == 0 else item * 10 * day})
+        out.append(
+            {
+                "user_id": rng.randrange(1, 50),
+                "item_id": item,
+                "event_timestamp": start + timedelta(days=day, seconds=rng.randrange(86_400)),
+                "label_click": rng.random() < 0.2,
+                "label_play": rng.random() < 0.05,
+                POPULAR: None if day == 0 else item * 10 * day,
+            }
+        )
     return pl.DataFrame(out)
 
 

@@ -44,17 +44,23 @@ def graph_snapshot(defs: Definitions) -> dict:
             "partitions": _partitions(job.partitions_def),
             "tags": dict(sorted(job.tags.items())),
         }
-        for job in repository.get_all_jobs() if not job.name.startswith("__")
+        for job in repository.get_all_jobs()
+        if not job.name.startswith("__")
     }
-    schedules = {s.name: {"cron": s.cron_schedule, "timezone": s.execution_timezone, "job": s.job_name,
-                          "default_status": s.default_status.name}
-                 for s in repository.schedule_defs}
+    schedules = {
+        s.name: {
+            "cron": s.cron_schedule,
+            "timezone": s.execution_timezone,
+            "job": s.job_name,
+            "default_status": s.default_status.name,
+        }
+        for s in repository.schedule_defs
+    }
     sensors = {
         s.name: {
             "type": s.sensor_type.name,
             "jobs": sorted(t.job_name for t in s.targets if t.job_name and not t.job_name.startswith("__")),
-            "assets": sorted(k.to_user_string() for k in s.asset_selection.resolve(graph)) if s.asset_selection
-            else [],
+            "assets": sorted(k.to_user_string() for k in s.asset_selection.resolve(graph)) if s.asset_selection else [],
             "default_status": s.default_status.name,
             "minimum_interval_seconds": s.minimum_interval_seconds,
         }

@@ -27,14 +27,24 @@ def run(args, env, timeout=600):
 
 def test_demo_simulates_materializes_and_reports(tmp_path):
     # hourly streaming windows keep the Flink backfill of the history short in this test
-    env = {**os.environ, "MLPLANE_DATA_DIR": str(tmp_path / "lake"), "DAGSTER_HOME": str(tmp_path / "home"),
-           "MLPLANE_STREAMING_SLIDE_SECONDS": "3600"}
+    env = {
+        **os.environ,
+        "MLPLANE_DATA_DIR": str(tmp_path / "lake"),
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "MLPLANE_STREAMING_SLIDE_SECONDS": "3600",
+    }
     out = run(["demo", "--days", "2", "--scale", "0.2"], env)
 
-    produced = {t: (int(p), int(r.replace(",", ""))) for t, p, r in
-                re.findall(r"^\s+(\w+/\w+)\s+(\d+) partitions\s+([\d,]+) rows$", out, re.M)}
-    assert {"warehouse/interactions", "offline/user_engagement", "datasets/personalization_training",
-            "streaming_history/item_sales_today"} <= set(produced)
+    produced = {
+        t: (int(p), int(r.replace(",", "")))
+        for t, p, r in re.findall(r"^\s+(\w+/\w+)\s+(\d+) partitions\s+([\d,]+) rows$", out, re.M)
+    }
+    assert {
+        "warehouse/interactions",
+        "offline/user_engagement",
+        "datasets/personalization_training",
+        "streaming_history/item_sales_today",
+    } <= set(produced)
     assert produced["warehouse/interactions"][0] == 2
     # the last day's training set waits for the next day's interactions (its labels look past midnight)
     partitions, rows = produced["datasets/personalization_training"]
@@ -49,8 +59,12 @@ def test_demo_simulates_materializes_and_reports(tmp_path):
     instance = DagsterInstance.from_config(str(tmp_path / "home"))
     try:
         runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS]))
-        assert {r.job_name for r in runs} == {"daily_pipeline", "streaming_backfill", "training_data",
-                                              "feature_store_refresh"}
+        assert {r.job_name for r in runs} == {
+            "daily_pipeline",
+            "streaming_backfill",
+            "training_data",
+            "feature_store_refresh",
+        }
         assert len(runs) == 5
     finally:
         instance.dispose()
@@ -78,10 +92,21 @@ def test_ui_starts_without_an_activated_environment(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path / "home"),
-           "MLPLANE_DATA_DIR": str(tmp_path / "lake")}
-    ui = subprocess.Popen([MLPLANE, "ui", "--port", str(port)], cwd=tmp_path, env=env, start_new_session=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "PATH": "/usr/bin:/bin",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "MLPLANE_DATA_DIR": str(tmp_path / "lake"),
+    }
+    ui = subprocess.Popen(
+        [MLPLANE, "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and ui.poll() is None:

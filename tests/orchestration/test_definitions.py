@@ -18,8 +18,13 @@ BIN = Path(sys.executable).parent
 
 @pytest.mark.services  # a dagster subprocess
 def test_definitions_validate():
-    out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-                         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Validation successful" in out.stdout + out.stderr
 
@@ -37,8 +42,11 @@ def test_every_asset_reads_well_in_the_ui():
 
 def test_daily_assets_have_quality_and_freshness_checks():
     checks = defs.resolve_asset_graph().asset_check_keys
-    for key in (AssetKey(["warehouse", "interactions"]), AssetKey(["offline", "user_engagement"]),
-                AssetKey(["datasets", "personalization_training"])):
+    for key in (
+        AssetKey(["warehouse", "interactions"]),
+        AssetKey(["offline", "user_engagement"]),
+        AssetKey(["datasets", "personalization_training"]),
+    ):
         names = {c.name for c in checks if c.asset_key == key}
         assert {"great_expectations", "freshness_check"} <= names, (key, names)
 
@@ -49,21 +57,44 @@ def test_three_day_backfill_with_the_dagster_cli(tmp_path):
     home.mkdir()
     shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
     simulate(data_dir, days=4)  # the third day's labels look past its midnight
-    env = {**os.environ, "MLPLANE_DATA_DIR": str(data_dir), "DAGSTER_HOME": str(home),
-           "MLPLANE_STREAMING_SLIDE_SECONDS": "3600"}
+    env = {
+        **os.environ,
+        "MLPLANE_DATA_DIR": str(data_dir),
+        "DAGSTER_HOME": str(home),
+        "MLPLANE_STREAMING_SLIDE_SECONDS": "3600",
+    }
     daily = "group:ingestion,group:geometry,group:features,online_features"
-    for selection, days in ((daily, "2026-01-01...2026-01-04"),
-                            ("group:streaming_history,group:datasets", "2026-01-01...2026-01-03")):
+    for selection, days in (
+        (daily, "2026-01-01...2026-01-04"),
+        ("group:streaming_history,group:datasets", "2026-01-01...2026-01-03"),
+    ):
         out = subprocess.run(
-            [str(BIN / "dagster"), "asset", "materialize", "-m", "orchestration.definitions", "--select", selection,
-             "--partition-range", days],
-            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900)
+            [
+                str(BIN / "dagster"),
+                "asset",
+                "materialize",
+                "-m",
+                "orchestration.definitions",
+                "--select",
+                selection,
+                "--partition-range",
+                days,
+            ],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
 
     instance = DagsterInstance.from_config(str(home))
     try:
-        for key in (AssetKey(["warehouse", "interactions"]), AssetKey(["offline", "user_engagement"]),
-                    AssetKey(["datasets", "personalization_training"])):
+        for key in (
+            AssetKey(["warehouse", "interactions"]),
+            AssetKey(["offline", "user_engagement"]),
+            AssetKey(["datasets", "personalization_training"]),
+        ):
             materialized = instance.get_materialized_partitions(key)
             assert {"2026-01-01", "2026-01-02", "2026-01-03"} <= materialized, key
     finally:
@@ -80,8 +111,11 @@ def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypa
 
     with build_resources(resources_for("prod")) as resources:
         config = resources.feature_store.get_client().settings.config_dict()
-        assert config["online_store"] == {"type": "redis", "connection_string": "redis.internal:6379",
-                                          "skip_dedup": True}
+        assert config["online_store"] == {
+            "type": "redis",
+            "connection_string": "redis.internal:6379",
+            "skip_dedup": True,
+        }
         assert config["registry"]["path"] == "postgresql+psycopg2://feast@db/feast"
         assert resources.lake.root == str(tmp_path)
         assert resources.notifier.url == "https://hooks.example/mlplane"
@@ -93,8 +127,13 @@ def test_prod_profile_reads_its_services_from_the_environment(prod_env, monkeypa
         assert resources.labels.database_url() == "postgresql+psycopg2://labels@db/labels"
 
     monkeypatch.setenv("MLPLANE_PROFILE", "staging")
-    out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],
-                         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(BIN / "dagster"), "definitions", "validate", "-m", "orchestration.definitions"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "MLPLANE_PROFILE must be one of local, prod" in out.stdout + out.stderr
 
 
@@ -112,7 +151,9 @@ def test_the_cli_configures_prod_resources_as_a_run_does(prod_env, monkeypatch):
     monkeypatch.delenv("MLPLANE_REDIS_URL")
     monkeypatch.delenv("MLPLANE_MLFLOW_TRACKING_URI")
     features = CliRunner().invoke(main, ["features", "get", "search", "--entity", "item_id=3"])
-    assert features.exit_code != 0 and "feature_store resource needs configuration: set MLPLANE_REDIS_URL" \
-        in features.output, features.output
+    assert (
+        features.exit_code != 0
+        and "feature_store resource needs configuration: set MLPLANE_REDIS_URL" in features.output
+    ), features.output
     models = CliRunner().invoke(main, ["models", "list"])
     assert models.exit_code != 0 and "set MLPLANE_MLFLOW_TRACKING_URI" in models.output, models.output

@@ -10,4 +10,5 @@ def test_the_asset_graph_matches_its_checked_in_snapshot():
     assert SNAPSHOT.exists(), "no snapshot: run .venv/bin/python -m tests.orchestration.graph_snapshot"
     assert current == SNAPSHOT.read_text(), (
         "the asset graph changed; if that is intended, run `.venv/bin/python -m tests.orchestration.graph_snapshot` "
-        "and commit tests/orchestration/asset_graph.yaml with the change")
+        "and commit tests/orchestration/asset_graph.yaml with the change"
+    )

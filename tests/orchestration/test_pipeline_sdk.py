@@ -13,8 +13,13 @@ from orchestration.profiles import PROJECT_ROOT, notify_targets
 
 
 def toy_pipeline(**options):
-    @training_pipeline("toy", description="A toy model for the SDK's tests", deps=[],
-                       partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"), **options)
+    @training_pipeline(
+        "toy",
+        description="A toy model for the SDK's tests",
+        deps=[],
+        partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"),
+        **options,
+    )
     def train_toy(run: TrainingRun) -> TrainedModel:
         raise NotImplementedError
 
@@ -89,15 +94,22 @@ def test_a_failed_run_reaches_its_pipelines_notification_targets(tmp_path):
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         instance = DagsterInstance.ephemeral()
-        result = materialize(all_assets, selection=AssetSelection.assets(["warehouse", "interactions"]),
-                             resources=resources_for("local", data_dir=str(tmp_path)), instance=instance,
-                             partition_key="2026-01-01", raise_on_error=False,
-                             tags={"mlplane/notify": "ml-oncall,nobody"})  # nothing landed: it fails
+        result = materialize(
+            all_assets,
+            selection=AssetSelection.assets(["warehouse", "interactions"]),
+            resources=resources_for("local", data_dir=str(tmp_path)),
+            instance=instance,
+            partition_key="2026-01-01",
+            raise_on_error=False,
+            tags={"mlplane/notify": "ml-oncall,nobody"},
+        )  # nothing landed: it fails
         assert not result.success
         [failure] = instance.fetch_run_status_changes(DagsterEventType.RUN_FAILURE, limit=1).records
         context = build_run_status_sensor_context(
-            sensor_name=notify_run_failure.name, dagster_event=failure.event_log_entry.dagster_event,
-            dagster_instance=instance, dagster_run=instance.get_run_by_id(result.run_id),
+            sensor_name=notify_run_failure.name,
+            dagster_event=failure.event_log_entry.dagster_event,
+            dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(result.run_id),
             resources={"notifier": WebhookNotifier(url=f"{base}/default", targets={"ml-oncall": f"{base}/oncall"})},
         ).for_run_failure()
         notify_run_failure(context)

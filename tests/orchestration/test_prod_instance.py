@@ -31,12 +31,15 @@ def test_prod_instance_stores_runs_in_postgres_and_queues_by_pool(prod_home, tmp
     try:
         coordinator = instance.run_coordinator
         assert type(coordinator).__name__ == "QueuedRunCoordinator"
-        limits = {(rule["key"], rule["value"]): rule["limit"]
-                  for rule in coordinator.get_run_queue_config().tag_concurrency_limits}
+        limits = {
+            (rule["key"], rule["value"]): rule["limit"]
+            for rule in coordinator.get_run_queue_config().tag_concurrency_limits
+        }
         assert limits[("mlplane/pool", "gpu")] < limits[("mlplane/pool", "cpu")]
 
-        result = materialize([feature_registry], instance=instance,
-                             resources=resources_for("local", data_dir=str(tmp_path / "lake")))
+        result = materialize(
+            [feature_registry], instance=instance, resources=resources_for("local", data_dir=str(tmp_path / "lake"))
+        )
         assert result.success
         runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS]))
         assert [r.run_id for r in runs] == [result.run_id]

@@ -14,8 +14,11 @@ def resource_classes() -> list[type]:
     found = []
     for module_info in pkgutil.iter_modules(resources.__path__):
         module = importlib.import_module(f"resources.{module_info.name}")
-        found += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
-                  if issubclass(cls, ConfigurableResource) and cls.__module__ == module.__name__]
+        found += [
+            cls
+            for _, cls in inspect.getmembers(module, inspect.isclass)
+            if issubclass(cls, ConfigurableResource) and cls.__module__ == module.__name__
+        ]
     return found
 
 
@@ -27,5 +30,11 @@ def test_clients_come_from_get_client():
         accessors = {name for name in own if name in {"lake", "engine", "registry", "open", "client"}}
         assert not accessors, f"{cls.__name__} hands out its client as {accessors}; call it get_client"
     with_client = {cls.__name__ for cls in classes if "get_client" in vars(cls)}
-    assert {"LakeResource", "FeatureStoreResource", "QualityResource", "ModelRegistryResource",
-            "VectorStoreResource", "LabelStoreResource"} <= with_client, with_client
+    assert {
+        "LakeResource",
+        "FeatureStoreResource",
+        "QualityResource",
+        "ModelRegistryResource",
+        "VectorStoreResource",
+        "LabelStoreResource",
+    } <= with_client, with_client

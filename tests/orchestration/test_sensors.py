@@ -23,8 +23,9 @@ from tests.conftest import FIRST_DAY, run_pipeline, simulate
 
 
 def evaluate(sensor, data_dir, cursor=None):
-    with build_sensor_context(cursor=cursor, resources={"lake": LakeResource(root=str(data_dir))},
-                              repository_def=defs.get_repository_def()) as context:
+    with build_sensor_context(
+        cursor=cursor, resources={"lake": LakeResource(root=str(data_dir))}, repository_def=defs.get_repository_def()
+    ) as context:
         return sensor.evaluate_tick(context)
 
 
@@ -81,8 +82,9 @@ def test_failed_run_notification_reaches_the_webhook(tmp_path):
     try:
         instance = DagsterInstance.ephemeral()
         # nothing has landed: ingestion fails with a clear error
-        result = run_pipeline(tmp_path, FIRST_DAY, FIRST_DAY, AssetSelection.groups("ingestion"),
-                              instance=instance, raise_on_error=False)
+        result = run_pipeline(
+            tmp_path, FIRST_DAY, FIRST_DAY, AssetSelection.groups("ingestion"), instance=instance, raise_on_error=False
+        )
         assert not result.success
         [failure] = instance.fetch_run_status_changes(DagsterEventType.RUN_FAILURE, limit=1).records
         context = build_run_status_sensor_context(
@@ -118,13 +120,16 @@ def test_the_demo_leaves_the_landing_sensor_at_the_days_it_ran(tmp_path, monkeyp
     remember_landed_days(lake_dir, FIRST_DAY, FIRST_DAY + timedelta(days=1))
 
     # the sensor as the daemon of `dagster dev -w workspace.yaml` sees it: still running, cursor set
-    with DagsterInstance.get() as instance, WorkspaceProcessContext(
-            instance, WorkspaceFileTarget([str(PROJECT_ROOT / "workspace.yaml")])) as workspace:
+    with (
+        DagsterInstance.get() as instance,
+        WorkspaceProcessContext(instance, WorkspaceFileTarget([str(PROJECT_ROOT / "workspace.yaml")])) as workspace,
+    ):
         location = workspace.create_request_context().get_code_location("mlplane")
         [repository] = location.get_repositories().values()
         remote = repository.get_sensor(landing_sensor.name)
         state = remote.get_current_instigator_state(
-            instance.get_instigator_state(remote.get_remote_origin_id(), remote.selector_id))
+            instance.get_instigator_state(remote.get_remote_origin_id(), remote.selector_id)
+        )
     assert state.is_running
     cursor = state.instigator_data.cursor
     assert set(json.loads(cursor)) == {"2026-01-01", "2026-01-02"}

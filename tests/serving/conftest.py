@@ -76,8 +76,12 @@ def gateway_llm_lake(tmp_path_factory) -> Path:
     tests need a real model in Hugging Face format, not a good one); registered in its registry."""
     data_dir = tmp_path_factory.mktemp("llm_lake")
     simulate(data_dir, days=2)
-    run_pipeline(data_dir, FIRST_DAY, FIRST_DAY.replace(day=FIRST_DAY.day + 1),
-                 AssetSelection.assets(warehouse_key(chat_messages), warehouse_key(items)))
+    run_pipeline(
+        data_dir,
+        FIRST_DAY,
+        FIRST_DAY.replace(day=FIRST_DAY.day + 1),
+        AssetSelection.assets(warehouse_key(chat_messages), warehouse_key(items)),
+    )
     materialize_llm_assets(data_dir, GATEWAY_LLM)
     return data_dir
 
@@ -85,10 +89,13 @@ def gateway_llm_lake(tmp_path_factory) -> Path:
 def materialize_llm_assets(data_dir: Path, *keys, steps: int = 40) -> None:
     config = {"config": {"steps": steps, "context": 64}}
     ops = {"models__gateway_llm": config, "models__gateway_llm_draft": config}
-    result = materialize(all_assets, selection=AssetSelection.assets(*keys),
-                         resources=resources_for("local", data_dir=str(data_dir)),
-                         instance=DagsterInstance.ephemeral(),
-                         run_config={"ops": {k.to_python_identifier(): ops[k.to_python_identifier()] for k in keys}})
+    result = materialize(
+        all_assets,
+        selection=AssetSelection.assets(*keys),
+        resources=resources_for("local", data_dir=str(data_dir)),
+        instance=DagsterInstance.ephemeral(),
+        run_config={"ops": {k.to_python_identifier(): ops[k.to_python_identifier()] for k in keys}},
+    )
     assert result.success
 
 
@@ -122,15 +129,43 @@ def llm_deployments(llm_registry, gateway_llm_lake, tmp_path_factory):
     and the same version with a draft model and with n-gram speculation."""
     workdir = tmp_path_factory.mktemp("rollout")
     args = ["--max-model-len", "256"]
-    config = {"deployments": [
-        {"model_name": ROLLED, "registry": "gateway_llm@champion", "region": "eu", "capacity": 64,
-         "max_tokens": 16, "vllm_args": args},
-        {"model_name": DRAFTED, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
-         "speculative": {"method": "draft_model", "draft": "gateway_llm_draft@champion", "num_speculative_tokens": 3}},
-        {"model_name": NGRAM, "registry": "gateway_llm/1", "max_tokens": 32, "vllm_args": args,
-         "speculative": {"method": "ngram", "num_speculative_tokens": 3}},
-    ], "settings": {"store": f"sqlite:///{workdir}/gateway.db", "key_cache_s": 0, "health_interval_s": 1,
-                    "reload_interval_s": 0.5, "connect_timeout_s": 2}}
+    config = {
+        "deployments": [
+            {
+                "model_name": ROLLED,
+                "registry": "gateway_llm@champion",
+                "region": "eu",
+                "capacity": 64,
+                "max_tokens": 16,
+                "vllm_args": args,
+            },
+            {
+                "model_name": DRAFTED,
+                "registry": "gateway_llm/1",
+                "max_tokens": 32,
+                "vllm_args": args,
+                "speculative": {
+                    "method": "draft_model",
+                    "draft": "gateway_llm_draft@champion",
+                    "num_speculative_tokens": 3,
+                },
+            },
+            {
+                "model_name": NGRAM,
+                "registry": "gateway_llm/1",
+                "max_tokens": 32,
+                "vllm_args": args,
+                "speculative": {"method": "ngram", "num_speculative_tokens": 3},
+            },
+        ],
+        "settings": {
+            "store": f"sqlite:///{workdir}/gateway.db",
+            "key_cache_s": 0,
+            "health_interval_s": 1,
+            "reload_interval_s": 0.5,
+            "connect_timeout_s": 2,
+        },
+    }
     gateway = GatewayProcess(config, workdir)
     controller = Rollout(gateway.config_path, llm_registry, workdir / "models", (gateway.url,), ADMIN_KEY)
     try:
@@ -157,8 +192,13 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = subprocess.Popen([*self.command, "--port", str(self.port)], env=self.env,
-                                        stdout=self.log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            [*self.command, "--port", str(self.port)],
+            env=self.env,
+            stdout=self.log.open("a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait(self) -> None:
         wait_healthy(f"{self.url}/health", self.process, self.log)
@@ -172,12 +212,35 @@ class VllmServer:
 def vllm_server(name: str, region: str, model_dir: Path, served_name: str, logs: Path, *extra: str) -> VllmServer:
     if not VLLM_PYTHON.exists():
         raise RuntimeError(f"{VLLM_PYTHON} missing: run scripts/setup-vllm")
-    command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--served-model-name", served_name, "--host", "127.0.0.1", "--max-model-len", "256",
-               "--max-num-seqs", "32", "--dtype", "float32", *extra]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-           "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    command = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "32",
+        "--dtype",
+        "float32",
+        *extra,
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
     return VllmServer(name, region, command, env, logs / f"vllm-{name}.log")
 
 
@@ -188,8 +251,9 @@ def vllm_backends(gateway_llm_path, tmp_path_factory) -> dict[str, VllmServer]:
     servers = {
         "eu": vllm_server("eu", "eu", gateway_llm_path, MODEL_NAME, logs),
         "us": vllm_server("us", "us", gateway_llm_path, MODEL_NAME, logs),
-        "embed": vllm_server("embed", "eu", gateway_llm_path, EMBEDDING_MODEL, logs,
-                             "--runner", "pooling", "--convert", "embed"),
+        "embed": vllm_server(
+            "embed", "eu", gateway_llm_path, EMBEDDING_MODEL, logs, "--runner", "pooling", "--convert", "embed"
+        ),
     }
     try:
         for server in servers.values():
@@ -203,16 +267,49 @@ def vllm_backends(gateway_llm_path, tmp_path_factory) -> dict[str, VllmServer]:
                 stop_process(server.process)
 
 
-def gateway_config(backends: dict[str, VllmServer], model_dir: Path, store: str, rate_limits: str = "memory",
-                   prefix: str = "mlplane:test", extra_models: list[dict] = ()) -> dict:
-    chat = [{"model_name": MODEL_NAME, "url": backends[r].url, "model": MODEL_NAME, "region": r,
-             "capacity": 64, "tokenizer": str(model_dir), "max_tokens": 32} for r in ("eu", "us")]
-    embed = [{"model_name": EMBEDDING_MODEL, "url": backends["embed"].url, "model": EMBEDDING_MODEL,
-              "region": "eu", "tokenizer": str(model_dir)}]
-    return {"model_list": [*chat, *embed, *extra_models], "settings": {
-        "store": store, "rate_limits": rate_limits, "rate_limit_prefix": prefix, "max_body_bytes": 65_536,
-        "key_cache_s": 0, "health_interval_s": 1, "reload_interval_s": 0.5, "connect_timeout_s": 2,
-        "circuit_open_s": 5}}
+def gateway_config(
+    backends: dict[str, VllmServer],
+    model_dir: Path,
+    store: str,
+    rate_limits: str = "memory",
+    prefix: str = "mlplane:test",
+    extra_models: list[dict] = (),
+) -> dict:
+    chat = [
+        {
+            "model_name": MODEL_NAME,
+            "url": backends[r].url,
+            "model": MODEL_NAME,
+            "region": r,
+            "capacity": 64,
+            "tokenizer": str(model_dir),
+            "max_tokens": 32,
+        }
+        for r in ("eu", "us")
+    ]
+    embed = [
+        {
+            "model_name": EMBEDDING_MODEL,
+            "url": backends["embed"].url,
+            "model": EMBEDDING_MODEL,
+            "region": "eu",
+            "tokenizer": str(model_dir),
+        }
+    ]
+    return {
+        "model_list": [*chat, *embed, *extra_models],
+        "settings": {
+            "store": store,
+            "rate_limits": rate_limits,
+            "rate_limit_prefix": prefix,
+            "max_body_bytes": 65_536,
+            "key_cache_s": 0,
+            "health_interval_s": 1,
+            "reload_interval_s": 0.5,
+            "connect_timeout_s": 2,
+            "circuit_open_s": 5,
+        },
+    }
 
 
 class GatewayProcess:
@@ -226,10 +323,23 @@ class GatewayProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "gateway.log"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "serving.gateway", "--config", str(self.config_path), "--port", str(self.port),
-             "--log-level", "warning"],
-            env={**os.environ, "MLPLANE_GATEWAY_ADMIN_KEY": ADMIN_KEY}, cwd=PROJECT_ROOT,
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "serving.gateway",
+                "--config",
+                str(self.config_path),
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            env={**os.environ, "MLPLANE_GATEWAY_ADMIN_KEY": ADMIN_KEY},
+            cwd=PROJECT_ROOT,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         wait_healthy(f"{self.url}/health", self.process, self.log, timeout=120)
         self.store = GatewayStore(config["settings"]["store"])
 
@@ -240,8 +350,9 @@ class GatewayProcess:
         self.config = config
 
     def admin(self, method: str, path: str, **kwargs) -> httpx.Response:
-        return httpx.request(method, self.url + path, headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                             timeout=30, **kwargs)
+        return httpx.request(
+            method, self.url + path, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30, **kwargs
+        )
 
     def metrics(self) -> str:
         """/metrics with the admin key (anonymous callers are refused: it names backends and models)."""
@@ -254,8 +365,10 @@ class GatewayProcess:
         from prometheus_client.parser import text_string_to_metric_families
 
         states: dict[str, dict[str, float]] = {}
-        names = {"mlplane_gateway_backend_in_flight": "in_flight",
-                 "mlplane_gateway_backend_circuit_open": "circuit_open"}
+        names = {
+            "mlplane_gateway_backend_in_flight": "in_flight",
+            "mlplane_gateway_backend_circuit_open": "circuit_open",
+        }
         failures: dict[str, float] = {}
         for family in text_string_to_metric_families(self.metrics()):
             for sample in family.samples:
@@ -295,8 +408,12 @@ async def v2_model_server(scope, receive, send):
         status, answer = 500, {"error": "Traceback: secret-internal-detail at /srv/model.py"}
     elif path == "/v2/models/adder/infer":
         inputs = json.loads(body)["inputs"]
-        answer = {"model_name": "adder", "outputs": [
-            {"name": f"sum_{i['name']}", "datatype": "FP32", "shape": [1], "data": [sum(i["data"])]} for i in inputs]}
+        answer = {
+            "model_name": "adder",
+            "outputs": [
+                {"name": f"sum_{i['name']}", "datatype": "FP32", "shape": [1], "data": [sum(i["data"])]} for i in inputs
+            ],
+        }
     else:
         status, answer = 404, {"error": f"no route {path}"}
     payload = json.dumps(answer).encode()
@@ -370,7 +487,7 @@ class CuttingProxy:
             passed = 0
             while data := await upstream_reader.read(256):
                 if passed + len(data) > cut_after:
-                    data = data[:int(cut_after - passed)]
+                    data = data[: int(cut_after - passed)]
                 passed += len(data)
                 if data:
                     client_writer.write(data)

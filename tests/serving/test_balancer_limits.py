@@ -19,10 +19,12 @@ class Clock:
         return self.now
 
 
-def backend(url: str, region: str, latency: float | None = None, capacity: int = 4, weight: float = 1.0,
-            clock=None) -> BackendState:
-    state = BackendState(BackendSpec(model_name="m", url=url, model="m", region=region, capacity=capacity,
-                                     weight=weight))
+def backend(
+    url: str, region: str, latency: float | None = None, capacity: int = 4, weight: float = 1.0, clock=None
+) -> BackendState:
+    state = BackendState(
+        BackendSpec(model_name="m", url=url, model="m", region=region, capacity=capacity, weight=weight)
+    )
     state.latency_s = latency
     if clock:
         state.clock = clock

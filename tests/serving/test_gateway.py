@@ -43,9 +43,17 @@ def test_chat_completion_and_usage_record(gateway):
     key_id = key.split("-")[2]
     rows = usage_rows(gateway, 1, group_by="key_id,model,endpoint,status")
     mine = [r for r in rows if r["key_id"] == key_id]
-    assert mine == [{**mine[0], "model": MODEL_NAME, "endpoint": "chat", "status": 200, "requests": 1,
-                     "prompt_tokens": response.usage.prompt_tokens,
-                     "completion_tokens": response.usage.completion_tokens}]
+    assert mine == [
+        {
+            **mine[0],
+            "model": MODEL_NAME,
+            "endpoint": "chat",
+            "status": 200,
+            "requests": 1,
+            "prompt_tokens": response.usage.prompt_tokens,
+            "completion_tokens": response.usage.completion_tokens,
+        }
+    ]
 
 
 def test_prompt_tokens_counted_before_the_call_match_the_backend(gateway):
@@ -62,13 +70,15 @@ def test_prompt_tokens_counted_before_the_call_match_the_backend(gateway):
 def test_streaming_chat(gateway):
     key = gateway.key()
     openai_client = client(gateway, key)
-    chunks = list(openai_client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=8,
-                                                        stream=True))
+    chunks = list(openai_client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, stream=True))
     assert chunks and all(c.model == MODEL_NAME for c in chunks)
     assert all(c.choices for c in chunks)  # the usage chunk the gateway asked for is not passed on
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
-    with_usage = list(openai_client.chat.completions.create(
-        model=MODEL_NAME, messages=MESSAGES, max_tokens=8, stream=True, stream_options={"include_usage": True}))
+    with_usage = list(
+        openai_client.chat.completions.create(
+            model=MODEL_NAME, messages=MESSAGES, max_tokens=8, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert with_usage[-1].usage is not None and 0 < with_usage[-1].usage.completion_tokens <= 8
 
 
@@ -80,8 +90,9 @@ def test_text_completion(gateway):
 
 def test_embeddings(gateway, vllm_backends):
     key = gateway.key()
-    response = client(gateway, key).embeddings.create(model=EMBEDDING_MODEL,
-                                                      input=["red wooden chair", "green glass lamp"])
+    response = client(gateway, key).embeddings.create(
+        model=EMBEDDING_MODEL, input=["red wooden chair", "green glass lamp"]
+    )
     assert len(response.data) == 2
     vectors = [d.embedding for d in response.data]
     assert len(vectors[0]) == len(vectors[1]) == 128  # the model's hidden size
@@ -157,8 +168,9 @@ def test_bad_requests_get_clear_4xx_never_5xx(gateway):
     missing = httpx.post(url, json={"model": MODEL_NAME}, headers=auth, timeout=30)
     assert missing.status_code == 400 and error_of(missing)["param"] == "messages"
 
-    bad_cap = httpx.post(url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": -3}, headers=auth,
-                         timeout=30)
+    bad_cap = httpx.post(
+        url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": -3}, headers=auth, timeout=30
+    )
     assert bad_cap.status_code == 400 and "max_tokens" in error_of(bad_cap)["message"]
 
     no_key = httpx.post(url, json={"model": MODEL_NAME, "messages": MESSAGES}, timeout=30)
@@ -224,8 +236,9 @@ def assert_tokens_per_minute_hold(gateway, limit: int, concurrency: int = 50, ma
         used, refused = [], 0
         for _ in range(20):
             try:
-                response = openai_client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES,
-                                                                 max_tokens=max_tokens)
+                response = openai_client.chat.completions.create(
+                    model=MODEL_NAME, messages=MESSAGES, max_tokens=max_tokens
+                )
             except openai.RateLimitError:
                 refused += 1
                 break
@@ -241,8 +254,10 @@ def assert_tokens_per_minute_hold(gateway, limit: int, concurrency: int = 50, ma
     per_request = max(tokens)
     bound = windows * limit + concurrency * per_request
     overshoot = sum(tokens) - windows * limit
-    print(f"tpm limit {limit}: {len(tokens)} requests admitted using {sum(tokens)} tokens over {windows} "
-          f"window(s), {refused} refused; overshoot {overshoot} tokens (bound {concurrency} x {per_request})")
+    print(
+        f"tpm limit {limit}: {len(tokens)} requests admitted using {sum(tokens)} tokens over {windows} "
+        f"window(s), {refused} refused; overshoot {overshoot} tokens (bound {concurrency} x {per_request})"
+    )
     assert refused == concurrency  # every client met the limit
     assert sum(tokens) <= bound
     assert sum(tokens) >= limit - concurrency * per_request  # the limit, not something else, stopped them
@@ -288,12 +303,13 @@ def test_backend_killed_under_load_no_client_sees_a_failure(vllm_backends, gatew
 def test_hot_reload_adds_a_group_without_dropping_requests(gateway, vllm_backends, gateway_llm_path):
     key = gateway.key()
     openai_client = client(gateway, key)
-    alias = {"model_name": "gateway-llm-alias", "url": vllm_backends["us"].url, "model": MODEL_NAME,
-             "region": "us"}
+    alias = {"model_name": "gateway-llm-alias", "url": vllm_backends["us"].url, "model": MODEL_NAME, "region": "us"}
     original = gateway.config
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(openai_client.chat.completions.create, model=MODEL_NAME, messages=MESSAGES,
-                               max_tokens=16) for _ in range(24)]
+        futures = [
+            pool.submit(openai_client.chat.completions.create, model=MODEL_NAME, messages=MESSAGES, max_tokens=16)
+            for _ in range(24)
+        ]
         gateway.rewrite({**original, "model_list": [*original["model_list"], alias]})
         assert all(f.result().model == MODEL_NAME for f in futures)
     for _ in range(100):
@@ -319,8 +335,9 @@ def test_open_inference_protocol_v2_pass_through(gateway):
     denied = httpx.post(f"{gateway.url}/v2/models/{MODEL_NAME}/infer", json=request, headers=auth, timeout=30)
     assert denied.status_code == 404  # a chat model is no v2 model
     other = gateway.key(models=[MODEL_NAME])
-    refused = httpx.post(f"{gateway.url}/v2/models/adder/infer", json=request, timeout=30,
-                         headers={"Authorization": f"Bearer {other}"})
+    refused = httpx.post(
+        f"{gateway.url}/v2/models/adder/infer", json=request, timeout=30, headers={"Authorization": f"Bearer {other}"}
+    )
     assert refused.status_code == 403
 
 
@@ -328,14 +345,26 @@ def test_metrics_and_openapi(gateway):
     key = gateway.key()
     client(gateway, key).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2)
     metrics = gateway.metrics()
-    for name in ("mlplane_gateway_requests_total", "mlplane_gateway_tokens_total",
-                 "mlplane_gateway_request_latency_seconds_bucket", "mlplane_gateway_backend_healthy",
-                 "mlplane_gateway_backend_latency_ewma_seconds"):
+    for name in (
+        "mlplane_gateway_requests_total",
+        "mlplane_gateway_tokens_total",
+        "mlplane_gateway_request_latency_seconds_bucket",
+        "mlplane_gateway_backend_healthy",
+        "mlplane_gateway_backend_latency_ewma_seconds",
+    ):
         assert name in metrics
     assert f'mlplane_gateway_requests_total{{endpoint="chat",model="{MODEL_NAME}",status="200"}}' in metrics
     spec = httpx.get(f"{gateway.url}/openapi.json", timeout=30).json()
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-            "/v2/models/{name}/infer", "/admin/keys", "/admin/teams", "/metrics"} <= set(spec["paths"])
+    assert {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/v2/models/{name}/infer",
+        "/admin/keys",
+        "/admin/teams",
+        "/metrics",
+    } <= set(spec["paths"])
     # every request body and answer is described, so client generators and fuzzers get the real shapes
     chat = spec["paths"]["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
@@ -383,20 +412,30 @@ def test_retries_before_the_first_byte_never_after_a_stream_started(vllm_backend
         try:
             openai_client = client(gateway, gateway.key(), default_headers={"X-Mlplane-Region": "eu"})
             if streamed_fully:
-                chunks = list(openai_client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES,
-                                                                    max_tokens=8, stream=True))
+                chunks = list(
+                    openai_client.chat.completions.create(
+                        model=MODEL_NAME, messages=MESSAGES, max_tokens=8, stream=True
+                    )
+                )
                 assert chunks[-1].choices[0].finish_reason in ("length", "stop")
             else:
                 received = []
                 with pytest.raises(openai.APIError, match="failed during the stream"):
                     for chunk in openai_client.chat.completions.create(
-                            model=MODEL_NAME, messages=MESSAGES, max_tokens=200, stream=True,
-                            extra_body={"ignore_eos": True}):
+                        model=MODEL_NAME,
+                        messages=MESSAGES,
+                        max_tokens=200,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                    ):
                         received.append(chunk)
                 assert received and all(c.choices[0].finish_reason is None for c in received)
             metrics = gateway.metrics()
-            retried = [float(line.split()[-1]) for line in metrics.splitlines()
-                       if line.startswith("mlplane_gateway_retries_total")]
+            retried = [
+                float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("mlplane_gateway_retries_total")
+            ]
             assert retried == ([1.0] if streamed_fully else [])
         finally:
             gateway.stop()

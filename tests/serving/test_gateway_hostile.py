@@ -23,8 +23,13 @@ CHAT = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4}
 
 def post(gateway, key: str, body, path: str = "/v1/chat/completions", **kwargs) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(gateway.url + path, content=content, timeout=60, **kwargs,
-                      headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
+    return httpx.post(
+        gateway.url + path,
+        content=content,
+        timeout=60,
+        **kwargs,
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
 
 
 def error_of(response: httpx.Response) -> dict:
@@ -86,8 +91,13 @@ def test_client_hanging_up_mid_stream_is_not_a_backend_failure(gateway):
     before = settled(gateway)
     for _ in range(6):
         body = {**CHAT, "max_tokens": 200, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60,
-                          headers={"Authorization": f"Bearer {key}"}) as response:
+        with httpx.stream(
+            "POST",
+            f"{gateway.url}/v1/chat/completions",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response:
             assert response.status_code == 200
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
@@ -102,8 +112,7 @@ def test_client_hanging_up_mid_stream_is_not_a_backend_failure(gateway):
 def test_n_and_prompt_lists_are_reserved_in_full(gateway):
     """Before: 64 prompts or n=60 reserved a single max_tokens: 1,024 and 960 tokens from a 200-token key."""
     key = gateway.key(tpm=200)
-    many = post(gateway, key, {"model": MODEL_NAME, "prompt": ["Blue lamp"] * 64, "max_tokens": 16},
-                "/v1/completions")
+    many = post(gateway, key, {"model": MODEL_NAME, "prompt": ["Blue lamp"] * 64, "max_tokens": 16}, "/v1/completions")
     assert many.status_code == 429 and "needs" in error_of(many)["message"]
     wide = post(gateway, key, {**CHAT, "n": 60, "max_tokens": 16})
     assert wide.status_code == 429
@@ -115,8 +124,12 @@ def test_completions_reserve_the_cap_the_backend_honours(gateway):
     """vLLM's completions honour max_tokens and ignore max_completion_tokens: sending max_tokens=150 and
     max_completion_tokens=1 must reserve 150 (before: 1, and 150 were generated)."""
     key = gateway.key(tpm=100)
-    answer = post(gateway, key, {"model": MODEL_NAME, "prompt": "Blue lamp", "max_tokens": 150,
-                                 "max_completion_tokens": 1}, "/v1/completions")
+    answer = post(
+        gateway,
+        key,
+        {"model": MODEL_NAME, "prompt": "Blue lamp", "max_tokens": 150, "max_completion_tokens": 1},
+        "/v1/completions",
+    )
     assert answer.status_code == 429 and "needs" in error_of(answer)["message"]
 
 
@@ -133,12 +146,14 @@ def test_team_limits_come_from_the_team_table(gateway):
     assert f"team:{team}" in refused.value.body["message"]
     listed = gateway.admin("GET", "/admin/teams").json()["data"]
     assert {"team": team, "rpm": 3, "tpm": None, "rpd": None, "tpd": None} in [
-        {k: v for k, v in t.items() if k != "updated_at"} for t in listed]
+        {k: v for k, v in t.items() if k != "updated_at"} for t in listed
+    ]
     # the CLI writes the store; the gateway applies it without a restart
     other = f"cli-{time.time_ns()}"
     third = gateway.key(team=other)
-    result = CliRunner().invoke(mlplane, ["gateway", "teams", "set", other, "--rpm", "1",
-                                          "--config", str(gateway.config_path)])
+    result = CliRunner().invoke(
+        mlplane, ["gateway", "teams", "set", other, "--rpm", "1", "--config", str(gateway.config_path)]
+    )
     assert result.exit_code == 0, result.output
     client(gateway, third).chat.completions.create(**CHAT)
     with pytest.raises(openai.RateLimitError):
@@ -147,12 +162,15 @@ def test_team_limits_come_from_the_team_table(gateway):
 
 HOSTILE = {
     "deep nesting": b'{"model": "gateway-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 60, '
-                    b'"x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
-    "null text part": {**CHAT, "max_tokens": 60, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": None}]}]},
+    b'"x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
+    "null text part": {
+        **CHAT,
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}],
+    },
     "stream_options list": {**CHAT, "max_tokens": 60, "stream": True, "stream_options": [1]},
     "lone surrogate": b'{"model": "gateway-llm", "max_tokens": 60, "messages": [{"role": "user", '
-                      b'"content": "chair \\ud800"}]}',
+    b'"content": "chair \\ud800"}]}',
     "content number": {**CHAT, "max_tokens": 60, "messages": [{"role": "user", "content": 5}]},
     "max_tokens string": {**CHAT, "max_tokens": "60"},
 }
@@ -186,8 +204,12 @@ def test_a_wrongly_typed_setting_is_refused_at_reload(gateway):
 
 
 def test_admin_payloads_are_typed_and_the_admin_key_checked(gateway):
-    for body, field in (({"rpm": "abc"}, "rpm"), ({"models": MODEL_NAME}, "models"), ({"tpm": 1.5}, "tpm"),
-                        ({"owner": None}, "owner")):
+    for body, field in (
+        ({"rpm": "abc"}, "rpm"),
+        ({"models": MODEL_NAME}, "models"),
+        ({"tpm": 1.5}, "tpm"),
+        ({"owner": None}, "owner"),
+    ):
         answer = gateway.admin("POST", "/admin/keys", json={"owner": "o", "team": "t", **body})
         assert answer.status_code == 422 and error_of(answer)["param"] == field, answer.text
     answer = gateway.admin("PUT", "/admin/teams", json={"team": "t", "rpm": "abc"})
@@ -202,8 +224,12 @@ def test_metrics_and_errors_keep_backends_private(gateway, vllm_backends, v2_bac
     assert anonymous.status_code == 401 and vllm_backends["us"].url not in anonymous.text
     assert vllm_backends["us"].url in gateway.metrics()
     key = gateway.key()
-    failed = post(gateway, key, {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]},
-                  "/v2/models/broken/infer")
+    failed = post(
+        gateway,
+        key,
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]},
+        "/v2/models/broken/infer",
+    )
     assert failed.status_code == 502 and error_of(failed)["code"] == "backend_failed"
     for secret in (v2_backend, "127.0.0.1", "secret-internal-detail", "Traceback"):
         assert secret not in failed.text
@@ -222,7 +248,8 @@ def test_a_backend_hanging_mid_stream_ends_the_stream_with_an_error(vllm_backend
         received = []
         with pytest.raises(openai.APIError, match="failed during the stream"):
             for chunk in client(gateway, key).chat.completions.create(
-                    **{**CHAT, "max_tokens": 200, "stream": True, "extra_body": {"ignore_eos": True}}):
+                **{**CHAT, "max_tokens": 200, "stream": True, "extra_body": {"ignore_eos": True}}
+            ):
                 received.append(chunk)
         assert received
         rows = my_rows(gateway, key, 1)
@@ -236,8 +263,10 @@ def test_a_backend_hanging_mid_stream_ends_the_stream_with_an_error(vllm_backend
 
 def raw_request(gateway, key: str, body: bytes, send_all: bool) -> None:
     """A client that goes away: before its body is complete, or right after sending it."""
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", gateway.port)) as connection:
         connection.sendall(head + (body if send_all else body[: len(body) // 2]))
 
@@ -250,8 +279,13 @@ def test_a_client_disconnecting_at_every_stage_leaks_nothing(gateway):
     raw_request(gateway, key, body, send_all=False)  # mid-body: recorded (499), never admitted
     raw_request(gateway, key, body, send_all=True)  # while the backend works
     raw_request(gateway, key, streamed, send_all=True)  # before the first event
-    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", content=streamed, timeout=60,
-                      headers={"Authorization": f"Bearer {key}", "content-type": "application/json"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        content=streamed,
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
+    ) as response:
         next(response.iter_lines())  # after the first event
     assert_untouched(gateway, before)
     rows = my_rows(gateway, key, 4)
@@ -275,10 +309,16 @@ def test_revoke_holds_within_a_second_whatever_the_key_cache(vllm_backends, gate
         config_path = tmp_path / "cli.yaml"
         config_path.write_text(yaml.safe_dump(config))
         revoked_at = time.time()
-        assert CliRunner().invoke(mlplane, ["gateway", "keys", "revoke", key_id(key),
-                                            "--config", str(config_path)]).exit_code == 0
-        while httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {key}"},
-                        timeout=30).status_code == 200:
+        assert (
+            CliRunner()
+            .invoke(mlplane, ["gateway", "keys", "revoke", key_id(key), "--config", str(config_path)])
+            .exit_code
+            == 0
+        )
+        while (
+            httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30).status_code
+            == 200
+        ):
             assert time.time() - revoked_at < 3, "the revoke did not reach the gateway"
             time.sleep(0.05)
         print(f"revoke effective after {time.time() - revoked_at:.2f} s")

@@ -31,8 +31,14 @@ class Backend:
         try:
             while self.replies:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 self.requests.append(head + await reader.readexactly(length))
                 reply = self.replies.pop(0)
                 if callable(reply):
@@ -52,7 +58,10 @@ class Backend:
 
 def ok(body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%b\r\n%b" % (
-        len(body), extra, body)
+        len(body),
+        extra,
+        body,
+    )
 
 
 def run(coroutine):
@@ -65,8 +74,11 @@ def test_requests_reuse_one_connection_and_send_exact_bytes():
         url = await backend.start()
         pool = Pool(1.0, 5.0)
         first = await pool.request("POST", url, "/v1/chat/completions", b'{"x":1}')
-        assert (first.status, first.headers["content-type"], await first.read()) == (200, "application/json",
-                                                                                    b'{"a":1}')
+        assert (first.status, first.headers["content-type"], await first.read()) == (
+            200,
+            "application/json",
+            b'{"a":1}',
+        )
         second = await pool.request("GET", url, "/v2/models/m", None)
         assert await second.read() == b'{"b":2}'
         await pool.close()
@@ -82,7 +94,7 @@ def test_requests_reuse_one_connection_and_send_exact_bytes():
 
 
 def test_chunked_stream_is_read_line_by_line_across_chunk_borders():
-    events = b"data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n"
+    events = b'data: {"n":1}\n\ndata: {"n":2}\n\ndata: [DONE]\n\n'
     pieces = [events[:7], events[7:30], events[30:]]
     body = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
     reply = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + body

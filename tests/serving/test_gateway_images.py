@@ -47,22 +47,28 @@ def group(*vision: bool) -> ModelGroup:
 
 
 def test_valid_images_are_measured_and_counted_by_tiles():
-    checked = check_images(body_with(data_url(image_bytes(600, 300)), data_url(image_bytes(64, 64, "JPEG"),
-                                                                               "image/jpeg")), ImageLimits())
+    checked = check_images(
+        body_with(data_url(image_bytes(600, 300)), data_url(image_bytes(64, 64, "JPEG"), "image/jpeg")), ImageLimits()
+    )
     assert [(c.where, c.media_type, c.width, c.height) for c in checked] == [
-        ("messages[1].content[1]", "image/png", 600, 300), ("messages[1].content[2]", "image/jpeg", 64, 64)]
+        ("messages[1].content[1]", "image/png", 600, 300),
+        ("messages[1].content[2]", "image/jpeg", 64, 64),
+    ]
     for c in checked:  # recomputed from the pixel sizes: 85 + 170 per started 512-pixel tile
         assert c.tokens == 85 + 170 * math.ceil(c.width / 512) * math.ceil(c.height / 512)
     assert [c.tokens for c in checked] == [425, 255]
 
 
-@pytest.mark.parametrize("url, code, words", [
-    ("https://example.com/cat.png", "remote_image_url", "remote image URLs are not accepted"),
-    ("file:///etc/passwd", "remote_image_url", "data: URL"),
-    ("data:image/svg+xml;base64,PHN2Zy8+", "unsupported_image_type", "'image/svg+xml' is not accepted"),
-    ("data:image/png,rawbytes", "invalid_image", "data:<type>;base64"),
-    ("data:image/png;base64,@@not-base64@@", "invalid_image", "not valid base64"),
-])
+@pytest.mark.parametrize(
+    "url, code, words",
+    [
+        ("https://example.com/cat.png", "remote_image_url", "remote image URLs are not accepted"),
+        ("file:///etc/passwd", "remote_image_url", "data: URL"),
+        ("data:image/svg+xml;base64,PHN2Zy8+", "unsupported_image_type", "'image/svg+xml' is not accepted"),
+        ("data:image/png,rawbytes", "invalid_image", "data:<type>;base64"),
+        ("data:image/png;base64,@@not-base64@@", "invalid_image", "not valid base64"),
+    ],
+)
 def test_bad_urls_are_refused_naming_the_part(url, code, words):
     error = refused(body_with(url))
     assert error.code == code and words in error.message

@@ -62,9 +62,28 @@ def prod_gateways(vllm_backends, gateway_llm_path, prod_state, tmp_path_factory)
 def test_keys_cli_on_postgres_stores_only_hashes(prod_gateways, prod_state):
     store_url = prod_state[0]
     runner = CliRunner()
-    created = runner.invoke(mlplane, ["gateway", "keys", "create", "--store", store_url, "--owner", "etl",
-                                      "--team", "data", "--model", MODEL_NAME, "--tpm", "5000", "--rpm", "100",
-                                      "--expires-in-days", "30"])
+    created = runner.invoke(
+        mlplane,
+        [
+            "gateway",
+            "keys",
+            "create",
+            "--store",
+            store_url,
+            "--owner",
+            "etl",
+            "--team",
+            "data",
+            "--model",
+            MODEL_NAME,
+            "--tpm",
+            "5000",
+            "--rpm",
+            "100",
+            "--expires-in-days",
+            "30",
+        ],
+    )
     assert created.exit_code == 0, created.output
     record = json.loads(created.output)
     secret = record["key"]
@@ -73,8 +92,11 @@ def test_keys_cli_on_postgres_stores_only_hashes(prod_gateways, prod_state):
     import sqlalchemy as sa
 
     with GatewayStore(store_url).engine.connect() as conn:
-        stored = conn.execute(sa.text("SELECT * FROM gateway_keys WHERE key_id = :k"),
-                              {"k": record["key_id"]}).mappings().one()
+        stored = (
+            conn.execute(sa.text("SELECT * FROM gateway_keys WHERE key_id = :k"), {"k": record["key_id"]})
+            .mappings()
+            .one()
+        )
     assert stored["key_hash"] == hash_key(secret) and secret not in json.dumps(dict(stored), default=str)
 
     for replica in prod_gateways:  # both replicas read the same store
@@ -112,15 +134,18 @@ def test_tokens_per_minute_under_50_concurrent_clients_in_redis(prod_gateways):
     assert_tokens_per_minute_hold(prod_gateways[0], limit=1500)
 
 
-def test_usage_report_and_no_record_lost_on_clean_shutdown(vllm_backends, gateway_llm_path, prod_state,
-                                                          tmp_path):
+def test_usage_report_and_no_record_lost_on_clean_shutdown(vllm_backends, gateway_llm_path, prod_state, tmp_path):
     store, redis_url, prefix = prod_state
     replica = GatewayProcess(gateway_config(vllm_backends, gateway_llm_path, store, redis_url, prefix), tmp_path)
     key = replica.key(team="shutdown-test")
     openai_client = client(replica, key)
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
-        list(pool.map(lambda _: openai_client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES,
-                                                                       max_tokens=4), range(40)))
+        list(
+            pool.map(
+                lambda _: openai_client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=4),
+                range(40),
+            )
+        )
     # SIGTERM: uvicorn finishes open requests, the usage writer empties its queue, then uvicorn exits
     # by re-raising the signal it handled
     assert replica.stop() == -signal.SIGTERM
@@ -147,8 +172,13 @@ def test_a_cancelled_stream_settles_its_redis_reservation_and_is_recorded(prod_g
     store, _redis_url, prefix = prod_state
     key = prod_gateways[0].key(tpm=5000)
     body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 200, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", f"{prod_gateways[0].url}/v1/chat/completions", json=body, timeout=60,
-                      headers={"Authorization": f"Bearer {key}"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{prod_gateways[0].url}/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+    ) as response:
         lines = response.iter_lines()
         for _ in range(3):
             next(lines)
@@ -163,8 +193,9 @@ def wait_rows(store: str, key: str, expected: int) -> list[dict]:
     gateway_store = GatewayStore(store)
     try:
         for _ in range(150):
-            rows = [r for r in gateway_store.usage_report(0, None, ("key_id", "status"))
-                    if r["key_id"] == key_id_of(key)]
+            rows = [
+                r for r in gateway_store.usage_report(0, None, ("key_id", "status")) if r["key_id"] == key_id_of(key)
+            ]
             if sum(r["requests"] for r in rows) >= expected:
                 return rows
             time.sleep(0.2)
@@ -204,17 +235,20 @@ def closed_port() -> int:
         return s.getsockname()[1]  # nothing listens here once the socket is closed
 
 
-def test_redis_down_or_hanging_is_a_503_in_openai_shape_and_recorded(vllm_backends, gateway_llm_path, prod_state,
-                                                                     tmp_path):
+def test_redis_down_or_hanging_is_a_503_in_openai_shape_and_recorded(
+    vllm_backends, gateway_llm_path, prod_state, tmp_path
+):
     """A refused connection and a silent server both give a 503 with an OpenAI error body within the
     client's 30 s timeout (settings.redis_timeout_s bounds each call), and a usage record; with
     `rate_limit_failure: open` the request is served unmetered instead."""
     store, _, prefix = prod_state
     silent = SilentServer()
     try:
-        for name, url, failure, expected in (("down", f"redis://127.0.0.1:{closed_port()}/0", "closed", 503),
-                                             ("hanging", f"redis://127.0.0.1:{silent.port}/0", "closed", 503),
-                                             ("open", f"redis://127.0.0.1:{silent.port}/0", "open", 200)):
+        for name, url, failure, expected in (
+            ("down", f"redis://127.0.0.1:{closed_port()}/0", "closed", 503),
+            ("hanging", f"redis://127.0.0.1:{silent.port}/0", "closed", 503),
+            ("open", f"redis://127.0.0.1:{silent.port}/0", "open", 200),
+        ):
             workdir = tmp_path / name
             workdir.mkdir()
             config = gateway_config(vllm_backends, gateway_llm_path, store, url, prefix)
@@ -222,9 +256,12 @@ def test_redis_down_or_hanging_is_a_503_in_openai_shape_and_recorded(vllm_backen
             replica = GatewayProcess(config, workdir)
             try:
                 key = replica.key(tpm=1000)
-                answer = httpx.post(f"{replica.url}/v1/chat/completions", timeout=30,
-                                    json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2},
-                                    headers={"Authorization": f"Bearer {key}"})
+                answer = httpx.post(
+                    f"{replica.url}/v1/chat/completions",
+                    timeout=30,
+                    json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
                 assert answer.status_code == expected, answer.text
                 if expected == 503:
                     assert answer.json()["error"]["code"] == "rate_limiter_unavailable"
@@ -236,14 +273,18 @@ def test_redis_down_or_hanging_is_a_503_in_openai_shape_and_recorded(vllm_backen
         silent.close()
 
 
-def test_redis_outage_while_a_request_is_at_the_backend_loses_nothing(vllm_backends, gateway_llm_path, prod_state,
-                                                                     tmp_path):
+def test_redis_outage_while_a_request_is_at_the_backend_loses_nothing(
+    vllm_backends, gateway_llm_path, prod_state, tmp_path
+):
     """A real Redis killed while a stream is running: the stream finishes, its usage record is written
     (before: a plain-text 500 and no record); the next request is a clean 503."""
     store, _, prefix = prod_state
     port = closed_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-                              stdout=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         for _ in range(100):
             try:
@@ -256,8 +297,13 @@ def test_redis_outage_while_a_request_is_at_the_backend_loses_nothing(vllm_backe
         try:
             key = replica.key(tpm=5000)
             body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 60, "stream": True, "ignore_eos": True}
-            with httpx.stream("POST", f"{replica.url}/v1/chat/completions", json=body, timeout=60,
-                              headers={"Authorization": f"Bearer {key}"}) as response:
+            with httpx.stream(
+                "POST",
+                f"{replica.url}/v1/chat/completions",
+                json=body,
+                timeout=60,
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response:
                 lines = response.iter_lines()
                 next(lines)
                 stop_process(server)
@@ -265,9 +311,12 @@ def test_redis_outage_while_a_request_is_at_the_backend_loses_nothing(vllm_backe
             assert response.status_code == 200 and "data: [DONE]" in rest
             rows = wait_rows(store, key, 1)
             assert [r["status"] for r in rows] == [200] and rows[0]["completion_tokens"] == 60
-            after = httpx.post(f"{replica.url}/v1/chat/completions", timeout=30,
-                               json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2},
-                               headers={"Authorization": f"Bearer {key}"})
+            after = httpx.post(
+                f"{replica.url}/v1/chat/completions",
+                timeout=30,
+                json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2},
+                headers={"Authorization": f"Bearer {key}"},
+            )
             assert after.status_code == 503 and after.json()["error"]["type"] == "service_unavailable"
         finally:
             replica.stop()
@@ -299,20 +348,43 @@ def test_workers_share_their_limits_through_redis(vllm_backends, gateway_llm_pat
     config_path.write_text(yaml.safe_dump(config))
     port = closed_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.gateway", "--config", str(config_path), "--port", str(port),
-         "--workers", "2", "--log-level", "warning"],
-        env={**os.environ, "MLPLANE_GATEWAY_ADMIN_KEY": ADMIN_KEY}, cwd=PROJECT_ROOT,
-        stdout=(tmp_path / "workers.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "serving.gateway",
+            "--config",
+            str(config_path),
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--log-level",
+            "warning",
+        ],
+        env={**os.environ, "MLPLANE_GATEWAY_ADMIN_KEY": ADMIN_KEY},
+        cwd=PROJECT_ROOT,
+        stdout=(tmp_path / "workers.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", process, tmp_path / "workers.log", timeout=120)
-        key = httpx.post(f"http://127.0.0.1:{port}/admin/keys", json={"owner": "w", "team": "w", "rpm": 4},
-                         headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).json()["key"]
+        key = httpx.post(
+            f"http://127.0.0.1:{port}/admin/keys",
+            json={"owner": "w", "team": "w", "rpm": 4},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        ).json()["key"]
         statuses = []
         for _ in range(8):  # a fresh connection each time: the kernel spreads them over the workers
-            statuses.append(httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
-                                       json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2},
-                                       headers={"Authorization": f"Bearer {key}", "Connection": "close"}
-                                       ).status_code)
+            statuses.append(
+                httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    timeout=60,
+                    json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {key}", "Connection": "close"},
+                ).status_code
+            )
         assert statuses == [200] * 4 + [429] * 4
     finally:
         stop_process(process)

@@ -145,17 +145,20 @@ def test_redis_down_raises_limiter_unavailable_quickly():
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("raw, problem", [
-    (b'{"model": "m", "temperature": NaN}', "NaN is not valid JSON"),
-    (b'{"model": "m", "temperature": Infinity}', "Infinity is not valid JSON"),
-    (b'{"model": "m", "temperature": 1e999}', "out of range"),
-    (b'{"a": ' * 100_000 + b"1" + b"}" * 100_000, "nested more than"),
-    (b'{"a": ' * 40 + b"1" + b"}" * 40, "nested more than 32"),
-    (b'{"model": "m", "prompt": "\\ud800"}', "lone UTF-16 surrogate"),
-    (b'{"\\udfff": 1}', "lone UTF-16 surrogate"),
-    (b"[1]", "JSON object"),
-    (b"\xff\xfe", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        (b'{"model": "m", "temperature": NaN}', "NaN is not valid JSON"),
+        (b'{"model": "m", "temperature": Infinity}', "Infinity is not valid JSON"),
+        (b'{"model": "m", "temperature": 1e999}', "out of range"),
+        (b'{"a": ' * 100_000 + b"1" + b"}" * 100_000, "nested more than"),
+        (b'{"a": ' * 40 + b"1" + b"}" * 40, "nested more than 32"),
+        (b'{"model": "m", "prompt": "\\ud800"}', "lone UTF-16 surrogate"),
+        (b'{"\\udfff": 1}', "lone UTF-16 surrogate"),
+        (b"[1]", "JSON object"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
 def test_strict_json_refuses_what_backends_cannot_take(raw, problem):
     with pytest.raises(GatewayError) as error:
         parse_json(raw, max_depth=32)
@@ -163,17 +166,20 @@ def test_strict_json_refuses_what_backends_cannot_take(raw, problem):
 
 
 def test_strict_json_keeps_valid_surrogate_pairs():
-    assert parse_json(b'{"prompt": "\\ud83d\\ude00"}', 32) == {"prompt": "\U0001F600"}
+    assert parse_json(b'{"prompt": "\\ud83d\\ude00"}', 32) == {"prompt": "\U0001f600"}
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": [1]}, "stream_options"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "8"}, "max_tokens"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
-    ({"model": "m", "messages": []}, "messages"),
-    ({"model": 3, "messages": [{"role": "user", "content": "x"}]}, "model"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": [1]}, "stream_options"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "8"}, "max_tokens"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": 3, "messages": [{"role": "user", "content": "x"}]}, "model"),
+    ],
+)
 def test_chat_request_model_names_the_bad_field(body, field):
     from pydantic import ValidationError
 
@@ -185,8 +191,12 @@ def test_chat_request_model_names_the_bad_field(body, field):
 def test_key_payload_is_typed():
     from pydantic import ValidationError
 
-    for bad, field in (({"rpm": "abc"}, "rpm"), ({"models": "gateway-llm"}, "models"), ({"tpm": 0}, "tpm"),
-                       ({"team_tpm": 5}, "team_tpm")):
+    for bad, field in (
+        ({"rpm": "abc"}, "rpm"),
+        ({"models": "gateway-llm"}, "models"),
+        ({"tpm": 0}, "tpm"),
+        ({"team_tpm": 5}, "team_tpm"),
+    ):
         with pytest.raises(ValidationError) as error:
             KeyCreate.model_validate({"owner": "o", "team": "t", **bad})
         assert error.value.errors()[0]["loc"][0] == field
@@ -200,18 +210,25 @@ def test_reload_settings_are_typed():
 GROUP = ModelGroup("m", [], TokenCounter(None), max_tokens=32, kind="openai")
 
 
-@pytest.mark.parametrize("endpoint, body, reserved, sent", [
-    ("chat", {"messages": [{"role": "user", "content": "x"}]}, 32, {"max_tokens": 32}),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 60, "max_tokens": 16}, 960, {}),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100, "max_completion_tokens": 5},
-     100, {}),
-    ("completions", {"prompt": ["a"] * 64, "max_tokens": 16}, 1024, {}),
-    ("completions", {"prompt": [[1, 2], [3]], "n": 2, "best_of": 3, "max_tokens": 4}, 24, {}),
-    ("completions", {"prompt": [1, 2, 3]}, 32, {"max_tokens": 32}),
-    # vLLM's completions honour max_tokens only: a small max_completion_tokens must not shrink the reservation
-    ("completions", {"prompt": "a", "max_completion_tokens": 1}, 32, {"max_tokens": 32}),
-    ("completions", {"prompt": "a", "max_tokens": 200, "max_completion_tokens": 1}, 200, {}),
-])
+@pytest.mark.parametrize(
+    "endpoint, body, reserved, sent",
+    [
+        ("chat", {"messages": [{"role": "user", "content": "x"}]}, 32, {"max_tokens": 32}),
+        ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 60, "max_tokens": 16}, 960, {}),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100, "max_completion_tokens": 5},
+            100,
+            {},
+        ),
+        ("completions", {"prompt": ["a"] * 64, "max_tokens": 16}, 1024, {}),
+        ("completions", {"prompt": [[1, 2], [3]], "n": 2, "best_of": 3, "max_tokens": 4}, 24, {}),
+        ("completions", {"prompt": [1, 2, 3]}, 32, {"max_tokens": 32}),
+        # vLLM's completions honour max_tokens only: a small max_completion_tokens must not shrink the reservation
+        ("completions", {"prompt": "a", "max_completion_tokens": 1}, 32, {"max_tokens": 32}),
+        ("completions", {"prompt": "a", "max_tokens": 200, "max_completion_tokens": 1}, 200, {}),
+    ],
+)
 def test_a_request_reserves_every_choice_of_every_prompt(endpoint, body, reserved, sent):
     body = {"model": "m", **body}
     schema = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
@@ -225,6 +242,7 @@ def lines(*items: str):
     async def iterate():
         for item in items:
             yield item
+
     return iterate()
 
 
@@ -237,10 +255,16 @@ async def collect(first: str, rest, tally: StreamTally, pass_usage: bool) -> lis
 
 
 def test_relay_renames_the_model_and_tallies_the_usage():
-    backend = [event(model="internal", choices=[{"delta": {"content": "a"}}]), "",
-               event(model="internal", choices=[{"delta": {"content": "b"}}]), "",
-               event(model="internal", choices=[], usage={"prompt_tokens": 7, "completion_tokens": 2}), "",
-               "data: [DONE]", ""]
+    backend = [
+        event(model="internal", choices=[{"delta": {"content": "a"}}]),
+        "",
+        event(model="internal", choices=[{"delta": {"content": "b"}}]),
+        "",
+        event(model="internal", choices=[], usage={"prompt_tokens": 7, "completion_tokens": 2}),
+        "",
+        "data: [DONE]",
+        "",
+    ]
     tally = StreamTally(prompt_tokens=5)
     out = asyncio.run(collect(backend[0], lines(*backend[1:]), tally, pass_usage=False))
     events = [json.loads(c[6:]) for c in out if c.startswith("data: {")]
@@ -283,8 +307,14 @@ def bare_gateway(tmp_path):
     from serving.gateway.service import Gateway
 
     config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({"model_list": [{"model_name": "m", "url": "http://127.0.0.1:9"}],
-                                      "settings": {"store": f"sqlite:///{tmp_path}/g.db"}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model_list": [{"model_name": "m", "url": "http://127.0.0.1:9"}],
+                "settings": {"store": f"sqlite:///{tmp_path}/g.db"},
+            }
+        )
+    )
     gateway = Gateway(config)
     yield gateway
     gateway.store.close()

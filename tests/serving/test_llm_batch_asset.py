@@ -33,16 +33,29 @@ def test_item_descriptions_through_the_gateway(llm_deployments, gateway_llm_lake
     day_items = lake.read_partition("warehouse", items.name, FIRST_DAY)
     blank_ids = sorted(day_items["item_id"].unique().to_list())[:5]
     blanked = day_items.with_columns(
-        pl.when(pl.col("item_id").is_in(blank_ids[:3])).then(pl.lit("")).when(pl.col("item_id").is_in(blank_ids[3:]))
-        .then(pl.lit(None, pl.String)).otherwise(pl.col("description")).alias("description"))
+        pl.when(pl.col("item_id").is_in(blank_ids[:3]))
+        .then(pl.lit(""))
+        .when(pl.col("item_id").is_in(blank_ids[3:]))
+        .then(pl.lit(None, pl.String))
+        .otherwise(pl.col("description"))
+        .alias("description")
+    )
     lake.write_partition("warehouse", items.name, FIRST_DAY, blanked)
     key = gateway.key(models=[ROLLED])
-    resources = {**resources_for("local", data_dir=str(data_dir)),
-                 "gateway": GatewayResource(url=gateway.url, api_key=key)}
-    result = materialize(all_assets, selection=AssetSelection.assets(ITEM_DESCRIPTIONS), resources=resources,
-                         instance=DagsterInstance.ephemeral(), partition_key=FIRST_DAY.isoformat(),
-                         run_config={"ops": {"llm__item_descriptions": {"config": {
-                             "model": ROLLED, "max_tokens": 12, "min_tokens": 2}}}})
+    resources = {
+        **resources_for("local", data_dir=str(data_dir)),
+        "gateway": GatewayResource(url=gateway.url, api_key=key),
+    }
+    result = materialize(
+        all_assets,
+        selection=AssetSelection.assets(ITEM_DESCRIPTIONS),
+        resources=resources,
+        instance=DagsterInstance.ephemeral(),
+        partition_key=FIRST_DAY.isoformat(),
+        run_config={
+            "ops": {"llm__item_descriptions": {"config": {"model": ROLLED, "max_tokens": 12, "min_tokens": 2}}}
+        },
+    )
     assert result.success
     (check,) = result.get_asset_check_evaluations()
     assert check.passed, check.metadata

@@ -19,12 +19,17 @@ from tests.serving.conftest import DRAFTED, NGRAM, ROLLED, GatewayProcess
 
 pytestmark = pytest.mark.services
 
-PROMPTS = ["a red wooden chair", "Hello, is this item still for sale?", "low poly castle with towers",
-           "Can you ship it"]
+PROMPTS = [
+    "a red wooden chair",
+    "Hello, is this item still for sale?",
+    "low poly castle with towers",
+    "Can you ship it",
+]
 
 
-def test_llm_and_draft_registered_with_lineage(gateway_llm_lake, gateway_llm_path, gateway_llm_draft_path,
-                                                llm_registry):
+def test_llm_and_draft_registered_with_lineage(
+    gateway_llm_lake, gateway_llm_path, gateway_llm_draft_path, llm_registry
+):
     registry = llm_registry
     from engines.lake import Lake
 
@@ -39,8 +44,10 @@ def test_llm_and_draft_registered_with_lineage(gateway_llm_lake, gateway_llm_pat
     for table in ("chat_messages", "items"):
         days = [d.isoformat() for d in lake.partition_days("warehouse", table)]
         assert partitions[f"warehouse/{table}"]["days"] == len(days) == 2
-        assert (partitions[f"warehouse/{table}"]["first"], partitions[f"warehouse/{table}"]["last"]) == \
-            (days[0], days[-1])
+        assert (partitions[f"warehouse/{table}"]["first"], partitions[f"warehouse/{table}"]["last"]) == (
+            days[0],
+            days[-1],
+        )
     trained = json.loads((gateway_llm_path / "mlplane_training.json").read_text())
     assert float(target.tags["metric.held_out_perplexity"]) == pytest.approx(trained["held_out_perplexity"], 1e-5)
     draft_trained = json.loads((gateway_llm_draft_path / "mlplane_training.json").read_text())
@@ -68,14 +75,16 @@ def test_speculative_backends_answer_exactly_as_the_plain_one_at_temperature_zer
         assert metrics["vllm:spec_decode_num_accepted_tokens_total"] > 0, name
 
 
-def test_promotion_rolls_the_backends_under_load_without_a_failed_request(llm_deployments, llm_registry,
-                                                                          gateway_llm_path):
+def test_promotion_rolls_the_backends_under_load_without_a_failed_request(
+    llm_deployments, llm_registry, gateway_llm_path
+):
     gateway, controller = llm_deployments
     registry = llm_registry
     key = gateway.key()
     before = controller.served[f"{ROLLED}@eu"]
-    lineage = LlmLineage({}, hashlib.sha256((gateway_llm_path / "tokenizer.json").read_bytes()).hexdigest(),
-                         "test", "test")
+    lineage = LlmLineage(
+        {}, hashlib.sha256((gateway_llm_path / "tokenizer.json").read_bytes()).hexdigest(), "test", "test"
+    )
     v2 = register_llm(registry, "gateway_llm", gateway_llm_path, lineage, {"held_out_perplexity": 1.0})
     statuses: list[int] = []
     stop = threading.Event()
@@ -83,11 +92,13 @@ def test_promotion_rolls_the_backends_under_load_without_a_failed_request(llm_de
     def load():
         with httpx.Client(timeout=120) as client:
             while not stop.is_set():
-                response = client.post(f"{gateway.url}/v1/chat/completions",
-                                       headers={"Authorization": f"Bearer {key}"},
-                                       json={"model": ROLLED, "max_tokens": 8,
-                                             "messages": [{"role": "user", "content": "hello"}]})
+                response = client.post(
+                    f"{gateway.url}/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": ROLLED, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]},
+                )
                 statuses.append(response.status_code)
+                stop.wait(0.2)  # steady traffic that leaves the 2 CPUs to the new version's start
 
     workers = [threading.Thread(target=load) for _ in range(2)]
     for worker in workers:
@@ -102,8 +113,9 @@ def test_promotion_rolls_the_backends_under_load_without_a_failed_request(llm_de
         stop.set()
         for worker in workers:
             worker.join(120)
-    assert [(e["deployment"], e["action"], e["version"]) for e in events] == \
-        [(f"{ROLLED}@eu", "rolled", f"gateway_llm/{v2.version}")]
+    assert [(e["deployment"], e["action"], e["version"]) for e in events] == [
+        (f"{ROLLED}@eu", "rolled", f"gateway_llm/{v2.version}")
+    ]
     assert len(statuses) > served_before > 0
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
     assert not any(server.alive() for server in before.servers)  # the old version was stopped
@@ -115,8 +127,9 @@ def test_promotion_rolls_the_backends_under_load_without_a_failed_request(llm_de
     assert {before.servers[0].url, rolled[0]["url"]} <= urls  # both versions answered part of the load
 
 
-def test_a_version_that_cannot_start_leaves_the_running_one_serving(llm_deployments, llm_registry, gateway_llm_path,
-                                                                    tmp_path):
+def test_a_version_that_cannot_start_leaves_the_running_one_serving(
+    llm_deployments, llm_registry, gateway_llm_path, tmp_path
+):
     gateway, controller = llm_deployments
     registry = llm_registry
     broken = tmp_path / "broken"
@@ -136,8 +149,17 @@ def test_a_version_that_cannot_start_leaves_the_running_one_serving(llm_deployme
 
 
 def chat(gateway: GatewayProcess, key: str, model: str, prompt: str, max_tokens: int) -> dict:
-    response = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                          timeout=120, json={"model": model, "temperature": 0, "max_tokens": max_tokens,
-                                             "ignore_eos": True, "messages": [{"role": "user", "content": prompt}]})
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+        json={
+            "model": model,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": prompt}],
+        },
+    )
     assert response.status_code == 200, response.text
     return response.json()

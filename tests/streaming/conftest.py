@@ -96,7 +96,8 @@ def assert_windows_equal_polars(sink: pl.DataFrame, events: pl.DataFrame, view) 
         for feature in view.feature_names:
             is_list = feature in lists
             assert normalised(got[feature], is_list) == normalised(want[feature], is_list), (
-                f"{view.name}.{feature} at {end}")
+                f"{view.name}.{feature} at {end}"
+            )
         compared += got.height
     return compared
 
@@ -114,8 +115,13 @@ def normalised(values, is_list: bool = False) -> list:
     return [round(v, 9) if isinstance(v, float) else v for v in values]
 
 
-def append_in_chunks(stream: EventStream, job: FlinkJob, table: pa.Table, chunks: int,
-                     render: Callable[[pa.Table], list[str]] | None = None) -> int:
+def append_in_chunks(
+    stream: EventStream,
+    job: FlinkJob,
+    table: pa.Table,
+    chunks: int,
+    render: Callable[[pa.Table], list[str]] | None = None,
+) -> int:
     """Append `table` in time order, each file once the job has read the previous one: Flink's file
     source reads a backlog of files newest first, which would make the older ones late. `render`
     writes a chunk's lines (default: as the simulator does)."""
@@ -137,20 +143,27 @@ def _form(event_id: str) -> int:
 
 def with_whole_seconds(table: pa.Table) -> pa.Table:
     """The events whose lines `varied_time_lines` writes without fractional seconds, cut to them."""
-    times = [t.replace(microsecond=0) if _form(e) in (1, 2) else t
-             for e, t in zip(table["event_id"].to_pylist(), table["event_timestamp"].to_pylist())]
-    return table.set_column(table.column_names.index("event_timestamp"), "event_timestamp",
-                            pa.array(times, table.schema.field("event_timestamp").type))
+    times = [
+        t.replace(microsecond=0) if _form(e) in (1, 2) else t
+        for e, t in zip(table["event_id"].to_pylist(), table["event_timestamp"].to_pylist())
+    ]
+    return table.set_column(
+        table.column_names.index("event_timestamp"),
+        "event_timestamp",
+        pa.array(times, table.schema.field("event_timestamp").type),
+    )
 
 
 def varied_time_lines(table: pa.Table) -> list[str]:
     """Event lines whose times are written as different producers write them, each naming the same
     instant as the table: UTC with microseconds and 'Z', with a UTC offset, without fractional
     seconds (the events of `with_whole_seconds`)."""
-    forms = [lambda t: t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-             lambda t: t.astimezone(timezone(timedelta(hours=2))).isoformat(),
-             lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ"),
-             lambda t: t.astimezone(timezone(-timedelta(hours=5, minutes=30))).isoformat()]
+    forms = [
+        lambda t: t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        lambda t: t.astimezone(timezone(timedelta(hours=2))).isoformat(),
+        lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        lambda t: t.astimezone(timezone(-timedelta(hours=5, minutes=30))).isoformat(),
+    ]
     lines = []
     for row in table.to_pylist():
         time_ = row["event_timestamp"]
@@ -177,8 +190,11 @@ def stream_days(tmp_path_factory) -> StreamDays:
     simulator = Simulator(SMALL, tmp_path_factory.mktemp("stream_sim"))
     stream = EventStream(simulator, tmp_path_factory.mktemp("unused_events"))
     next_day = STREAM_DAY + timedelta(days=1)
-    return StreamDays(simulator, stream.day_events(STREAM_DAY),
-                      before(stream.day_events(next_day), datetime.combine(next_day, day_time(3), tzinfo=UTC)))
+    return StreamDays(
+        simulator,
+        stream.day_events(STREAM_DAY),
+        before(stream.day_events(next_day), datetime.combine(next_day, day_time(3), tzinfo=UTC)),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -199,9 +215,16 @@ def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
     engine = FeatureStoreEngine(FeatureStoreSettings(repo_dir=repo, offline_root=pipeline_dir / "offline"))
     events_dir = root / "events"
     stream = EventStream(stream_days.simulator, events_dir)
-    job = FlinkJob(StreamingJobSettings(
-        "interactions", root / "job", SourceOptions(path=str(events_dir), monitor_seconds=0.5),
-        slide_seconds=SLIDE, watermark_delay_seconds=WATERMARK_DELAY, checkpoint_interval_ms=1000))
+    job = FlinkJob(
+        StreamingJobSettings(
+            "interactions",
+            root / "job",
+            SourceOptions(path=str(events_dir), monitor_seconds=0.5),
+            slide_seconds=SLIDE,
+            watermark_delay_seconds=WATERMARK_DELAY,
+            checkpoint_interval_ms=1000,
+        )
+    )
     pusher = OnlinePusher(engine.store, job.spec())
     day, tail = stream_days.day, stream_days.tail
     next_day = STREAM_DAY + timedelta(days=1)
@@ -228,15 +251,28 @@ def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
         lines = appended + late.num_rows + len(malformed)
         wait_until(lambda: job.metrics()["records"] == lines, "every line to be read and checkpointed", pusher=pusher)
         end_of_day = datetime.combine(next_day, day_time(), tzinfo=UTC)
-        wait_until(lambda: any(r["window_end"] >= end_of_day.strftime("%Y-%m-%d %H:%M:%S")
-                               for r in read_committed_rows(job.sink_root / "item_trending")),
-                   "the windows ending at midnight", pusher=pusher)
+        wait_until(
+            lambda: any(
+                r["window_end"] >= end_of_day.strftime("%Y-%m-%d %H:%M:%S")
+                for r in read_committed_rows(job.sink_root / "item_trending")
+            ),
+            "the windows ending at midnight",
+            pusher=pusher,
+        )
         time.sleep(3)  # one more checkpoint, then apply whatever it committed
         pusher.poll()
         yield StreamingRun(
-            job=job, engine=engine, pusher=pusher, streamed=pa.concat_tables([day, tail]), lines_appended=lines,
-            late_events=late.num_rows, malformed_events=len(malformed), health_after_kill=health_after_kill,
-            checkpoint_restored=checkpoint, health_at_end=job.health())
+            job=job,
+            engine=engine,
+            pusher=pusher,
+            streamed=pa.concat_tables([day, tail]),
+            lines_appended=lines,
+            late_events=late.num_rows,
+            malformed_events=len(malformed),
+            health_after_kill=health_after_kill,
+            checkpoint_restored=checkpoint,
+            health_at_end=job.health(),
+        )
     finally:
         job.stop()
         pusher.close()

@@ -78,8 +78,9 @@ def test_history_equals_the_polars_plan_window_by_window(first_run, lake_dir, pi
     assert check.check_name == MATCHES_OFFLINE and check.passed
 
 
-def test_the_prod_profile_runs_the_backfill_on_the_cluster_with_the_local_result(first_run, lake_dir, flink_cluster,
-                                                                                 prod_env, monkeypatch, tmp_path):
+def test_the_prod_profile_runs_the_backfill_on_the_cluster_with_the_local_result(
+    first_run, lake_dir, flink_cluster, prod_env, monkeypatch, tmp_path
+):
     """In the prod profile the Flink resource submits the backfill to the session cluster (the
     JobManager's REST API shows the batch job) and the history it writes equals the local run's."""
     day = DAYS_RANGE[1]
@@ -88,10 +89,14 @@ def test_the_prod_profile_runs_the_backfill_on_the_cluster_with_the_local_result
         shutil.copytree(lake_dir / zone, prod_lake / zone)
     monkeypatch.setenv("MLPLANE_FLINK_REST_URL", flink_cluster.rest_address)
     finished_before = _finished_batch_jobs(flink_cluster)
-    result = materialize(all_assets, selection=HISTORY, resources=resources_for("prod", data_dir=str(prod_lake)),
-                         instance=DagsterInstance.ephemeral(), partition_key=day.isoformat(),
-                         run_config={"ops": {"streaming_history_interactions": {
-                             "config": {"slide_seconds": TEST_SLIDE_SECONDS}}}})
+    result = materialize(
+        all_assets,
+        selection=HISTORY,
+        resources=resources_for("prod", data_dir=str(prod_lake)),
+        instance=DagsterInstance.ephemeral(),
+        partition_key=day.isoformat(),
+        run_config={"ops": {"streaming_history_interactions": {"config": {"slide_seconds": TEST_SLIDE_SECONDS}}}},
+    )
     assert result.success
     assert _finished_batch_jobs(flink_cluster) == finished_before + 1
     for view in STREAMING_VIEWS:
@@ -100,9 +105,11 @@ def test_the_prod_profile_runs_the_backfill_on_the_cluster_with_the_local_result
 
 
 def _finished_batch_jobs(cluster) -> int:
-    return sum(1 for job in cluster.rest.get("/jobs/overview")["jobs"]
-               if job["name"] == "streaming_features_interactions" and job["jobType"] == "BATCH"
-               and job["state"] == "FINISHED")
+    return sum(
+        1
+        for job in cluster.rest.get("/jobs/overview")["jobs"]
+        if job["name"] == "streaming_features_interactions" and job["jobType"] == "BATCH" and job["state"] == "FINISHED"
+    )
 
 
 def test_rerunning_a_day_is_idempotent_and_a_failed_check_writes_nothing(first_run, lake_dir):
@@ -117,19 +124,28 @@ def test_rerunning_a_day_is_idempotent_and_a_failed_check_writes_nothing(first_r
     view, last = catalogue.view("item_sales_today"), DAYS_RANGE[-1]
     offline = lake.read_partition(OFFLINE_ZONE, view.name, last)
     busiest = offline.sort("clicks_today", descending=True).row(0, named=True)["item_id"]
-    lake.write_partition(OFFLINE_ZONE, view.name, last, offline.with_columns(
-        clicks_today=pl.when(pl.col("item_id") == busiest).then(pl.col("clicks_today") + 1)
-        .otherwise(pl.col("clicks_today"))))
+    lake.write_partition(
+        OFFLINE_ZONE,
+        view.name,
+        last,
+        offline.with_columns(
+            clicks_today=pl.when(pl.col("item_id") == busiest)
+            .then(pl.col("clicks_today") + 1)
+            .otherwise(pl.col("clicks_today"))
+        ),
+    )
     written = lake.partition_path(HISTORY_ZONE, view.name, last).stat().st_mtime_ns
-    failed = run_pipeline(lake_dir, last, last, selection=HISTORY, instance=DagsterInstance.ephemeral(),
-                          raise_on_error=False)
+    failed = run_pipeline(
+        lake_dir, last, last, selection=HISTORY, instance=DagsterInstance.ephemeral(), raise_on_error=False
+    )
     assert not failed.success
     checks = {c.asset_key: c for c in failed.get_asset_check_evaluations()}
     assert not checks[history_key(view.name)].passed
     assert checks[history_key("item_trending")].passed
     differences = checks[history_key(view.name)].metadata["differences"].value.records
     assert [(r.data["feature"], r.data["entity"]) for r in differences] == [
-        ("clicks_today", f'{{"item_id": {busiest}}}')]
+        ("clicks_today", f'{{"item_id": {busiest}}}')
+    ]
     assert lake.partition_path(HISTORY_ZONE, view.name, last).stat().st_mtime_ns == written
 
 

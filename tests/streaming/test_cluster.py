@@ -60,10 +60,17 @@ class ClusterRun:
 def cluster_run(flink_cluster: StandaloneCluster, stream_days, tmp_path_factory) -> ClusterRun:
     root = tmp_path_factory.mktemp("cluster_job")
     stream = EventStream(stream_days.simulator, root / "events")
-    job = ClusterJob(StreamingJobSettings(
-        "interactions", root / "job", SourceOptions(path=str(root / "events"), monitor_seconds=0.5),
-        slide_seconds=SLIDE, watermark_delay_seconds=WATERMARK_DELAY, checkpoint_interval_ms=1000,
-        rest=flink_cluster.rest_address))
+    job = ClusterJob(
+        StreamingJobSettings(
+            "interactions",
+            root / "job",
+            SourceOptions(path=str(root / "events"), monitor_seconds=0.5),
+            slide_seconds=SLIDE,
+            watermark_delay_seconds=WATERMARK_DELAY,
+            checkpoint_interval_ms=1000,
+            rest=flink_cluster.rest_address,
+        )
+    )
     events = with_whole_seconds(before(stream_days.day, at(18)))
     morning, afternoon, evening, night = (between(events, a, b) for a, b in ((0, 8), (8, 16), (16, 17), (17, 18)))
     try:
@@ -86,8 +93,16 @@ def cluster_run(flink_cluster: StandaloneCluster, stream_days, tmp_path_factory)
         resume(job, TIMEOUT)
         lines += evening.num_rows + append_in_chunks(stream, job, night, chunks=2, render=varied_time_lines)
         wait_until(lambda: newest_window(job) >= f"{STREAM_DAY} 17:30:00", "the windows after the downtime")
-        yield ClusterRun(job=job, streamed=events, lines=lines, killed=killed, running_after=running_after,
-                         health=health, backlog_files=-(-evening.num_rows // size), health_at_end=job.health())
+        yield ClusterRun(
+            job=job,
+            streamed=events,
+            lines=lines,
+            killed=killed,
+            running_after=running_after,
+            health=health,
+            backlog_files=-(-evening.num_rows // size),
+            health_at_end=job.health(),
+        )
     finally:
         job.stop()
 
@@ -98,8 +113,11 @@ def at(hour: int) -> datetime:
 
 def between(table: pa.Table, first: int, last: int) -> pa.Table:
     times = table["event_timestamp"]
-    return table.filter(pc.and_(pc.greater_equal(times, pa.scalar(at(first), times.type)),
-                                pc.less(times, pa.scalar(at(last), times.type))))
+    return table.filter(
+        pc.and_(
+            pc.greater_equal(times, pa.scalar(at(first), times.type)), pc.less(times, pa.scalar(at(last), times.type))
+        )
+    )
 
 
 def newest_window(job: ClusterJob, view: str = "item_trending") -> str:

@@ -18,10 +18,16 @@ def test_one_job_computes_every_streaming_view_of_a_source():
     spec = flink_job("j", streaming_plans(catalogue), FILES, "/sink")
     assert set(spec.views) == {"user_activity_realtime", "item_trending", "item_sales_today"}
     assert len(spec.inserts) == 4  # three views and the job's own counts
-    windows = {view: "CUMULATE(TABLE" if "CUMULATE(TABLE" in i else "HOP(TABLE" if "HOP(TABLE" in i else None
-               for view, i in zip(["_metrics", *spec.views], spec.inserts)}
-    assert windows == {"_metrics": None, "user_activity_realtime": "HOP(TABLE", "item_trending": "HOP(TABLE",
-                       "item_sales_today": "CUMULATE(TABLE"}
+    windows = {
+        view: "CUMULATE(TABLE" if "CUMULATE(TABLE" in i else "HOP(TABLE" if "HOP(TABLE" in i else None
+        for view, i in zip(["_metrics", *spec.views], spec.inserts)
+    }
+    assert windows == {
+        "_metrics": None,
+        "user_activity_realtime": "HOP(TABLE",
+        "item_trending": "HOP(TABLE",
+        "item_sales_today": "CUMULATE(TABLE",
+    }
     assert "WATERMARK FOR `event_timestamp`" in spec.statements[0]
     assert spec.views["item_trending"].push_source == "item_trending_push"
 
@@ -41,23 +47,39 @@ def test_kafka_source_options():
 
 
 def test_refusals_name_the_problem():
-    mixed = FeatureView("mixed_windows", [user], interactions, streaming=True,
-                        features=[Feature("a_1h", count("1h")), Feature("a_2h", count("2h"))])
+    mixed = FeatureView(
+        "mixed_windows",
+        [user],
+        interactions,
+        streaming=True,
+        features=[Feature("a_1h", count("1h")), Feature("a_2h", count("2h"))],
+    )
     with pytest.raises(FlinkCompileError, match="mixed_windows.*share one window"):
         flink_job("j", [streaming_plan(mixed)], FILES, "/sink")
     sliding_and_running = FeatureView(
-        "sliding_and_running", [user], interactions, streaming=True,
-        features=[Feature("a_1d", count("1d")), Feature("a_today", count("1d", running=True))])
+        "sliding_and_running",
+        [user],
+        interactions,
+        streaming=True,
+        features=[Feature("a_1d", count("1d")), Feature("a_today", count("1d", running=True))],
+    )
     with pytest.raises(FlinkCompileError, match=r"sliding_and_running.*share one window.*'86400s running'"):
         flink_job("j", [streaming_plan(sliding_and_running)], FILES, "/sink")
     odd = FeatureView("odd_slide", [user], interactions, streaming=True, features=[Feature("a_1h", count("1h"))])
     with pytest.raises(FlinkCompileError, match="not a multiple of the slide"):
         flink_job("j", [streaming_plan(odd)], FILES, "/sink", slide_seconds=7)
-    odd_running = FeatureView("odd_running", [user], interactions, streaming=True,
-                              features=[Feature("a_today", count("1d", running=True))])
+    odd_running = FeatureView(
+        "odd_running", [user], interactions, streaming=True, features=[Feature("a_today", count("1d", running=True))]
+    )
     with pytest.raises(FlinkCompileError, match="odd_running.*not a multiple of the slide"):
         flink_job("j", [streaming_plan(odd_running)], FILES, "/sink", slide_seconds=7 * 60)
-    chats = FeatureView("chats", [user], chat_messages, streaming=True, entity_columns={"user_id": "sender_id"},
-                        features=[Feature("messages_1h", count("1h"))])
+    chats = FeatureView(
+        "chats",
+        [user],
+        chat_messages,
+        streaming=True,
+        entity_columns={"user_id": "sender_id"},
+        features=[Feature("messages_1h", count("1h"))],
+    )
     with pytest.raises(FlinkCompileError, match="one job per source"):
         flink_job("j", [streaming_plan(odd), streaming_plan(chats)], FILES, "/sink")

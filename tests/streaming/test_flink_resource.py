@@ -67,8 +67,13 @@ def test_asset_runs_the_job_and_the_sensor_restarts_it_after_a_kill(pipeline_dir
     lake = tmp_path / "lake"
     shutil.copytree(pipeline_dir / "feature_repo", lake / "feature_repo")  # registry and batch features online
     resources = resources_for("local", data_dir=str(lake))
-    flink = FlinkResource(feature_store=resources["feature_store"], slide_seconds=5, watermark_delay_seconds=2,
-                          checkpoint_interval_ms=1000, start_timeout_seconds=TIMEOUT)
+    flink = FlinkResource(
+        feature_store=resources["feature_store"],
+        slide_seconds=5,
+        watermark_delay_seconds=2,
+        checkpoint_interval_ms=1000,
+        start_timeout_seconds=TIMEOUT,
+    )
     notifier = WebhookNotifier(url=webhook.url)
     instance = DagsterInstance.ephemeral()
     try:
@@ -82,13 +87,22 @@ def test_asset_runs_the_job_and_the_sensor_restarts_it_after_a_kill(pipeline_dir
         stream.append_lines(['{"not": "an event"}'])
         job = flink.job("interactions")
         wait_until(lambda: job.metrics()["records"] == 1, "the job to read its first file")
-        stream.live(rate_per_second=20, seconds=12, day=STREAM_DAY,
-                    on_file=lambda path, at, rows: users.update(rows["user_id"].to_pylist()))
+        stream.live(
+            rate_per_second=20,
+            seconds=12,
+            day=STREAM_DAY,
+            on_file=lambda path, at, rows: users.update(rows["user_id"].to_pylist()),
+        )
         engine = resources["feature_store"].get_client()
         rows = [{"user_id": u, "item_id": 1} for u in sorted(users)[:10]]
-        online = wait_until(lambda: (r := engine.online_features("personalization_ranking", rows))
-                            and all(v is not None for v in r["user_activity_realtime__impressions_1h"]) and r,
-                            "live events in online reads")
+        online = wait_until(
+            lambda: (
+                (r := engine.online_features("personalization_ranking", rows))
+                and all(v is not None for v in r["user_activity_realtime__impressions_1h"])
+                and r
+            ),
+            "live events in online reads",
+        )
         assert any(v for v in online["user_activity_realtime__impressions_1h"])
         assert any(v is not None for v in online["user_engagement__impressions_7d"])  # batch, side by side
 

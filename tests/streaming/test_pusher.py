@@ -24,17 +24,29 @@ W1, W2 = "2026-01-02 10:00:00", "2026-01-02 10:15:00"
 
 @pytest.fixture()
 def redis_store(tmp_path):
-    engine = FeatureStoreEngine(FeatureStoreSettings(
-        repo_dir=tmp_path / "repo", offline_root=tmp_path / "offline", project=f"mlplane_push_{uuid.uuid4().hex[:8]}",
-        online_store="redis", redis_url=REDIS))
+    engine = FeatureStoreEngine(
+        FeatureStoreSettings(
+            repo_dir=tmp_path / "repo",
+            offline_root=tmp_path / "offline",
+            project=f"mlplane_push_{uuid.uuid4().hex[:8]}",
+            online_store="redis",
+            redis_url=REDIS,
+        )
+    )
     engine.apply()
     yield engine
     engine.store.teardown()  # removes this project's keys from Redis
 
 
 def trending(item: int, end: str, impressions: int, clicks: int) -> dict:
-    return {"item_id": item, "window_end": end, "impressions_1h": impressions, "clicks_1h": clicks, "plays_1h": 1,
-            "ctr_1h": clicks / impressions}
+    return {
+        "item_id": item,
+        "window_end": end,
+        "impressions_1h": impressions,
+        "clicks_1h": clicks,
+        "plays_1h": 1,
+        "ctr_1h": clicks / impressions,
+    }
 
 
 def test_newest_window_wins_and_silent_entities_get_empty_values_once(redis_store, tmp_path):
@@ -83,10 +95,12 @@ def test_old_applied_files_are_pruned_and_the_job_counts_survive(redis_store, tm
     metrics.mkdir()
     (sink / "part-1").write_text(json.dumps(trending(1, W1, 10, 2)) + "\n")
     (sink / "part-2").write_text(json.dumps(trending(1, W2, 8, 4)) + "\n")
-    (metrics / "part-1").write_text(json.dumps({"records": 10, "malformed": 1, "late": 2,
-                                                "max_event_time": "2026-01-02 10:05:00"}) + "\n")
-    (metrics / "part-2").write_text(json.dumps({"records": 5, "malformed": 0, "late": 1,
-                                                "max_event_time": "2026-01-02 10:20:00"}) + "\n")
+    (metrics / "part-1").write_text(
+        json.dumps({"records": 10, "malformed": 1, "late": 2, "max_event_time": "2026-01-02 10:05:00"}) + "\n"
+    )
+    (metrics / "part-2").write_text(
+        json.dumps({"records": 5, "malformed": 0, "late": 1, "max_event_time": "2026-01-02 10:20:00"}) + "\n"
+    )
     counts = {"records": 15, "malformed": 1, "late": 3, "newest_event_time": "2026-01-02 10:20:00"}
     hour_ago = time.time() - 3600
     for old in (sink / "part-1", metrics / "part-1"):

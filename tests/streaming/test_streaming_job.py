@@ -59,8 +59,9 @@ def test_online_reads_serve_streaming_and_batch_features_side_by_side(streaming_
     active = sorted(u for u, r in newest.items() if r[WINDOW_END] == last)[:10]
     gone = sorted(u for u, r in newest.items() if r[WINDOW_END] < last)[:10]
     assert len(active) == len(gone) == 10
-    online = streaming_run.engine.online_features("personalization_ranking",
-                                                  [{"user_id": u, "item_id": 1} for u in active + gone])
+    online = streaming_run.engine.online_features(
+        "personalization_ranking", [{"user_id": u, "item_id": 1} for u in active + gone]
+    )
     empty = {"impressions_1h": 0, "clicks_1h": 0, "plays_1h": 0, "ctr_1h": None, "last_played_items_1h": []}
     for feature, nothing in empty.items():
         want = [newest[u][feature] for u in active] + [nothing] * len(gone)

@@ -42,8 +42,13 @@ def not_found(error: KeyError) -> GatewayError:
     return invalid(error.args[0], status=404, code="key_not_found")
 
 
-@router.post("/keys", summary="Create an API key", status_code=201, response_model=KeyWithSecret,
-             openapi_extra=body_doc(KeyCreate))
+@router.post(
+    "/keys",
+    summary="Create an API key",
+    status_code=201,
+    response_model=KeyWithSecret,
+    openapi_extra=body_doc(KeyCreate),
+)
 async def create_key(request: Request, gateway: AdminDep):
     spec = await payload(request, gateway, KeyCreate)
     try:
@@ -58,8 +63,11 @@ async def list_keys(gateway: AdminDep):
     return {"data": [k.public() for k in await asyncio.to_thread(gateway.store.list_keys)]}
 
 
-@router.post("/keys/{key_id}/revoke", summary="Revoke an API key (every replica refuses it within a second)",
-             response_model=KeyRecord)
+@router.post(
+    "/keys/{key_id}/revoke",
+    summary="Revoke an API key (every replica refuses it within a second)",
+    response_model=KeyRecord,
+)
 async def revoke_key(key_id: KeyId, gateway: AdminDep):
     try:
         record = await asyncio.to_thread(gateway.store.revoke_key, key_id)
@@ -81,8 +89,12 @@ async def rotate_key(key_id: KeyId, gateway: AdminDep):
     return {"key": secret, **record.public()}
 
 
-@router.put("/teams", summary="Set a team's limits (shared by all its keys); a limit left out is none",
-            response_model=TeamRecord, openapi_extra=body_doc(TeamSet))
+@router.put(
+    "/teams",
+    summary="Set a team's limits (shared by all its keys); a limit left out is none",
+    response_model=TeamRecord,
+    openapi_extra=body_doc(TeamSet),
+)
 async def set_team(request: Request, gateway: AdminDep):
     spec = await payload(request, gateway, TeamSet)
     record = await asyncio.to_thread(gateway.store.set_team, **spec.model_dump())
@@ -96,9 +108,12 @@ async def list_teams(gateway: AdminDep):
 
 
 @router.get("/usage", summary="Usage report: requests and tokens per group", response_model=UsageRows)
-async def usage_report(gateway: AdminDep, since: Annotated[float, Query(allow_inf_nan=False)] = 0.0,
-                       until: Annotated[float | None, Query(allow_inf_nan=False)] = None,
-                       group_by: str = "key_id,team,model"):
+async def usage_report(
+    gateway: AdminDep,
+    since: Annotated[float, Query(allow_inf_nan=False)] = 0.0,
+    until: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    group_by: str = "key_id,team,model",
+):
     try:
         rows = await asyncio.to_thread(gateway.store.usage_report, since, until, tuple(group_by.split(",")))
     except ValueError as error:
@@ -109,6 +124,5 @@ async def usage_report(gateway: AdminDep, since: Annotated[float, Query(allow_in
 @router.post("/reload", summary="Reload the configuration file now", response_model=Reloaded)
 async def reload(gateway: AdminDep):
     if not gateway.reload():
-        raise invalid("The configuration file is invalid; the running one is kept (see the log)",
-                      code="invalid_config")
+        raise invalid("The configuration file is invalid; the running one is kept (see the log)", code="invalid_config")
     return {"models": sorted(gateway.router.groups)}

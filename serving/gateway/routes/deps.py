@@ -37,8 +37,12 @@ def is_admin(gateway: Gateway, secret: str) -> bool:
 async def admin(request: Request) -> Gateway:
     gateway = gateway_in(request)
     if not gateway.config.admin_key:
-        raise GatewayError(403, f"The admin API is disabled: set {gateway.settings.admin_key_env}",
-                           "permission_error", "admin_disabled")
+        raise GatewayError(
+            403,
+            f"The admin API is disabled: set {gateway.settings.admin_key_env}",
+            "permission_error",
+            "admin_disabled",
+        )
     if not is_admin(gateway, bearer_secret(request)):
         raise GatewayError(401, "The admin API needs the admin key", "invalid_request_error", "invalid_api_key")
     return gateway

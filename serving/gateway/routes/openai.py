@@ -45,8 +45,12 @@ ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 41
 
 def body_doc(model: type[BaseModel]) -> dict:
     """The request body in the OpenAPI document (the handlers read it themselves, strictly)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
 
 
 def completion_cap(group: ModelGroup, endpoint: str, spec, body: dict) -> int:
@@ -118,8 +122,11 @@ class StreamingExchange(StreamingResponse):
     byte and the body is never iterated."""
 
     def __init__(self, exchange: Exchange, events):
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Request-Id": exchange.request_id})
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Request-Id": exchange.request_id},
+        )
         self.exchange = exchange
         exchange.streaming = True
 
@@ -132,8 +139,9 @@ class StreamingExchange(StreamingResponse):
                 await self.exchange.finish(CLIENT_GONE)  # does nothing when the stream finished it
 
 
-async def stream(gateway: Gateway, exchange: Exchange, group: ModelGroup, body: dict, spec, region, path: str,
-                 prompt: int) -> Response:
+async def stream(
+    gateway: Gateway, exchange: Exchange, group: ModelGroup, body: dict, spec, region, path: str, prompt: int
+) -> Response:
     pass_usage = bool(spec.stream_options and spec.stream_options.include_usage)
     body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     opened = time.perf_counter()
@@ -144,8 +152,9 @@ async def stream(gateway: Gateway, exchange: Exchange, group: ModelGroup, body: 
     ttft = time.perf_counter() - opened
     gateway.metrics.child(gateway.metrics.ttft, group.name).observe(ttft)
     tally = StreamTally(prompt)
-    return StreamingExchange(exchange, events(exchange, relay(first, lines, tally, group.name, pass_usage),
-                                              tally, opened, ttft))
+    return StreamingExchange(
+        exchange, events(exchange, relay(first, lines, tally, group.name, pass_usage), tally, opened, ttft)
+    )
 
 
 async def events(exchange: Exchange, chunks, tally: StreamTally, opened: float, ttft: float):
@@ -156,28 +165,47 @@ async def events(exchange: Exchange, chunks, tally: StreamTally, opened: float, 
         ok, status = True, 200
     except UPSTREAM_ERRORS as error:  # after the first byte: never retried, the client is told
         ok, status = False, 502
-        log.warning("backend %s failed during a stream: %s: %s", exchange.state.spec.url if exchange.state else "?",
-                    type(error).__name__, error)
+        log.warning(
+            "backend %s failed during a stream: %s: %s",
+            exchange.state.spec.url if exchange.state else "?",
+            type(error).__name__,
+            error,
+        )
         yield error_event(f"The backend failed during the stream ({type(error).__name__})")
     finally:
         exchange.release(ok, time.perf_counter() - opened if ok else None, ttft if ok else None)
         await exchange.finish(status, tally.prompt_tokens, tally.completion)
 
 
-@router.post("/v1/chat/completions", summary="Chat completion (server-sent events when stream is true)",
-             openapi_extra=body_doc(ChatCompletionRequest), response_model=ChatCompletion, responses=ERRORS)
+@router.post(
+    "/v1/chat/completions",
+    summary="Chat completion (server-sent events when stream is true)",
+    openapi_extra=body_doc(ChatCompletionRequest),
+    response_model=ChatCompletion,
+    responses=ERRORS,
+)
 async def chat_completions(request: Request, who: CallerDep):
     return await generate(request, gateway_in(request), who, "chat")
 
 
-@router.post("/v1/completions", summary="Text completion", openapi_extra=body_doc(CompletionRequest),
-             response_model=Completion, responses=ERRORS)
+@router.post(
+    "/v1/completions",
+    summary="Text completion",
+    openapi_extra=body_doc(CompletionRequest),
+    response_model=Completion,
+    responses=ERRORS,
+)
 async def completions(request: Request, who: CallerDep):
     return await generate(request, gateway_in(request), who, "completions")
 
 
-@router.post("/v1/embeddings", summary="Embeddings", openapi_extra=body_doc(EmbeddingRequest),
-             response_model=EmbeddingList, responses=ERRORS)
+@router.post(
+    "/v1/embeddings",
+    summary="Embeddings",
+    openapi_extra=body_doc(EmbeddingRequest),
+    response_model=EmbeddingList,
+    responses=ERRORS,
+)
 async def embeddings(request: Request, who: CallerDep):
     return await generate(request, gateway_in(request), who, "embeddings")
 
@@ -185,7 +213,15 @@ async def embeddings(request: Request, who: CallerDep):
 @router.get("/v1/models", summary="Models this key may use", response_model=ModelList, responses=ERRORS)
 async def models(request: Request, who: CallerDep):
     gateway = gateway_in(request)
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "mlplane",
-             "regions": sorted({s.spec.region for s in g.backends})}
-            for name, g in sorted(gateway.router.groups.items()) if g.kind == "openai" and who.key.allows(name)]
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "mlplane",
+            "regions": sorted({s.spec.region for s in g.backends}),
+        }
+        for name, g in sorted(gateway.router.groups.items())
+        if g.kind == "openai" and who.key.allows(name)
+    ]
     return JSONResponse({"object": "list", "data": data})

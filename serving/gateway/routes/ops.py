@@ -18,12 +18,20 @@ async def health():
     return {"status": "ok"}
 
 
-@router.get("/metrics", summary="Prometheus metrics (the admin key, unless settings.public_metrics)",
-            response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (the admin key, unless settings.public_metrics)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
 async def metrics(request: Request):
     gateway = gateway_in(request)
     if not gateway.settings.public_metrics and not is_admin(gateway, bearer_secret(request)):
-        raise GatewayError(401, "/metrics needs the admin key (or settings.public_metrics: true)",
-                           "invalid_request_error", "invalid_api_key")
+        raise GatewayError(
+            401,
+            "/metrics needs the admin key (or settings.public_metrics: true)",
+            "invalid_request_error",
+            "invalid_api_key",
+        )
     gateway.metrics.observe_backends({n: g.backends for n, g in gateway.router.groups.items()})
     return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)

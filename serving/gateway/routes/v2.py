@@ -33,19 +33,33 @@ async def v2_call(request: Request, gateway: Gateway, who: Caller, name: str, me
             except ValidationError as error:
                 raise from_validation(error) from None
         await exchange.admit(0)
-        answer = await forward(gateway, exchange, group, method, lambda s: f"/v2/models/{s.spec.model}{suffix}",
-                               body, region_of(request), parse_json=False)
+        answer = await forward(
+            gateway,
+            exchange,
+            group,
+            method,
+            lambda s: f"/v2/models/{s.spec.model}{suffix}",
+            body,
+            region_of(request),
+            parse_json=False,
+        )
         await exchange.finish(answer.status)
         return Response(answer.content, status_code=answer.status, media_type=answer.content_type)
 
 
-@router.get("/v2/models/{name}", summary="Model metadata (pass-through)", response_model=V2ModelMetadata,
-            responses=ERRORS)
+@router.get(
+    "/v2/models/{name}", summary="Model metadata (pass-through)", response_model=V2ModelMetadata, responses=ERRORS
+)
 async def v2_metadata(request: Request, name: ModelName, who: CallerDep):
     return await v2_call(request, gateway_in(request), who, name, "GET", "")
 
 
-@router.post("/v2/models/{name}/infer", summary="Inference (pass-through)", response_model=InferResponse,
-             responses=ERRORS, openapi_extra=body_doc(InferRequest))
+@router.post(
+    "/v2/models/{name}/infer",
+    summary="Inference (pass-through)",
+    response_model=InferResponse,
+    responses=ERRORS,
+    openapi_extra=body_doc(InferRequest),
+)
 async def v2_infer(request: Request, name: ModelName, who: CallerDep):
     return await v2_call(request, gateway_in(request), who, name, "POST", "/infer")

@@ -21,9 +21,12 @@ from serving.models.app import create_app
 from serving.models.config import ModelEntry, ServerConfig
 from serving.models.server import ModelServer
 
-TOWER_ENTRIES = [ModelEntry(name="personalization", registry_model="personalization", kind="two_tower"),
-                 ModelEntry(name="personalization-challenger", registry_model="personalization", kind="two_tower",
-                            alias="challenger")]
+TOWER_ENTRIES = [
+    ModelEntry(name="personalization", registry_model="personalization", kind="two_tower"),
+    ModelEntry(
+        name="personalization-challenger", registry_model="personalization", kind="two_tower", alias="challenger"
+    ),
+]
 
 
 def free_port() -> int:
@@ -34,23 +37,30 @@ def free_port() -> int:
 
 def tiny_two_tower(seed: int) -> PersonalizationModel:
     """A two-tower model over a few columns of each kind (numeric, categorical, history), random weights."""
-    frame = pl.DataFrame({
-        "user_id": [1, 2, 3, 4], "item_id": [10, 11, 12, 13],
-        "user_profile__region": ["eu", "us", "eu", "apac"],
-        "user_engagement__clicks_7d": [1.0, 5.0, 0.0, 2.0],
-        "user_engagement__last_clicked_items": [[10, 11], [], [12], [13, 10]],
-        "item_content__price": [3.0, 9.5, 1.0, 4.0],
-        "item_content__category": ["art", "game", "art", "toy"],
-        "label": [1.0, 0.0, 1.0, 0.0],
-    })
+    frame = pl.DataFrame(
+        {
+            "user_id": [1, 2, 3, 4],
+            "item_id": [10, 11, 12, 13],
+            "user_profile__region": ["eu", "us", "eu", "apac"],
+            "user_engagement__clicks_7d": [1.0, 5.0, 0.0, 2.0],
+            "user_engagement__last_clicked_items": [[10, 11], [], [12], [13, 10]],
+            "item_content__price": [3.0, 9.5, 1.0, 4.0],
+            "item_content__category": ["art", "game", "art", "toy"],
+            "label": [1.0, 0.0, 1.0, 0.0],
+        }
+    )
     torch.manual_seed(seed)
-    return PersonalizationModel(TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=16))))
+    network = TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=16)))
+    network.set_prior(frame)  # items 10 and 12 get a popularity prior, as trained models do
+    network.prior_weight.data.fill_(0.1 * seed)
+    return PersonalizationModel(network)
 
 
 def register_two_tower(registry: ModelRegistry, folder: Path, seed: int, alias: str | None = None) -> str:
     model_dir = tiny_two_tower(seed).save(folder / f"tower-{seed}")
-    version = registry.register("personalization", model_dir, {"mlplane.feature_service": "personalization_ranking"},
-                                {"model_auc": 0.5})
+    version = registry.register(
+        "personalization", model_dir, {"mlplane.feature_service": "personalization_ranking"}, {"model_auc": 0.5}
+    )
     if alias:
         registry.set_alias("personalization", alias, version.version, who="test", reason="fixture")
     return version.version
@@ -99,8 +109,13 @@ def tower_server(tower_registry, tmp_path_factory):
     """The server over the registry's towers (no lake: no catalogue, so no item scores)."""
     registry, root = tower_registry
     lake = tmp_path_factory.mktemp("serving_lake")
-    config = ServerConfig(registry_root=str(root / "registry"), lake_root=str(lake), models=TOWER_ENTRIES,
-                          poll_interval_s=0.2, feature_log_sample=0.0)
+    config = ServerConfig(
+        registry_root=str(root / "registry"),
+        lake_root=str(lake),
+        models=TOWER_ENTRIES,
+        poll_interval_s=0.2,
+        feature_log_sample=0.0,
+    )
     running = start_server(config)
     yield running
     running.stop()
@@ -136,11 +151,17 @@ def served_lake(pipeline_dir, tmp_path_factory) -> Path:
     weights.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     torch.save(load_model(ClipSpec()).state_dict(), weights)
-    resources = {**resources_for("local", data_dir=str(lake)),
-                 "model_registry": ModelRegistryResource(root=str(registry_root))}
-    result = materialize(all_assets, selection=AssetSelection.assets(CLIP_MODEL, CLIP_REGISTERED),
-                         resources=resources, instance=DagsterInstance.ephemeral(),
-                         run_config={"ops": {"clip_model": {"config": {"checkpoint": str(weights)}}}})
+    resources = {
+        **resources_for("local", data_dir=str(lake)),
+        "model_registry": ModelRegistryResource(root=str(registry_root)),
+    }
+    result = materialize(
+        all_assets,
+        selection=AssetSelection.assets(CLIP_MODEL, CLIP_REGISTERED),
+        resources=resources,
+        instance=DagsterInstance.ephemeral(),
+        run_config={"ops": {"clip_model": {"config": {"checkpoint": str(weights)}}}},
+    )
     assert result.success
     return lake
 

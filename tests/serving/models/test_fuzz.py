@@ -13,15 +13,21 @@ from serving.models.config import ServerConfig
 from tests.serving.models.conftest import TOWER_ENTRIES, start_server
 
 DEPENDENCY_PATHS = ("/recommend", "/get-online-features", "/v2/models/recommend")
-FUZZ_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                         database=None)
+FUZZ_SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+)
 
 
 @pytest.fixture(scope="module")
 def server_schema(tower_registry, tmp_path_factory):
     _, root = tower_registry
-    config = ServerConfig(registry_root=str(root / "registry"), lake_root=str(tmp_path_factory.mktemp("fuzz_lake")),
-                          models=TOWER_ENTRIES, poll_interval_s=0.5, feature_log_sample=0.0)
+    config = ServerConfig(
+        registry_root=str(root / "registry"),
+        lake_root=str(tmp_path_factory.mktemp("fuzz_lake")),
+        models=TOWER_ENTRIES,
+        poll_interval_s=0.5,
+        feature_log_sample=0.0,
+    )
     running = start_server(config)
     yield schemathesis.openapi.from_url(f"{running.url}/openapi.json")
     running.stop()
@@ -31,8 +37,13 @@ def check(case, calls: list) -> None:
     response = case.call(timeout=30)
     calls.append(response.status_code)
     status = response.status_code
-    assert status < 500 or (status == 503 and case.path.startswith(DEPENDENCY_PATHS)), \
-        (case.method, case.path, case.body, status, response.text[:300])
+    assert status < 500 or (status == 503 and case.path.startswith(DEPENDENCY_PATHS)), (
+        case.method,
+        case.path,
+        case.body,
+        status,
+        response.text[:300],
+    )
     if status >= 400 and case.path != "/v2/health/ready":
         assert response.json().get("error"), (case.path, status, response.text[:300])
 

@@ -18,8 +18,13 @@ DATATYPE = {np.dtype(np.int64): "INT64", np.dtype(np.float64): "FP64", np.dtype(
 @pytest.fixture(scope="module")
 def grpc_server(tower_registry, tmp_path_factory):
     _, root = tower_registry
-    config = ServerConfig(registry_root=str(root / "registry"), lake_root=str(tmp_path_factory.mktemp("grpc_lake")),
-                          models=TOWER_ENTRIES, poll_interval_s=0.2, feature_log_sample=0.0)
+    config = ServerConfig(
+        registry_root=str(root / "registry"),
+        lake_root=str(tmp_path_factory.mktemp("grpc_lake")),
+        models=TOWER_ENTRIES,
+        poll_interval_s=0.2,
+        feature_log_sample=0.0,
+    )
     port = free_port()
     running = start_server(config, grpc_port=port)
     yield running, f"127.0.0.1:{port}"
@@ -42,11 +47,14 @@ def test_tritonclient_grpc_matches_rest(grpc_server):
     assert "model_repository" in client.get_server_metadata(as_json=True)["extensions"]
     metadata = client.get_model_metadata("personalization", as_json=True)
     assert metadata["versions"] == ["1"] and {i["name"] for i in metadata["inputs"]} >= {"user_id"}
-    arrays = tower_inputs(triton_http.InferenceServerClient(running.url.removeprefix("http://"))
-                          .get_model_metadata("personalization"), np.random.default_rng(3))
+    arrays = tower_inputs(
+        triton_http.InferenceServerClient(running.url.removeprefix("http://")).get_model_metadata("personalization"),
+        np.random.default_rng(3),
+    )
     over_grpc = client.infer("personalization", infer_inputs(triton_grpc, arrays))
     rest = triton_http.InferenceServerClient(running.url.removeprefix("http://")).infer(
-        "personalization", infer_inputs(triton_http, arrays))
+        "personalization", infer_inputs(triton_http, arrays)
+    )
     assert over_grpc.get_response(as_json=True)["model_version"] == "1"
     np.testing.assert_array_equal(over_grpc.as_numpy("user_vector"), rest.as_numpy("user_vector"))
     index = client.get_model_repository_index(as_json=True)["models"]

@@ -42,8 +42,13 @@ def test_alias_moves_under_load_drop_nothing_and_a_corrupt_version_keeps_the_pre
     registry = ModelRegistry.local(tmp_path / "registry")
     register_two_tower(registry, tmp_path, seed=1, alias="champion")
     v2 = register_two_tower(registry, tmp_path, seed=2, alias="challenger")
-    config = ServerConfig(registry_root=str(tmp_path / "registry"), lake_root=str(tmp_path / "lake"),
-                          models=TOWER_ENTRIES, poll_interval_s=0.1, feature_log_sample=0.0)
+    config = ServerConfig(
+        registry_root=str(tmp_path / "registry"),
+        lake_root=str(tmp_path / "lake"),
+        models=TOWER_ENTRIES,
+        poll_interval_s=0.1,
+        feature_log_sample=0.0,
+    )
     running = start_server(config)
     try:
         body = valid_body(triton.InferenceServerClient(running.url.removeprefix("http://")))
@@ -71,8 +76,12 @@ def test_alias_moves_under_load_drop_nothing_and_a_corrupt_version_keeps_the_pre
         tamper(registry, v3)
         registry.set_alias("personalization", "champion", v3, who="test", reason="corrupt promotion")
         index = {}
-        wait_for(lambda: index.update({m["name"]: m for m in httpx.post(f"{running.url}/v2/repository/index").json()})
-                 or "failed to load" in index["personalization"]["reason"])
+        wait_for(
+            lambda: (
+                index.update({m["name"]: m for m in httpx.post(f"{running.url}/v2/repository/index").json()})
+                or "failed to load" in index["personalization"]["reason"]
+            )
+        )
         count = len(seen)
         wait_for(lambda: len(seen) > count + 20)
         stop.set()

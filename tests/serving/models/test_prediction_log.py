@@ -28,11 +28,23 @@ def record(i: int) -> PredictionRecord:
     rng = random.Random(i)
     items = rng.sample(range(1000), 5)
     return PredictionRecord(
-        request_id=f"r{i}", served_at=START + timedelta(milliseconds=7 * i), role=LIVE, endpoint="recommend",
-        user_id=rng.randrange(100), experiment="exp", variant=rng.choice(["control", "treatment"]),
-        assignments={"exp": "control"}, served_model="personalization", registry_model="personalization",
-        model_version="1", k=5, inputs_hash=f"{i:064x}", latency_ms=rng.random(), item_ids=items,
-        scores=[rng.random() for _ in items])
+        request_id=f"r{i}",
+        served_at=START + timedelta(milliseconds=7 * i),
+        role=LIVE,
+        endpoint="recommend",
+        user_id=rng.randrange(100),
+        experiment="exp",
+        variant=rng.choice(["control", "treatment"]),
+        assignments={"exp": "control"},
+        served_model="personalization",
+        registry_model="personalization",
+        model_version="1",
+        k=5,
+        inputs_hash=f"{i:064x}",
+        latency_ms=rng.random(),
+        item_ids=items,
+        scores=[rng.random() for _ in items],
+    )
 
 
 class FullDisk:
@@ -61,8 +73,10 @@ def expected(n: int) -> pl.DataFrame:
 
 def test_every_record_lands_in_its_day_partition_once(tmp_path):
     log = PredictionLog(tmp_path / "lake", tmp_path / "spill", flush_interval_s=0.05)
-    writers = [threading.Thread(target=lambda lo=lo: [log.submit(record(i)) for i in range(lo, lo + 500)])
-               for lo in range(0, 2000, 500)]
+    writers = [
+        threading.Thread(target=lambda lo=lo: [log.submit(record(i)) for i in range(lo, lo + 500)])
+        for lo in range(0, 2000, 500)
+    ]
     for w in writers:
         w.start()
     for w in writers:
@@ -137,14 +151,19 @@ def test_an_infer_call_is_logged_with_the_hash_of_its_tensors_and_its_outputs(to
     from serving.models.protocol import InferenceRequest
     from tests.serving.models.test_protocol import valid_body
 
-    body = {**valid_body(triton.InferenceServerClient(tower_server.url.removeprefix("http://"))),
-            "parameters": {"request_id": "infer-logged-1", "user_id": 7}}
+    body = {
+        **valid_body(triton.InferenceServerClient(tower_server.url.removeprefix("http://"))),
+        "parameters": {"request_id": "infer-logged-1", "user_id": 7},
+    }
     answer = httpx.post(f"{tower_server.url}/v2/models/personalization/infer", json=body)
     assert answer.status_code == 200, answer.text
     tower_server.server.prediction_log.flush()
     lake = tower_server.server.config.lake_path()
-    logged = pl.concat([read_spool(lake, d) for d in spool_days(lake)]).filter(
-        pl.col("request_id") == "infer-logged-1").row(0, named=True)
+    logged = (
+        pl.concat([read_spool(lake, d) for d in spool_days(lake)])
+        .filter(pl.col("request_id") == "infer-logged-1")
+        .row(0, named=True)
+    )
     expected_hash = tensors_hash(decode_inputs(InferenceRequest.model_validate(body), b""))
     outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
     logged_outputs = json.loads(logged["outputs"])

@@ -42,8 +42,12 @@ def expected_vectors(registry, version: str, arrays: dict[str, np.ndarray], tmp_
     columns = {c: arrays[c].tolist() for c in [spec.id_column, *spec.numeric]}
     columns |= {c: [v.decode() for v in arrays[c]] for c in spec.categorical}
     columns |= {c: [[i for i in row if i >= 0] for row in arrays[c].tolist()] for c in spec.histories}
-    types = {spec.id_column: pl.Int64, **{c: pl.Float64 for c in spec.numeric},
-             **{c: pl.String for c in spec.categorical}, **{c: pl.List(pl.Int64) for c in spec.histories}}
+    types = {
+        spec.id_column: pl.Int64,
+        **{c: pl.Float64 for c in spec.numeric},
+        **{c: pl.String for c in spec.categorical},
+        **{c: pl.List(pl.Int64) for c in spec.histories},
+    }
     return model.user_vectors(pl.DataFrame(columns, schema=types))  # the training code's own encoding
 
 
@@ -59,15 +63,21 @@ def test_tritonclient_infers_the_registry_version(tower_server, tower_registry, 
     arrays = tower_inputs(metadata, np.random.default_rng(7))
     inputs = []
     for name, array in arrays.items():
-        tensor = triton.InferInput(name, list(array.shape), "BYTES" if array.dtype == object else
-                                   {np.dtype(np.int64): "INT64", np.dtype(np.float64): "FP64"}[array.dtype])
+        tensor = triton.InferInput(
+            name,
+            list(array.shape),
+            "BYTES"
+            if array.dtype == object
+            else {np.dtype(np.int64): "INT64", np.dtype(np.float64): "FP64"}[array.dtype],
+        )
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)
     outputs = [triton.InferRequestedOutput("user_vector", binary_data=binary)]
     result = client.infer("personalization", inputs, outputs=outputs, request_id="r-1")
     assert result.get_response()["model_version"] == "1" and result.get_response()["id"] == "r-1"
-    np.testing.assert_allclose(result.as_numpy("user_vector"), expected_vectors(registry, "1", arrays, tmp_path),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        result.as_numpy("user_vector"), expected_vectors(registry, "1", arrays, tmp_path), rtol=1e-5, atol=1e-6
+    )
     challenger = client.infer("personalization-challenger", inputs, outputs=outputs)
     assert challenger.get_response()["model_version"] == "2"
     assert not np.allclose(challenger.as_numpy("user_vector"), result.as_numpy("user_vector"))
@@ -82,9 +92,15 @@ def json_tensor(name, datatype, shape, data):
 def valid_body(client) -> dict:
     metadata = client.get_model_metadata("personalization")
     arrays = tower_inputs(metadata, np.random.default_rng(1))
-    inputs = [json_tensor(n, "BYTES" if a.dtype == object else ("INT64" if a.dtype == np.int64 else "FP64"),
-                          list(a.shape), [v.decode() for v in a.tolist()] if a.dtype == object else a.tolist())
-              for n, a in arrays.items()]
+    inputs = [
+        json_tensor(
+            n,
+            "BYTES" if a.dtype == object else ("INT64" if a.dtype == np.int64 else "FP64"),
+            list(a.shape),
+            [v.decode() for v in a.tolist()] if a.dtype == object else a.tolist(),
+        )
+        for n, a in arrays.items()
+    ]
     return {"inputs": inputs}
 
 
@@ -128,10 +144,12 @@ def test_client_mistakes_are_4xx_naming_the_problem(tower_server):
 def test_binary_tensor_mistakes_are_400(tower_server):
     url = f"{tower_server.url}/v2/models/personalization/infer"
     header = b'{"inputs":[{"name":"user_id","datatype":"INT64","shape":[2],"parameters":{"binary_data_size":16}}]}'
-    cases = [(header + b"\x00" * 8, str(len(header)), "does not fit"),
-             (header + b"\x00" * 24, str(len(header)), "binary bytes after"),
-             (header, "abc", "must be an integer"),
-             (header, str(len(header) + 5), "outside the body")]
+    cases = [
+        (header + b"\x00" * 8, str(len(header)), "does not fit"),
+        (header + b"\x00" * 24, str(len(header)), "binary bytes after"),
+        (header, "abc", "must be an integer"),
+        (header, str(len(header) + 5), "outside the body"),
+    ]
     for body, length, message in cases:
         response = httpx.post(url, content=body, headers={"Inference-Header-Content-Length": length})
         assert response.status_code == 400 and message in response.json()["error"], response.text
@@ -141,24 +159,33 @@ def test_repository_index_load_and_unload(tower_server):
     url = tower_server.url
     index = httpx.post(f"{url}/v2/repository/index", json={}).json()
     assert {(m["name"], m["version"], m["state"]) for m in index} == {
-        ("personalization", "1", "READY"), ("personalization-challenger", "2", "READY")}
+        ("personalization", "1", "READY"),
+        ("personalization-challenger", "2", "READY"),
+    }
     assert httpx.post(f"{url}/v2/repository/models/personalization-challenger/unload").status_code == 200
     assert httpx.get(f"{url}/v2/models/personalization-challenger/ready").status_code == 503
     unloaded = httpx.post(f"{url}/v2/repository/index", json={"ready": True}).json()
     assert [m["name"] for m in unloaded] == ["personalization"]
-    pinned = httpx.post(f"{url}/v2/repository/models/personalization-challenger/load",
-                        json={"parameters": {"version": "1"}})
+    pinned = httpx.post(
+        f"{url}/v2/repository/models/personalization-challenger/load", json={"parameters": {"version": "1"}}
+    )
     assert pinned.status_code == 200 and pinned.json()["version"] == "1"
-    missing = httpx.post(f"{url}/v2/repository/models/personalization-challenger/load",
-                         json={"parameters": {"version": "99"}})
+    missing = httpx.post(
+        f"{url}/v2/repository/models/personalization-challenger/load", json={"parameters": {"version": "99"}}
+    )
     assert missing.status_code == 400 and "v99 failed to load" in missing.json()["error"]
     assert httpx.get(f"{url}/v2/models/personalization-challenger").json()["versions"] == ["1"]  # still serving
-    back = httpx.post(f"{url}/v2/repository/models/personalization-challenger/load",
-                      json={"parameters": {"alias": "challenger"}})
+    back = httpx.post(
+        f"{url}/v2/repository/models/personalization-challenger/load", json={"parameters": {"alias": "challenger"}}
+    )
     assert back.status_code == 200 and back.json()["version"] == "2"
     assert httpx.post(f"{url}/v2/repository/models/nope/load").status_code == 404
-    assert httpx.post(f"{url}/v2/repository/models/personalization/load",
-                      json={"parameters": {"flavour": "x"}}).status_code == 400
+    assert (
+        httpx.post(
+            f"{url}/v2/repository/models/personalization/load", json={"parameters": {"flavour": "x"}}
+        ).status_code
+        == 400
+    )
 
 
 def test_openapi_document_describes_the_bodies(tower_server):
@@ -166,7 +193,22 @@ def test_openapi_document_describes_the_bodies(tower_server):
     infer = spec["paths"]["/v2/models/{name}/infer"]["post"]
     assert infer["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/InferenceRequest")
     schemas = spec["components"]["schemas"]
-    assert {"InferenceRequest", "RequestInput", "InferenceResponse", "ModelMetadataResponse", "ErrorResponse",
-            "RecommendRequest", "GetOnlineFeaturesRequest"} <= set(schemas)
-    assert {"/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/{name}/ready", "/v2/repository/index",
-            "/v2/repository/models/{name}/load", "/recommend", "/get-online-features"} <= set(spec["paths"])
+    assert {
+        "InferenceRequest",
+        "RequestInput",
+        "InferenceResponse",
+        "ModelMetadataResponse",
+        "ErrorResponse",
+        "RecommendRequest",
+        "GetOnlineFeaturesRequest",
+    } <= set(schemas)
+    assert {
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2",
+        "/v2/models/{name}/ready",
+        "/v2/repository/index",
+        "/v2/repository/models/{name}/load",
+        "/recommend",
+        "/get-online-features",
+    } <= set(spec["paths"])

@@ -31,8 +31,9 @@ WRITTEN_ONLY_ONLINE: set[int] = set()
 def online_user_features(server, user_id: int) -> dict:
     """Feast's SDK read (the reference path) of the service's user-keyed views, streaming included."""
     references = [f"{v.name}:{f}" for v in USER_VIEWS for f in v.feature_names]
-    values = server.feature_store.store.get_online_features(features=references, entity_rows=[{"user_id": user_id}],
-                                                             full_feature_names=True).to_dict()
+    values = server.feature_store.store.get_online_features(
+        features=references, entity_rows=[{"user_id": user_id}], full_feature_names=True
+    ).to_dict()
     return {k: v[0] for k, v in values.items()}
 
 
@@ -54,16 +55,33 @@ def expected_top_k(lake_root, tmp_path, features: dict, k: int, exclude: set[int
 
 def test_recommend_is_the_models_top_k_over_online_features(platform_server, served_lake, tmp_path):
     server, url = platform_server.server, platform_server.url
-    users = Lake(served_lake).scan_partitions("warehouse", "users", Lake(served_lake).partition_days(
-        "warehouse", "users")).select("user_id").unique().collect()["user_id"].to_list()
+    users = (
+        Lake(served_lake)
+        .scan_partitions("warehouse", "users", Lake(served_lake).partition_days("warehouse", "users"))
+        .select("user_id")
+        .unique()
+        .collect()["user_id"]
+        .to_list()
+    )
     rng = random.Random(12)
     chosen = rng.sample(users, 4)
     # the streaming view, written as the streaming job's pusher writes it: the user just played two items
     top, _ = expected_top_k(served_lake, tmp_path, online_user_features(server, chosen[0]), 3, set())
     WRITTEN_ONLY_ONLINE.add(chosen[0])
-    server.feature_store.load_online("user_activity_realtime", pd.DataFrame({
-        "user_id": [chosen[0]], "impressions_1h": [4], "clicks_1h": [2], "plays_1h": [2], "ctr_1h": [0.5],
-        "last_played_items_1h": [top[:2]], "event_timestamp": [pd.Timestamp.now(tz="UTC")]}))
+    server.feature_store.load_online(
+        "user_activity_realtime",
+        pd.DataFrame(
+            {
+                "user_id": [chosen[0]],
+                "impressions_1h": [4],
+                "clicks_1h": [2],
+                "plays_1h": [2],
+                "ctr_1h": [0.5],
+                "last_played_items_1h": [top[:2]],
+                "event_timestamp": [pd.Timestamp.now(tz="UTC")],
+            }
+        ),
+    )
     for user_id in chosen:
         features = online_user_features(server, user_id)
         exclude = {int(i) for i in features.get(PLAYED) or []}
@@ -88,8 +106,11 @@ def test_recommend_is_the_models_top_k_over_online_features(platform_server, ser
         rest = httpx.post(f"{url}/recommend", json={"user_id": user_id, "k": 5}).json()
         assert result.as_numpy("item_ids")[row].tolist() == rest["items"]
     assert result.as_numpy("model_version").tolist() == [b"1", b"1"]
-    for bad, message in [({"user_id": "x"}, "user_id"), ({"user_id": 1, "k": 0}, "k"),
-                         ({"user_id": 1, "context": {"exclude_item_ids": ["a"]}}, "exclude_item_ids")]:
+    for bad, message in [
+        ({"user_id": "x"}, "user_id"),
+        ({"user_id": 1, "k": 0}, "k"),
+        ({"user_id": 1, "context": {"exclude_item_ids": ["a"]}}, "exclude_item_ids"),
+    ]:
         response = httpx.post(f"{url}/recommend", json=bad)
         assert response.status_code == 400 and message in response.json()["error"], response.text
 
@@ -113,8 +134,9 @@ def test_item_scores_are_the_dot_products_of_the_towers(platform_server, served_
             array = np.array([features.get(name) or [-1]], np.int64)
         else:
             value = features.get(name)
-            array = np.array([np.nan if value is None else value],
-                             np.int64 if spec["datatype"] == "INT64" else np.float64)
+            array = np.array(
+                [np.nan if value is None else value], np.int64 if spec["datatype"] == "INT64" else np.float64
+            )
         tensor = triton.InferInput(name, list(array.shape), spec["datatype"])
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -139,16 +161,24 @@ def test_clip_encoders_batch_and_match_the_model(platform_server, served_lake, t
 
     async def concurrent() -> list[dict]:
         async with httpx.AsyncClient(timeout=60) as client:
-            requests = [client.post(f"{url}/v2/models/clip_text/infer", json={"inputs": [
-                {"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]}) for t in texts]
+            requests = [
+                client.post(
+                    f"{url}/v2/models/clip_text/infer",
+                    json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]},
+                )
+                for t in texts
+            ]
             return [r.json() for r in await asyncio.gather(*requests)]
 
     answers = asyncio.run(concurrent())
     vectors = np.array([a["outputs"][0]["data"] for a in answers], np.float32)
     np.testing.assert_allclose(vectors, expected, rtol=1e-4, atol=1e-5)
     metrics = httpx.get(f"{url}/metrics").text
-    sample = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
-              if line.startswith("mlplane_model_batch_size_") and 'model="clip_text"' in line and "_bucket" not in line}
+    sample = {
+        line.split("{")[0]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("mlplane_model_batch_size_") and 'model="clip_text"' in line and "_bucket" not in line
+    }
     # every row went through the batcher once; calls <= rows (requests arriving together share one)
     assert sample["mlplane_model_batch_size_sum"] == len(texts)
     assert 1 <= sample["mlplane_model_batch_size_count"] <= len(texts)
@@ -162,15 +192,30 @@ def test_clip_encoders_batch_and_match_the_model(platform_server, served_lake, t
     assert embedded.shape[0] == 2 and np.allclose(np.linalg.norm(embedded, axis=1), 1.0, atol=1e-4)
     scored = client.infer("content_violation", [image])
     assert scored.as_numpy("similarity").shape == (2,) and scored.as_numpy("flagged").dtype == bool
-    corrupt = httpx.post(f"{url}/v2/models/clip_image/infer", json={"inputs": [
-        {"name": "image", "datatype": "BYTES", "shape": [1], "data": ["bm90IGFuIGltYWdl"],
-         "parameters": {"binary_encoding": "base64"}}]})
+    corrupt = httpx.post(
+        f"{url}/v2/models/clip_image/infer",
+        json={
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "data": ["bm90IGFuIGltYWdl"],
+                    "parameters": {"binary_encoding": "base64"},
+                }
+            ]
+        },
+    )
     assert corrupt.status_code == 400 and "not a readable PNG/JPEG" in corrupt.json()["error"]
 
 
 def run_skew_check(lake) -> dict:
-    result = materialize(all_assets, selection=AssetSelection.assets(SERVED_FEATURES),
-                         resources=local_resources(lake), instance=DagsterInstance.ephemeral())
+    result = materialize(
+        all_assets,
+        selection=AssetSelection.assets(SERVED_FEATURES),
+        resources=local_resources(lake),
+        instance=DagsterInstance.ephemeral(),
+    )
     (check,) = result.get_asset_check_evaluations()
     assert check.check_name == SKEW_CHECK
     return {"passed": check.passed, **{k: v.value for k, v in check.metadata.items()}}
@@ -195,7 +240,8 @@ def test_served_features_match_offline_point_in_time(platform_server, served_lak
     features = json.loads(frame["features"][0])
     features["user_engagement__clicks_7d"] = (features.get("user_engagement__clicks_7d") or 0) + 1000
     frame.with_columns(pl.lit(json.dumps(features)).alias("features")).head(1).write_parquet(
-        logged.with_name("part-9999999999999999999.parquet"))
+        logged.with_name("part-9999999999999999999.parquet")
+    )
     tampered = run_skew_check(served_lake)
     assert report["passed"], report
     assert not tampered["passed"] and "user_engagement__clicks_7d" in tampered["mismatches_by_feature"]

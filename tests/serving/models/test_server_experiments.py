@@ -21,8 +21,11 @@ from tests.serving.models.conftest import TOWER_ENTRIES, start_server
 from tests.serving.models.test_hot_swap import wait_for
 
 USERS = range(20_000)
-TREATMENTS = [("challenger", {"model_alias": "challenger"}), ("first", {"model_version": 1}),
-              ("second", {"model_version": 2})]
+TREATMENTS = [
+    ("challenger", {"model_alias": "challenger"}),
+    ("first", {"model_version": 1}),
+    ("second", {"model_version": 2}),
+]
 
 
 def twenty() -> dict:
@@ -30,14 +33,16 @@ def twenty() -> dict:
     experiments = []
     for i in range(20):
         name, ref = TREATMENTS[i % 3]
-        variants = [{"name": "control", "model_alias": "champion", "traffic": 0.5 + 0.02 * i},
-                    {"name": name, **ref, "traffic": round(0.5 - 0.02 * i, 2)}]
+        variants = [
+            {"name": "control", "model_alias": "champion", "traffic": 0.5 + 0.02 * i},
+            {"name": name, **ref, "traffic": round(0.5 - 0.02 * i, 2)},
+        ]
         if i % 4 == 3:  # a three-way split
             variants[1]["traffic"] = round(variants[1]["traffic"] / 2, 3)
-            variants.append({"name": "third", "model_version": 2, "traffic": round(0.5 - 0.02 * i, 2) -
-                             variants[1]["traffic"]})
-        experiments.append({"name": f"exp_{i:02d}", "model": "personalization", "salt": f"s{i}",
-                            "variants": variants})
+            variants.append(
+                {"name": "third", "model_version": 2, "traffic": round(0.5 - 0.02 * i, 2) - variants[1]["traffic"]}
+            )
+        experiments.append({"name": f"exp_{i:02d}", "model": "personalization", "salt": f"s{i}", "variants": variants})
     return {"experiments": experiments}
 
 
@@ -45,9 +50,14 @@ def server_over(tower_registry, tmp_path, raw: dict) -> ModelServer:
     _, root = tower_registry
     path = tmp_path / "experiments.yaml"
     path.write_text(yaml.safe_dump(raw))
-    config = ServerConfig(registry_root=str(root / "registry"), lake_root=str(tmp_path / "lake"),
-                          models=TOWER_ENTRIES, feature_log_sample=0.0, experiments_file=str(path),
-                          prediction_log=False)
+    config = ServerConfig(
+        registry_root=str(root / "registry"),
+        lake_root=str(tmp_path / "lake"),
+        models=TOWER_ENTRIES,
+        feature_log_sample=0.0,
+        experiments_file=str(path),
+        prediction_log=False,
+    )
     server = ModelServer(config)
     server.repository.refresh()
     assert server.experiments.reload(), server.experiments.reason
@@ -71,8 +81,9 @@ def test_twenty_experiments_assign_stickily_by_traffic_and_independently(tower_r
         pairs = list(itertools.combinations(range(20), 2))
         for a, b in pairs:
             levels_a, levels_b = sorted(set(table[:, a])), sorted(set(table[:, b]))
-            contingency = np.array([[np.sum((table[:, a] == x) & (table[:, b] == y)) for y in levels_b]
-                                    for x in levels_a])
+            contingency = np.array(
+                [[np.sum((table[:, a] == x) & (table[:, b] == y)) for y in levels_b] for x in levels_a]
+            )
             assert chi2_contingency(contingency).pvalue > 0.001 / len(pairs), (a, b)
         # who answers: the first experiment (file order) assigning a non-control variant, by its model
         aliases = {a: server.registry.by_alias("personalization", a).version for a in ("champion", "challenger")}
@@ -95,13 +106,29 @@ def test_twenty_experiments_assign_stickily_by_traffic_and_independently(tower_r
 def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_the_reason(tower_registry, tmp_path):
     _, root = tower_registry
     path = tmp_path / "experiments.yaml"
-    one = {"experiments": [{"name": "ab", "model": "personalization", "salt": "ab-1", "variants": [
-        {"name": "control", "model_alias": "champion", "traffic": 0.5},
-        {"name": "treatment", "model_alias": "challenger", "traffic": 0.5}]}]}
+    one = {
+        "experiments": [
+            {
+                "name": "ab",
+                "model": "personalization",
+                "salt": "ab-1",
+                "variants": [
+                    {"name": "control", "model_alias": "champion", "traffic": 0.5},
+                    {"name": "treatment", "model_alias": "challenger", "traffic": 0.5},
+                ],
+            }
+        ]
+    }
     path.write_text(yaml.safe_dump(one))
-    config = ServerConfig(registry_root=str(root / "registry"), lake_root=str(tmp_path / "lake"),
-                          models=TOWER_ENTRIES, poll_interval_s=0.1, feature_log_sample=0.0,
-                          experiments_file=str(path), prediction_log=False)
+    config = ServerConfig(
+        registry_root=str(root / "registry"),
+        lake_root=str(tmp_path / "lake"),
+        models=TOWER_ENTRIES,
+        poll_interval_s=0.1,
+        feature_log_sample=0.0,
+        experiments_file=str(path),
+        prediction_log=False,
+    )
     running = start_server(config)
     server = running.server
     failures, seen, stop = [], set(), threading.Event()
@@ -123,9 +150,18 @@ def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_t
         wait_for(lambda: {("ab", "treatment", "2"), ("ab", "control", "1")} <= seen)
         two = yaml.safe_load(yaml.safe_dump(one))
         two["experiments"][0]["salt"] = "ab-2"
-        two["experiments"].insert(0, {"name": "pinned", "model": "personalization", "salt": "p-1", "variants": [
-            {"name": "control", "model_alias": "champion", "traffic": 0.8},
-            {"name": "v2", "model_version": 2, "traffic": 0.2}]})
+        two["experiments"].insert(
+            0,
+            {
+                "name": "pinned",
+                "model": "personalization",
+                "salt": "p-1",
+                "variants": [
+                    {"name": "control", "model_alias": "champion", "traffic": 0.8},
+                    {"name": "v2", "model_version": 2, "traffic": 0.2},
+                ],
+            },
+        )
         path.write_text(yaml.safe_dump(two))
         wait_for(lambda: ("pinned", "v2", "2") in seen)
         described = httpx.get(f"{running.url}/v2/experiments").json()
@@ -167,16 +203,24 @@ def test_a_rollback_through_the_cli_is_visible_in_the_server(tmp_path, monkeypat
     register_two_tower(registry, tmp_path, seed=1, alias="champion")
     register_two_tower(registry, tmp_path, seed=2, alias="challenger")
     registry.set_alias("personalization", "champion", "2", who="test", reason="promoted")
-    config = ServerConfig(registry_root=str(tmp_path / "registry"), lake_root=str(tmp_path), models=TOWER_ENTRIES,
-                          poll_interval_s=0.5, feature_log_sample=0.0, prediction_log=False)
+    config = ServerConfig(
+        registry_root=str(tmp_path / "registry"),
+        lake_root=str(tmp_path),
+        models=TOWER_ENTRIES,
+        poll_interval_s=0.5,
+        feature_log_sample=0.0,
+        prediction_log=False,
+    )
     running = start_server(config)
     try:
+
         def served() -> str:
             return httpx.get(f"{running.url}/v2/models/personalization").json()["versions"][0]
 
         assert served() == "2"
-        result = CliRunner().invoke(main, ["models", "rollback", "--reason", "CTR drop online", "--who", "oncall",
-                                           "--data-dir", str(tmp_path)])
+        result = CliRunner().invoke(
+            main, ["models", "rollback", "--reason", "CTR drop online", "--who", "oncall", "--data-dir", str(tmp_path)]
+        )
         assert result.exit_code == 0, result.output
         wait_for(lambda: served() == "1", timeout=30)  # the poll interval is 0.5 s
         assert registry.by_alias("personalization", "champion").version == "1"

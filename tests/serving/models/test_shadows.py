@@ -26,15 +26,27 @@ from serving.models.towers import ItemIndex, TwoTowerModel
 from tests.serving.models.conftest import TOWER_ENTRIES, register_two_tower, start_server
 from tests.serving.models.test_hot_swap import wait_for
 
-ITEMS = pl.DataFrame({"item_id": list(range(100, 160)),
-                      # a price of its own per item: no two items tie, whatever the matrix kernel's rounding
-                      "item_content__price": [float(i * 7 % 60) for i in range(60)],
-                      "item_content__category": [["art", "game", "toy"][i % 3] for i in range(60)]})
-AB = {"name": "ab", "model": "personalization", "salt": "ab-shadow", "variants": [
-    {"name": "control", "model_alias": "champion", "traffic": 0.5},
-    {"name": "treatment", "model_alias": "challenger", "traffic": 0.5}]}
-SHADOWS = [{"name": "slow", "model": "personalization", "model_alias": "slow"},
-           {"name": "broken", "model": "personalization", "model_alias": "broken"}]
+ITEMS = pl.DataFrame(
+    {
+        "item_id": list(range(100, 160)),
+        # a price of its own per item: no two items tie, whatever the matrix kernel's rounding
+        "item_content__price": [float(i * 7 % 60) for i in range(60)],
+        "item_content__category": [["art", "game", "toy"][i % 3] for i in range(60)],
+    }
+)
+AB = {
+    "name": "ab",
+    "model": "personalization",
+    "salt": "ab-shadow",
+    "variants": [
+        {"name": "control", "model_alias": "champion", "traffic": 0.5},
+        {"name": "treatment", "model_alias": "challenger", "traffic": 0.5},
+    ],
+}
+SHADOWS = [
+    {"name": "slow", "model": "personalization", "model_alias": "slow"},
+    {"name": "broken", "model": "personalization", "model_alias": "broken"},
+]
 
 
 class Hanging(TwoTowerModel):
@@ -84,11 +96,19 @@ def shadowed(tmp_path):
     registry.set_alias("personalization", "broken", "1", who="test", reason="shadow")
     path = tmp_path / "experiments.yaml"
     path.write_text(yaml.safe_dump({"experiments": [AB], "shadows": SHADOWS}))
-    config = ServerConfig(registry_root=str(tmp_path / "registry"), lake_root=str(tmp_path / "lake"),
-                          models=TOWER_ENTRIES, poll_interval_s=0.2, feature_log_sample=0.0,
-                          experiments_file=str(path), prediction_log_flush_s=0.1, shadow_workers=2)
-    FeatureStoreEngine(FeatureStoreSettings(repo_dir=tmp_path / "lake" / "feature_repo",
-                                            offline_root=tmp_path / "lake" / "offline")).apply()  # no rows: nulls
+    config = ServerConfig(
+        registry_root=str(tmp_path / "registry"),
+        lake_root=str(tmp_path / "lake"),
+        models=TOWER_ENTRIES,
+        poll_interval_s=0.2,
+        feature_log_sample=0.0,
+        experiments_file=str(path),
+        prediction_log_flush_s=0.1,
+        shadow_workers=2,
+    )
+    FeatureStoreEngine(
+        FeatureStoreSettings(repo_dir=tmp_path / "lake" / "feature_repo", offline_root=tmp_path / "lake" / "offline")
+    ).apply()  # no rows: nulls
     running = start_server(config)
     give_catalogue(running.server)
     yield running, path, tmp_path / "lake"
@@ -122,8 +142,12 @@ def test_shadows_that_hang_or_fail_never_change_or_hold_up_the_live_answer(shado
     features = {u: {k: v[0] for k, v in read("personalization_ranking", [u]).items()} for u in users}
     for u in users:  # the answer with shadows is the answer without them
         a, b = shadowed_answers[u], plain[u]
-        assert (a["items"], a["scores"], a["model_version"], a["variant"]) == \
-               (b["items"], b["scores"], b["model_version"], b["variant"])
+        assert (a["items"], a["scores"], a["model_version"], a["variant"]) == (
+            b["items"],
+            b["scores"],
+            b["model_version"],
+            b["variant"],
+        )
     gate.set()
     running.stop()  # a clean stop: shadows in flight finish and the log writes everything
 
@@ -133,8 +157,12 @@ def test_shadows_that_hang_or_fail_never_change_or_hold_up_the_live_answer(shado
     by_request = {r["request_id"]: r for r in live.iter_rows(named=True)}
     for u, answer in shadowed_answers.items():
         record = by_request[answer["request_id"]]
-        assert (record["user_id"], record["item_ids"], record["experiment"], record["variant"]) == \
-               (u, answer["items"], "ab", answer["variant"])
+        assert (record["user_id"], record["item_ids"], record["experiment"], record["variant"]) == (
+            u,
+            answer["items"],
+            "ab",
+            answer["variant"],
+        )
         assert json.loads(record["assignments"]) == {"ab": answer["variant"]}
         served = states[TOWER_ENTRIES[0].name if answer["variant"] == "control" else TOWER_ENTRIES[1].name]
         ids, scores = brute_force_top_k(served.current.model, features[u], 5)
@@ -145,9 +173,16 @@ def test_shadows_that_hang_or_fail_never_change_or_hold_up_the_live_answer(shado
         assert sorted(shadows["variant"]) == ["broken", "slow"]
         slow_row = shadows.filter(pl.col("variant") == "slow").row(0, named=True)
         assert slow_row["status"] == "ok" and slow_row["model_version"] == "2"
-        assert slow_row["item_ids"] == brute_force_top_k(states["personalization-challenger"].current.model,
-                                                         features[u], 5)[0]
-        assert slow_row["inputs_hash"] == record["inputs_hash"] == inputs_hash(  # the same request, copied
-            {"user_id": u, "k": 5, "context": {}, "features": features[u]})
+        assert (
+            slow_row["item_ids"]
+            == brute_force_top_k(states["personalization-challenger"].current.model, features[u], 5)[0]
+        )
+        assert (
+            slow_row["inputs_hash"]
+            == record["inputs_hash"]
+            == inputs_hash(  # the same request, copied
+                {"user_id": u, "k": 5, "context": {}, "features": features[u]}
+            )
+        )
         broken_row = shadows.filter(pl.col("variant") == "broken").row(0, named=True)
         assert broken_row["status"] == "error" and "the shadow model broke" in broken_row["error"]

@@ -28,21 +28,24 @@ def test_each_datatype_round_trips_its_extremes(datatype):
     np.testing.assert_array_equal(array.reshape(-1), np.array(values, dtype=object).astype(dtype))
 
 
-@pytest.mark.parametrize("datatype, data, problem", [
-    ("INT64", [1, True], "must be integers, got True"),
-    ("INT64", [1, 2.0], "must be integers, got 2.0"),
-    ("INT32", [1, None], "must be integers, got None"),
-    ("FP32", [1.0, False], "must be numbers, got False"),
-    ("FP64", ["1", 2.0], "must be numbers, got '1'"),
-    ("BOOL", [True, 1], "must be booleans, got 1"),
-    ("INT8", [1, 128], "out of range for INT8"),
-    ("UINT8", [1, -1], "out of range for UINT8"),
-    ("UINT64", [2**64, 1], "out of range for UINT64"),
-    ("INT64", [2**63, 1], "out of range for INT64"),
-    ("FP32", [1e39, 1.0], "out of range for FP32"),
-    ("FP16", [70000.0, 1.0], "out of range for FP16"),
-    ("FP64", [10**400, 1.0], "out of range for FP64"),
-])
+@pytest.mark.parametrize(
+    "datatype, data, problem",
+    [
+        ("INT64", [1, True], "must be integers, got True"),
+        ("INT64", [1, 2.0], "must be integers, got 2.0"),
+        ("INT32", [1, None], "must be integers, got None"),
+        ("FP32", [1.0, False], "must be numbers, got False"),
+        ("FP64", ["1", 2.0], "must be numbers, got '1'"),
+        ("BOOL", [True, 1], "must be booleans, got 1"),
+        ("INT8", [1, 128], "out of range for INT8"),
+        ("UINT8", [1, -1], "out of range for UINT8"),
+        ("UINT64", [2**64, 1], "out of range for UINT64"),
+        ("INT64", [2**63, 1], "out of range for INT64"),
+        ("FP32", [1e39, 1.0], "out of range for FP32"),
+        ("FP16", [70000.0, 1.0], "out of range for FP16"),
+        ("FP64", [10**400, 1.0], "out of range for FP64"),
+    ],
+)
 def test_wrong_values_are_400_naming_the_input(datatype, data, problem):
     with pytest.raises(ProtocolError) as raised:
         decode_input(tensor(datatype, [2], data))
