@@ -30,7 +30,7 @@ PASSWORD = "correct horse battery"
 ACCURACY = {"ann0": 0.995, "ann1": 0.99, "ann2": 0.98, "ann3": 0.97}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
 def database_url(request, tmp_path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'labels.db'}"

@@ -63,6 +63,7 @@ def sign_in(page, base_url, username):
     page.wait_for_url(f"{base_url}/")
 
 
+@pytest.mark.services  # the app's server and Chromium
 def test_label_review_and_forbidden_pages_in_chromium(app):
     base_url, engine, task = app
     requests = []

@@ -92,6 +92,7 @@ def test_day_window_is_sliding_too():
     asyncio.run(run())
 
 
+@pytest.mark.services  # Redis
 def test_redis_limit_holds_in_every_sliding_window(monkeypatch):
     """The Lua script on the real Redis, with the minute shrunk to 2 s in 4 buckets so a run takes
     seconds; admission times are Redis' own clock."""

@@ -48,6 +48,7 @@ def check(case, calls: list) -> None:
         assert response.json().get("error"), (case.path, status, response.text[:300])
 
 
+@pytest.mark.services  # a server, fuzzed over its OpenAPI document
 def test_no_request_gets_a_server_error(server_schema):
     # each operation's strategy driven by hypothesis directly (schemathesis' lazy pytest fixture
     # does not run under pytest 9)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from engines.registry import CHECKSUMS_FILE, ModelRegistry
 from serving.models.config import ServerConfig
@@ -36,6 +37,7 @@ def tamper(registry: ModelRegistry, version: str) -> None:
     weights.write_bytes(bytes(data))
 
 
+@pytest.mark.services  # a server under load
 def test_alias_moves_under_load_drop_nothing_and_a_corrupt_version_keeps_the_previous(tmp_path):
     import tritonclient.http as triton
 
