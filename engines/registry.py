@@ -45,6 +45,11 @@ class RegisteredVersion:
     tags: dict[str, str]
     created_at: datetime
 
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The metrics logged at registration (tags `metric.<name>`)."""
+        return {k.removeprefix("metric."): float(v) for k, v in self.tags.items() if k.startswith("metric.")}
+
 
 def file_checksums(folder: Path) -> dict[str, str]:
     """sha256 of every file under `folder` (relative paths), except the checksum file itself."""

@@ -23,7 +23,6 @@ import argparse
 import math
 import random
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -38,6 +37,8 @@ from engines.prediction_logs import read_spool  # noqa: E402
 from engines.simulator import SimulatorConfig  # noqa: E402
 from engines.simulator.answer_key import AnswerKey  # noqa: E402
 from orchestration.profiles import local_data_dir  # noqa: E402
+from serving.models.background import running_model_server  # noqa: E402
+from serving.models.config import ServerConfig  # noqa: E402
 
 EXPERIMENTS = {
     "experiments": [
@@ -54,32 +55,6 @@ EXPERIMENTS = {
     ],
     "shadows": [{"name": "first_version", "model": "personalization", "model_version": 1}],
 }
-
-
-def start_server(data_dir: Path, experiments: Path):
-    import socket
-    import threading
-
-    import uvicorn
-
-    from serving.models.app import create_app
-    from serving.models.config import ServerConfig
-    from serving.models.server import ModelServer
-
-    config = ServerConfig.local(data_dir, experiments_file=str(experiments), feature_log_sample=0.0)
-    config.models = [m for m in config.models if m.kind == "two_tower"]  # recommend only: no CLIP needed
-    server = ModelServer(config)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    runner = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=runner.run, daemon=True)
-    thread.start()
-    while not runner.started:
-        if not thread.is_alive():
-            raise SystemExit("the model server did not start (is a personalization champion registered?)")
-        time.sleep(0.1)
-    return runner, thread, f"http://127.0.0.1:{port}"
 
 
 def simulate_outcomes(answers: pl.DataFrame, key: AnswerKey, seed: int) -> pl.DataFrame:
@@ -166,17 +141,17 @@ def main() -> None:
     experiments.parent.mkdir(parents=True, exist_ok=True)
     experiments.write_text(yaml.safe_dump(EXPERIMENTS, sort_keys=False))
 
-    runner, thread, url = start_server(data_dir, experiments)
-    print(f"1/3 model server at {url}, experiments {experiments}")
-    with httpx.Client(base_url=url, timeout=60) as client:
+    config = ServerConfig.local(data_dir, experiments_file=str(experiments), feature_log_sample=0.0)
+    config.models = [m for m in config.models if m.kind == "two_tower"]  # recommend only: no CLIP needed
+    with running_model_server(config) as url, httpx.Client(base_url=url, timeout=60) as client:
+        print(f"1/3 model server at {url}, experiments {experiments}")
         print(f"    experiments in use: {client.get('/v2/experiments').json()}")
         variants = {}
         for _ in range(args.requests):
             answer = client.post("/recommend", json={"user_id": rng.choice(user_ids), "k": 10})
             answer.raise_for_status()
             variants[answer.json()["variant"]] = variants.get(answer.json()["variant"], 0) + 1
-    runner.should_exit = True
-    thread.join(60)  # a clean stop: shadows finish, the prediction log is written
+    # leaving the block stopped the server cleanly: shadows finished, the prediction log is written
     print(f"2/3 {args.requests} answers by variant {variants}; shadow answers logged beside them")
     logged = read_spool(data_dir, today).filter(pl.col("role") == "live")
     key = AnswerKey.on(SimulatorConfig.load(data_dir / "sim_truth" / "simulator_config.json"), today)

@@ -48,9 +48,7 @@ def train_and_gate(data_dir: Path, last: date) -> str | None:
     run_job(f"train_{MODEL}", None, partition=last)  # a refused gate fails the run: the version stays a challenger
     registry = ModelRegistry.local(data_dir / "registry")
     for version in registry.versions(MODEL):
-        metrics = {
-            k.removeprefix("metric."): round(float(v), 3) for k, v in version.tags.items() if k.startswith("metric.")
-        }
+        metrics = {k: round(v, 3) for k, v in version.metrics.items()}
         click.echo(f"   v{version.version} [{','.join(version.aliases) or '-'}] {metrics}")
     champion = registry.by_alias(MODEL, "champion")
     return champion.version if champion else None
@@ -58,40 +56,20 @@ def train_and_gate(data_dir: Path, last: date) -> str | None:
 
 def live_recommendation(data_dir: Path) -> None:
     """Start the model server over the lake, ask it for one active user's top 5, stop it."""
-    import socket
-    import threading
-
     import httpx
-    import uvicorn
 
     from engines.batch_inference import active_users
     from engines.lake import Lake
-    from serving.models.app import create_app
+    from serving.models.background import running_model_server
     from serving.models.config import ServerConfig
-    from serving.models.server import ModelServer
 
     lake = Lake(data_dir)
     user = active_users(lake, max(lake.partition_days("warehouse", "interactions")))[0]
     config = ServerConfig.local(data_dir, feature_log_sample=0.0)
     config.models = [m for m in config.models if m.name == MODEL]  # the champion's towers: no CLIP needed here
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(ModelServer(config)), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise click.ClickException("the model server did not start; see the log above")
-            time.sleep(0.1)
-        answer = httpx.post(f"http://127.0.0.1:{port}/recommend", json={"user_id": user, "k": 5}, timeout=60)
+    with running_model_server(config) as url:
+        answer = httpx.post(f"{url}/recommend", json={"user_id": user, "k": 5}, timeout=60)
         answer.raise_for_status()
-    finally:
-        server.should_exit = True
-        thread.join(60)
     body = answer.json()
     click.echo(
         f'   POST /recommend {{"user_id": {user}, "k": 5}} -> items {body["items"]} '

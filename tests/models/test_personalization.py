@@ -28,7 +28,7 @@ def test_training_loss_falls_and_the_model_beats_popularity(trained):
     registry, result, _ = trained
     version = registry.get(MODEL, "1")
     assert registry.by_alias(MODEL, "challenger").version == "1"
-    metrics = {k.removeprefix("metric."): float(v) for k, v in version.tags.items() if k.startswith("metric.")}
+    metrics = version.metrics
     for metric in ("auc", "recall_at_10", "ndcg_at_10"):
         assert metrics[f"model_{metric}"] > metrics[f"popularity_{metric}"], (metric, metrics)
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
