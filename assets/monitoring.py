@@ -26,7 +26,7 @@ from pydantic import Field
 from assets.experiments import EXPERIMENTS_FILE
 from assets.ingestion import warehouse_key
 from assets.metadata import table
-from assets.partitions import daily_partitions, partition_days
+from assets.partitions import partition_days, serving_partitions
 from assets.prediction_logs import KEY as PREDICTION_LOGS
 from engines import online_accuracy as accuracy
 from engines import prediction_logs as logs
@@ -120,7 +120,7 @@ def rounded(frame: pl.DataFrame) -> list[dict]:
     "that followed within a horizon, per model version and variant (CTR@k, NDCG@k, calibration with "
     "intervals), per experiment (difference, significance, users still needed), shadows scored "
     "counterfactually against the live answers of the same requests, latency percentiles per model.",
-    partitions_def=daily_partitions,
+    partitions_def=serving_partitions,
     deps=[
         PREDICTION_LOGS,
         AssetDep(

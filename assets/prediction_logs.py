@@ -9,7 +9,7 @@ import polars as pl
 from dagster import AssetCheckSpec, AssetKey, BackfillPolicy, Failure, MaterializeResult, asset
 
 from assets.metadata import frame_metadata, quality_gate, table
-from assets.partitions import daily_partitions, partition_days
+from assets.partitions import partition_days, serving_partitions
 from engines import prediction_logs as logs
 from engines.quality import Suite
 from resources.lake import LakeResource
@@ -69,7 +69,7 @@ def latency_table(frame: pl.DataFrame) -> list[dict]:
     description="Every answer of the online model server on the day (live and shadow): request id, time, user, "
     "experiment and variant, model version, hash of the inputs (the inputs where the model card allows), "
     "outputs and latency, taken in from the server's files behind a great-expectations check.",
-    partitions_def=daily_partitions,
+    partitions_def=serving_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     kinds={"parquet", "greatexpectations"},
     owners=["team:ml-platform"],

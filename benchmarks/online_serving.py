@@ -45,7 +45,7 @@ def spec_frame(data_dir: Path):
     The daily pipeline alone writes no training set (it needs the streaming history, a Flink backfill)."""
     import polars as pl
 
-    from ml.personalization import ITEM_VIEWS, LABEL, USER_VIEWS, labelled
+    from ml.personalization import ITEM_INPUTS, LABEL, USER_INPUTS, labelled
 
     if list(data_dir.glob("datasets/*/*/*.parquet")):
         return labelled(pl.read_parquet(data_dir / "datasets" / "*" / "*" / "*.parquet"))
@@ -58,7 +58,8 @@ def spec_frame(data_dir: Path):
             frame = table if frame is None else frame.join(table, on=key, how="left")
         return frame
 
-    users, items = rows(USER_VIEWS, "user_id"), rows(ITEM_VIEWS, "item_id")
+    users = rows(tuple(i.view for i in USER_INPUTS), "user_id")
+    items = rows(tuple(i.view for i in ITEM_INPUTS), "item_id")
     n = min(users.height, items.height)
     return pl.concat([users.head(n), items.head(n)], how="horizontal").with_columns(pl.lit(0.0).alias(LABEL))
 
@@ -174,6 +175,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="mlplane-serving-bench-"))
     if not (data_dir / "feature_repo" / "online_store.db").exists():
         build_lake(data_dir)
@@ -270,7 +272,10 @@ def main() -> None:
                     f"{ours_row['rps'] / peer_row['rps']:.2f}x, P99 ratio {ours_row['p99'] / peer_row['p99']:.2f}x"
                 )
         print_rows("recommend end to end (online features, user tower, vector DB, rerank; top 10)", recommend_rows)
-        print("\nmeasured on a shared machine under load from other work; client and servers share its cores")
+        print(
+            f"\nload average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after "
+            f"({os.cpu_count()} cores, shared by the client and the servers)"
+        )
     finally:
         for process in [ours, *peers]:
             os.killpg(process.pid, 15)

@@ -25,12 +25,14 @@ FLAGS_ZONE = "content_violations"
 FLAGS_TABLE = "flags"
 TASK = "content_violation"
 VIOLATION = "violation"
+AUDIT = "audit"  # the labeling queue of random catalogue items
 DEFAULT_THRESHOLD = 0.95
 
 
 @dataclass(frozen=True)
 class ReleaseTruth:
-    """The newest release's verdicts: item_id, is_violation."""
+    """The newest release's verdicts: item_id, is_violation, audit (the item came through the random
+    audit queue)."""
 
     release: Release
     labels: pl.DataFrame
@@ -47,7 +49,11 @@ def release_truth(lake_root: Path) -> ReleaseTruth | None:
     labels = (
         release.labels()
         .filter(pl.col("key").str.contains(r"^\d+$"))
-        .select(pl.col("key").cast(pl.Int64).alias("item_id"), (pl.col("label") == VIOLATION).alias("is_violation"))
+        .select(
+            pl.col("key").cast(pl.Int64).alias("item_id"),
+            (pl.col("label") == VIOLATION).alias("is_violation"),
+            pl.col("queues").list.contains(AUDIT).alias("audit"),
+        )
     )
     return ReleaseTruth(release, labels)
 

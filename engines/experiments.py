@@ -172,6 +172,17 @@ def load(path: Path) -> list[Experiment]:
 
 
 def load_file(path: Path) -> ExperimentsFile:
-    """Experiments and shadows, both checked (the online server reads this)."""
-    raw = read(path)
-    return ExperimentsFile(tuple(parse(raw, str(path))), tuple(parse_shadows(raw, str(path))))
+    """Experiments and shadows, both checked."""
+    if not path.exists():
+        raise ExperimentConfigError(f"experiments file {path} does not exist")
+    return parse_file(path.read_bytes(), str(path))
+
+
+def parse_file(data: bytes, source: str) -> ExperimentsFile:
+    """`load_file` over bytes already read: the online server parses the very bytes it hashed, since the
+    file may be rewritten between two reads (an in-place write is empty for a moment)."""
+    try:
+        raw = yaml.safe_load(data.decode())
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ExperimentConfigError(f"{source}: not valid YAML: {error}") from error
+    return ExperimentsFile(tuple(parse(raw, source)), tuple(parse_shadows(raw, source)))

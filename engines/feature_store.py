@@ -13,9 +13,12 @@ import contextlib
 import io
 import logging
 import os
+import struct
+import threading
+import weakref
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.repo_config import RepoConfig
 
+from engines.sqlite_online import sqlite_read
 from feature_defs import catalogue as default_catalogue
 from feature_defs.compile.feast import feast_objects
 from feature_defs.dsl import Catalogue, FeatureView
@@ -229,24 +233,33 @@ class FeatureStoreEngine:
 
 
 class OnlineReader:
-    """mlplane's online read path for one feature service.
+    """mlplane's online read path for one feature service (or a plan of views given directly).
 
     The service is resolved once (views, features, join keys); a read is then one call per view
-    into Feast's online store implementation (SQLite, Redis, ...), for each distinct entity key
-    once, decoding values straight into columns. Feast's generic path resolves the service and
+    into Feast's online store implementation (Redis, ...; for SQLite `engines.sqlite_online`: Feast's
+    query with less Python work, entities' rows kept until the store changes), for each distinct entity
+    key once, decoding values straight into columns. Feast's generic path resolves the service and
     builds response protos on every call, which dominates small reads.
+
+    Safe from several threads at once: each thread reads through its own instance of the online
+    store (`thread_online_store`), as Feast's SQLite store shares one connection between threads.
     """
 
-    def __init__(self, store: FeatureStore, service: str):
+    def __init__(self, store: FeatureStore, service: str | None = None, plan: list | None = None):
         self.config = store.config
-        self.online_store = store._get_provider().online_store
-        feature_service = store.get_feature_service(service)
-        self.plan = []
-        for projection in feature_service.feature_view_projections:
-            view = store.get_feature_view(projection.name)
-            keys = [(c.name, c.dtype.to_value_type()) for c in view.entity_columns]
-            self.plan.append((view, [f.name for f in projection.features], keys))
+        self.shared_store = store._get_provider().online_store
+        if plan is None:
+            plan = []
+            for projection in store.get_feature_service(service).feature_view_projections:
+                view = store.get_feature_view(projection.name)
+                keys = [(c.name, c.dtype.to_value_type()) for c in view.entity_columns]
+                plan.append((view, [f.name for f in projection.features], keys))
+        self.plan = plan  # (Feast view, feature names, [(join key, ValueType)])
         self.join_keys = list(dict.fromkeys(k for _, _, keys in self.plan for k, _ in keys))
+
+    @property
+    def online_store(self):
+        return thread_online_store(self.shared_store)
 
     def read(self, entity_rows: list[dict[str, Any]]) -> dict[str, list]:
         missing = [k for k in self.join_keys if any(k not in row for row in entity_rows)]
@@ -254,23 +267,88 @@ class OnlineReader:
             raise KeyError(f"entity rows need the join key(s) {', '.join(missing)}")
         given = dict.fromkeys(k for row in entity_rows for k in row)  # echoed back, as Feast does
         out: dict[str, list] = {k: [row.get(k) for row in entity_rows] for k in given}
+        columns = {k: out[k] for k in self.join_keys}
         for view, features, keys in self.plan:
-            key_of = [tuple(row[k] for k, _ in keys) for row in entity_rows]
-            distinct = list(dict.fromkeys(key_of))
-            protos = [
-                EntityKeyProto(
-                    join_keys=[k for k, _ in keys],
-                    entity_values=[_value_proto(v, t) for v, (_, t) in zip(values, keys)],
-                )
-                for values in distinct
-            ]
-            found = self.online_store.online_read(
-                config=self.config, table=view, entity_keys=protos, requested_features=list(features)
-            )  # Redis appends to it
-            by_key = {key: values or {} for key, (_, values) in zip(distinct, found)}
+            key_of, found = self.read_view(view, features, keys, columns)
+            by_key = {key: values or {} for key, (_, values) in found.items()}
             for feature in features:
                 out[f"{view.name}__{feature}"] = [_python_value(by_key[key].get(feature)) for key in key_of]
         return out
+
+    def read_view(
+        self, view, features: list[str], keys: list[tuple[str, ValueType]], columns: dict[str, list], decode=None
+    ) -> tuple[list[tuple], dict[tuple, tuple[datetime | None, dict[str, Any] | None]]]:
+        """One view's online rows for the entity rows given as columns (join key -> values): each row's
+        key (the view's join keys that `columns` has, as Feast builds it) and, per distinct key, what the
+        store holds: (event timestamp, feature -> value proto), (None, None) where it has nothing.
+        `decode` (a value's serialized proto -> anything) replaces the protos by what it returns."""
+        keys = [(k, t) for k, t in keys if k in columns]
+        names = [k for k, _ in keys]
+        key_of = list(zip(*(columns[k] for k in names)))
+        distinct = list(dict.fromkeys(key_of))
+        from feast.infra.online_stores.sqlite import SqliteOnlineStore  # not at import: it sets sqlite3 adapters
+
+        store = self.online_store
+        if type(store) is SqliteOnlineStore and self.config.entity_key_serialization_version == 3:
+            serialize = _key_serializer(tuple(keys))
+            found = sqlite_read(store, self.config, view, [serialize(v) for v in distinct], features, decode)
+            return key_of, dict(zip(distinct, found))
+        protos = [
+            EntityKeyProto(join_keys=names, entity_values=[_value_proto(v, t) for v, (_, t) in zip(values, keys)])
+            for values in distinct
+        ]
+        found = store.online_read(
+            config=self.config, table=view, entity_keys=protos, requested_features=list(features)
+        )  # a copy: Redis appends to it
+        if decode is not None:
+            found = [
+                (ts, v if v is None else {f: decode(p.SerializeToString()) for f, p in v.items()}) for ts, v in found
+            ]
+        return key_of, dict(zip(distinct, found))
+
+
+@lru_cache(maxsize=256)
+def _key_serializer(keys: tuple[tuple[str, ValueType], ...]):
+    """Feast's serialize_entity_key (version 3) for entity keys of these join keys, without protos:
+    the key names sorted, each as STRING, then the values in that order (int64 or string)."""
+    order = sorted(range(len(keys)), key=lambda i: keys[i][0])
+    names = [keys[i][0].encode("utf8") for i in order]
+    head = struct.pack("<I", len(keys)) + b"".join(
+        struct.pack("<II", ValueType.STRING.value, len(n)) + n for n in names
+    )
+    types = [keys[i][1] for i in order]
+    if any(t not in (ValueType.INT64, ValueType.STRING) for t in types):
+        raise TypeError(f"unsupported entity key types {types}")
+    int64_head, string_type = struct.pack("<II", ValueType.INT64.value, 8), ValueType.STRING.value
+    ints = [t == ValueType.INT64 for t in types]  # plain booleans: no Enum lookups per key
+
+    def serialize(values: tuple) -> bytes:
+        out = [head]
+        for i, is_int in zip(order, ints):
+            if is_int:
+                out += [int64_head, struct.pack("<q", int(values[i]))]
+            else:
+                encoded = values[i].encode("utf8")
+                out += [struct.pack("<II", string_type, len(encoded)), encoded]
+        return b"".join(out)
+
+    return serialize
+
+
+_THREAD_STORES = threading.local()
+
+
+def thread_online_store(shared):
+    """This thread's instance of the online store class of `shared` (Feast's provider's store). Feast's
+    SQLite store opens one connection (check_same_thread=False) and shares it between threads, which
+    fails under concurrent reads; an instance per thread holds a connection (a Redis client) per thread."""
+    stores = getattr(_THREAD_STORES, "stores", None)
+    if stores is None:
+        stores = _THREAD_STORES.stores = weakref.WeakKeyDictionary()
+    store = stores.get(shared)
+    if store is None:
+        store = stores[shared] = type(shared)()
+    return store
 
 
 def _value_proto(value: Any, value_type: ValueType) -> ValueProto:

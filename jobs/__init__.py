@@ -4,7 +4,7 @@ here is loaded by orchestration/definitions.py; pipelines' jobs come with their 
 
 from dagster import AssetSelection, define_asset_job
 
-from assets.partitions import daily_partitions
+from assets.partitions import daily_partitions, serving_partitions
 
 # Run tags that the production instance's queued run coordinator limits per pool.
 CPU_POOL = {"mlplane/pool": "cpu"}
@@ -42,10 +42,16 @@ feature_store_refresh = define_asset_job(
 
 item_embeddings_daily = define_asset_job(
     "item_embeddings_daily",
-    selection=AssetSelection.assets(["embeddings", "items"], ["content_violations", "flags"], ["vectors", "items"]),
+    selection=AssetSelection.assets(
+        ["embeddings", "items"],
+        ["content_violations", "flags"],
+        ["vectors", "items"],
+        ["monitoring", "violation_accuracy"],
+    ),
     partitions_def=daily_partitions,
-    description="Embed the day's new and changed items with CLIP (Ray Data), flag likely content violations "
-    "and sync the Qdrant collection. Needs the clip_model asset.",
+    description="Embed the day's new and changed items with CLIP (Ray Data), flag likely content violations, "
+    "measure the flags against the newest ground-truth release and sync the Qdrant collection. Needs the "
+    "clip_model asset.",
     tags=CPU_POOL,
 )
 
@@ -101,5 +107,15 @@ model_export = define_asset_job(
     selection=AssetSelection.assets(["deploy", "model_export"]),
     description="Export the served models for KServe (InferenceServices) and Triton (a TorchScript model "
     "repository) from the registry; model_export_sensor runs it when a served version changes.",
+    tags=CPU_POOL,
+)
+
+online_monitoring = define_asset_job(
+    "online_monitoring",
+    selection=AssetSelection.assets(["serving", "prediction_logs"], ["monitoring", "online_accuracy"]),
+    partitions_def=serving_partitions,
+    description="Take the model server's prediction log of a day in and score every served version and variant "
+    "on the clicks and plays that followed (online accuracy, A/B comparisons, shadows). Today's partition "
+    "can run before midnight (what has been served and clicked so far).",
     tags=CPU_POOL,
 )

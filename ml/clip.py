@@ -238,7 +238,7 @@ def _train_loop(loop_config: dict) -> None:
             optimizer.step()
             if scheduler:
                 scheduler.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         if steps_per_epoch is None:  # cosine decay once the shard's size is known
             steps_per_epoch = max(1, len(losses))
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(

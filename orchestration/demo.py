@@ -17,35 +17,164 @@ import click
 DEMO_DAYS = 4
 MODEL = "personalization"
 RECOMMENDATIONS = "inference/personalization_recommendations"
+EMBEDDINGS, VIOLATION_FLAGS = "embeddings/items", "content_violations/flags"
+VIOLATION_ACCURACY = "monitoring/violation_accuracy"
+SUMMARY_ZONES = ["warehouse", "offline", "datasets", "streaming_history", "embeddings", "content_violations"]
+SUMMARY_ZONES += ["inference", "serving", "monitoring"]
+CLIP_EPOCHS = 5  # the asset's default is 30: each epoch of the compact model takes ~12 s here at scale 1
+# the queues hold few violations, and agreement falls fast with errors at low prevalence: annotators this
+# accurate clear the release's minimum Krippendorff's alpha (tests/ground_truth/conftest.py)
+ANNOTATOR_ACCURACY = 0.99
 
 
 def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], object]) -> None:
     last = first + timedelta(days=days - 1)
     started = time.monotonic()
-    click.echo(f"1/5 simulating {days} days ({first} .. {last}) into {data_dir}/landing")
+
+    def step(text: str) -> None:
+        click.echo(f"{text}  (at {time.monotonic() - started:.0f} s)")
+
+    step(f"1/8 simulating {days} days ({first} .. {last}) into {data_dir}/landing")
     simulate()
-    click.echo("2/5 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
+    step("2/8 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
     materialize_data(first, last)
     remember_landed_days(data_dir, first, last)
-    click.echo(f"3/5 training {MODEL} (Ray Train), gating it against popularity, promoting it")
+    step("3/8 the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
+    embeddings_and_search(data_dir, first, last)
+    step("4/8 a labeling round: queues, simulated annotators in the labeling app, a release, flags from it")
+    labeling_round(data_dir, first, last)
+    step(f"5/8 training {MODEL} (Ray Train), gating it against popularity, promoting it")
     champion = train_and_gate(data_dir, last)
     if champion:
-        click.echo(f"4/5 batch inference: v{champion}'s lists for every active user, into the online store")
+        step(f"6/8 batch inference: v{champion}'s lists for every active user, into the online store")
         if not run_job("batch_inference", [RECOMMENDATIONS], partition=last).success:
             raise click.ClickException("the batch inference run failed; see `mlplane ui`")
-        click.echo("5/5 a live recommendation from the model server (`mlplane serve models`, for a moment)")
+        step("7/8 a live recommendation from the model server (`mlplane serve models`, for a moment)")
         live_recommendation(data_dir)
+        step("8/8 a second version (one training day), an A/B test with a shadow through the server, online accuracy")
+        online_experiment(data_dir, last)
     else:
-        click.echo("4/5 and 5/5 skipped: no champion to serve (the gate kept the version a challenger)")
+        step("6/8 to 8/8 skipped: no champion to serve (the gate kept the version a challenger)")
     click.echo(f"done in {time.monotonic() - started:.0f} s\n")
     print_summary(data_dir, first, last)
 
 
-def train_and_gate(data_dir: Path, last: date) -> str | None:
-    """The train_personalization job for the newest day; the champion's version afterwards, if any."""
+def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:
+    """Train the compact CLIP model, embed the days' items into the vector store, and search for one
+    catalogue item's title."""
+    ops = {"clip_model": {"config": {"epochs": CLIP_EPOCHS}}}
+    result = run_job(None, ["clip_model"], ops=ops)
+    if not result.success:
+        raise click.ClickException("the clip_model run failed; see `mlplane ui`")
+    recall = materialized(result, "clip_model")
+    click.echo(
+        f"   CLIP ({CLIP_EPOCHS} epochs): held-out text-to-image recall@10 {recall['recall@10']:.2f} "
+        f"(random {recall['random_recall@10']:.2f})"
+    )
+    embeddings = [EMBEDDINGS, VIOLATION_FLAGS, "vectors/items"]
+    if not run_job("item_embeddings_daily", embeddings, tags=day_range(first, last)).success:
+        raise click.ClickException("the item embeddings run failed; see `mlplane ui`")
+    search_for_an_item(data_dir)
+
+
+def search_for_an_item(data_dir: Path) -> None:
+    import random
+
+    from engines.embeddings import current_catalogue, current_model
+    from engines.lake import Lake
+    from engines.search import ItemSearch
+    from orchestration.profiles import open_resource
+
+    lake = Lake(data_dir)
+    catalogue = current_catalogue(lake)
+    item = catalogue.row(random.Random(7).randrange(catalogue.height), named=True)
+    spec, _ = current_model(lake)
+    with open_resource("vector_store", str(data_dir)) as vectors, vectors.get_client() as store:
+        hits = ItemSearch(store, spec).search(text=item["title"], k=10)
+    found = [h.payload.get("item_id", h.id) for h in hits]
+    rank = f"ranks #{found.index(item['item_id']) + 1}" if item["item_id"] in found else "is not in the top 10"
+    click.echo(f'   mlplane search "{item["title"]}": item {item["item_id"]} (that title\'s own item) {rank}; top 3:')
+    for hit in hits[:3]:
+        click.echo(f"     {hit.payload.get('item_id', hit.id):>6}  {hit.score:.3f}  {hit.payload.get('title')}")
+
+
+def labeling_round(data_dir: Path, first: date, last: date) -> None:
+    """Fill the content_violation queues, let simulated annotators and a reviewer label them through the
+    labeling app, release the labels, and flag the catalogue again against the release."""
+    from engines.releases import newest_release
+    from ground_truth.server import serve_app
+    from orchestration.labeling_round import TASK, simulated_round
+    from orchestration.profiles import open_resource
+
+    if not run_job("ground_truth_queues", [f"ground_truth/{TASK}/queue"], tags=day_range(first, last)).success:
+        raise click.ClickException("the labeling queue run failed; see `mlplane ui`")
+    with open_resource("labels", str(data_dir)) as labels, serve_app(labels.database_url()) as url:
+        done = simulated_round(labels.get_client(), url, data_dir, annotators=4, accuracy=ANNOTATOR_ACCURACY)
+    click.echo(
+        f"   {done.answers} answers by 4 simulated annotators ({ANNOTATOR_ACCURACY:.0%} accurate) through the app, "
+        f"{done.disputes_settled} disputes settled by a reviewer"
+    )
+    if not run_job(None, [f"ground_truth/{TASK}/release"]).success:  # its blocking checks refused it
+        click.echo("   no release: its checks refused the labels (agreement or class balance; the run in the UI)")
+        return
+    release = newest_release(data_dir, TASK)
+    manifest = release.manifest()
+    click.echo(
+        f"   release {release.name}: {manifest['items']} items {manifest['class_counts']}, "
+        f"Krippendorff's alpha {manifest['agreement']['krippendorff_alpha']:.2f}"
+    )
+    flagging = [VIOLATION_FLAGS, "vectors/items", VIOLATION_ACCURACY]
+    result = run_job("item_embeddings_daily", flagging, tags=day_range(first, last))
+    if not result.success:
+        raise click.ClickException("the violation flags run failed; see `mlplane ui`")
+    flags = materialized(result, VIOLATION_FLAGS)
+    click.echo(
+        f"   violation flags from the release's confirmed violations: {flags['flagged']} flagged, threshold "
+        f"{flags['threshold']:.3f} ({flags['threshold_source']})"
+    )
+    click.echo(f"   {VIOLATION_ACCURACY} on the release's random audit sample: {audit_accuracy(data_dir, first, last)}")
+
+
+def audit_accuracy(data_dir: Path, first: date, last: date) -> str:
+    """The detector's precision and recall on the audit items of the days, pooled, with 95% intervals."""
+    import polars as pl
+
+    from engines.content_violation import AUDIT
+    from engines.lake import Lake
+    from engines.violation_accuracy import Rate
+
+    lake = Lake(data_dir)
+    days = [first + timedelta(days=n) for n in range((last - first).days + 1)]
+    audit = pl.concat([lake.read_partition(*VIOLATION_ACCURACY.split("/"), d) for d in days]).filter(slice=AUDIT)
+    tp, flagged, violations = (int(audit[c].sum()) for c in ("true_positives", "flagged", "violations"))
+    said = []
+    for name, rate in (("precision", Rate(tp, flagged)), ("recall", Rate(tp, violations))):
+        low, high = rate.interval
+        said.append(f"{name} {rate.value:.2f} [{low:.2f}, {high:.2f}]" if rate.trials else f"{name} n/a")
+    return f"{audit['items'].sum()} items, {violations} violations, {', '.join(said)} (threshold set on this release)"
+
+
+def materialized(result, key: str) -> dict:
+    """The metadata values of `key`'s materialization in a run's result."""
+    from dagster import AssetKey
+
+    event = next(e for e in result.get_asset_materialization_events() if e.asset_key == AssetKey(key.split("/")))
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def day_range(first: date, last: date) -> dict[str, str]:
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    return {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()}
+
+
+def train_and_gate(data_dir: Path, last: date, training_days: int = 7) -> str | None:
+    """The train_personalization job for the newest day (on up to `training_days` days); the champion's
+    version afterwards, if any."""
     from engines.registry import ModelRegistry
 
-    run_job(f"train_{MODEL}", None, partition=last)  # a refused gate fails the run: the version stays a challenger
+    ops = {f"models__{MODEL}": {"config": {"training_days": training_days}}}
+    run_job(f"train_{MODEL}", None, partition=last, ops=ops)  # a refused gate fails the run: it stays a challenger
     registry = ModelRegistry.local(data_dir / "registry")
     for version in registry.versions(MODEL):
         metrics = {k: round(v, 3) for k, v in version.metrics.items()}
@@ -78,18 +207,43 @@ def live_recommendation(data_dir: Path) -> None:
     )
 
 
+def online_experiment(data_dir: Path, last: date, requests: int = 300) -> None:
+    """Train a second version on the newest training day only, serve the champion against the other
+    version (half the users each, the other also shadowing every request), let the simulated users react,
+    and print the online accuracy."""
+    from engines.registry import ModelRegistry
+    from orchestration.online_experiment import (
+        ACCURACY_COLUMNS,
+        COMPARISON_COLUMNS,
+        ab_with_shadow,
+        run_experiment,
+        table_text,
+    )
+
+    # the newest three days: one training day, the held-out one and the last (no labels yet)
+    champion = int(train_and_gate(data_dir, last, training_days=3))
+    versions = [int(v.version) for v in ModelRegistry.local(data_dir / "registry").versions(MODEL)]
+    other = max(v for v in versions if v != champion)
+    click.echo(f"   v{champion} (champion) against v{other}, half the users each; v{other} also shadows every request")
+    experiments = ab_with_shadow({"model_alias": "champion"}, {"model_version": other}, {"model_version": other})
+    result = run_experiment(
+        data_dir,
+        experiments,
+        requests,
+        lambda day: run_job("online_monitoring", None, partition=day).success,
+        say=click.echo,
+    )
+    click.echo(f"   monitoring/online_accuracy {result.day} (CTR@10 and NDCG@10 with 95% intervals):")
+    click.echo(table_text(result.accuracy, ACCURACY_COLUMNS))
+    click.echo(table_text(result.comparisons, COMPARISON_COLUMNS))
+
+
 def materialize_data(first: date, last: date) -> None:
     """The registry, then every daily asset over the range in one run, the streaming views' windows over the
     same days (one Flink batch job), the training sets of the days whose next day is there (a day's labels
     look past its midnight; the last day's waits for the next day's interactions), then the data-quality
     report."""
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-
-    days = {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()}
-    labelled = {
-        ASSET_PARTITION_RANGE_START_TAG: first.isoformat(),
-        ASSET_PARTITION_RANGE_END_TAG: (last - timedelta(days=1)).isoformat(),
-    }
+    days, labelled = day_range(first, last), day_range(first, last - timedelta(days=1))
     steps = [
         ("feature_store_refresh", ["feature_registry"], {}),
         ("daily_pipeline", None, days),
@@ -102,21 +256,29 @@ def materialize_data(first: date, last: date) -> None:
             raise click.ClickException(f"the run of {job_name} failed; see `mlplane ui`")
 
 
-def run_job(job_name: str, selection: list[str] | None, tags: dict | None = None, partition: date | None = None):
-    """One run of a definitions job in this process, recorded in the instance (the UI shows it)."""
+def run_job(
+    job_name: str | None,
+    selection: list[str] | None,
+    tags: dict | None = None,
+    partition: date | None = None,
+    ops: dict | None = None,
+):
+    """One run of a definitions job (None: the assets' implicit job, as `dagster asset materialize`) in
+    this process, recorded in the instance (the UI shows it); `ops` is the run config of its ops."""
     from dagster import AssetKey, DagsterInstance
 
     from orchestration.definitions import defs
 
     keys = [AssetKey(k.split("/")) for k in selection] if selection else None
-    click.echo(f"   running {job_name}{' ' + ', '.join(selection) if selection else ''} ...")
-    return defs.resolve_job_def(job_name).execute_in_process(
+    click.echo(f"   running {job_name or 'materialize'}{' ' + ', '.join(selection) if selection else ''} ...")
+    job = defs.resolve_job_def(job_name) if job_name else defs.resolve_implicit_global_asset_job_def()
+    return job.execute_in_process(
         instance=DagsterInstance.get(),
         tags=tags or {},
         asset_selection=keys,
         raise_on_error=False,
         partition_key=partition.isoformat() if partition else None,
-        run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+        run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}, **({"ops": ops} if ops else {})},
     )
 
 
@@ -137,17 +299,24 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
     import polars as pl
 
     from engines.quality import QualityEngine
+    from engines.releases import newest_release
 
     click.echo("What was produced:")
-    for zone in ("warehouse", "offline", "datasets", "streaming_history"):
+    for zone in SUMMARY_ZONES:
         for table_dir in sorted((data_dir / zone).glob("*")):
             files = sorted(table_dir.glob("date=*/part-0.parquet"))
+            if not files:
+                continue
             rows = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in files)
             click.echo(f"  {zone + '/' + table_dir.name:<42} {len(files):>3} partitions {rows:>10,} rows")
     click.echo(
         f"  feature store: Feast repo in {data_dir / 'feature_repo'} (feast -c {data_dir / 'feature_repo'} "
         "feature-views list)"
     )
+    release = newest_release(data_dir, "content_violation")
+    if release is not None:
+        click.echo(f"  ground truth: content_violation release {release.name} in {release.folder}")
+    click.echo('  search: .venv/bin/mlplane search "a red chair" -k 5 (the Qdrant collection `items`)')
     quality = QualityEngine(data_dir / "quality")
     latest = quality.latest_results()
     failing = [r["suite"] for r in latest if not r["success"]]

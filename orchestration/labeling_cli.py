@@ -93,30 +93,11 @@ def tasks(data_dir: str | None) -> None:
 def simulate_annotators(task: str, url: str, annotators: int, accuracy: float, data_dir: str | None) -> None:
     """Label TASK with simulated annotators (and a reviewer) through the app's HTTP API, for the demo.
     Creates accounts sim-annN / sim-rev0 with $MLPLANE_LABELING_PASSWORD (default 'simulated-pass')."""
-    from engines.simulator.annotators import (
-        SimulatedAnnotator,
-        SimulatedReviewer,
-        run_concurrently,
-        violation_answer_key,
-    )
-    from ground_truth import accounts, queue
+    from orchestration.labeling_round import TASK, simulated_round
     from orchestration.profiles import local_data_dir
 
-    if task != "content_violation":
-        raise click.ClickException("the simulator's answer key covers the content_violation task only")
-    password = os.environ.get("MLPLANE_LABELING_PASSWORD", "simulated-pass")
-    names = [f"sim-ann{i}" for i in range(annotators)]
+    if task != TASK:
+        raise click.ClickException(f"the simulator's answer key covers the {TASK} task only")
     with _store(data_dir) as labels:
-        engine = labels.get_client()
-        known = {a.username for a in accounts.list_accounts(engine)}
-        for name in [*names, "sim-rev0"]:
-            if name not in known:
-                accounts.create_account(
-                    engine, name, password, accounts.Role.reviewer if name == "sim-rev0" else accounts.Role.annotator
-                )
-        labels_set = queue.get_task(engine, task).spec.labels
-    key = violation_answer_key(Path(data_dir or local_data_dir()))
-    people = [SimulatedAnnotator(n, password, accuracy, seed=i) for i, n in enumerate(names)]
-    answered = run_concurrently([lambda p=p: p.label_all(url, task, key) for p in people])
-    ruled = SimulatedReviewer("sim-rev0", password).review_all(url, task, key, labels_set)
-    click.echo(json.dumps({"answers": sum(answered), "disputes_settled": ruled}))
+        done = simulated_round(labels.get_client(), url, Path(data_dir or local_data_dir()), annotators, accuracy)
+    click.echo(json.dumps({"answers": done.answers, "disputes_settled": done.disputes_settled}))

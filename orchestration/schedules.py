@@ -4,7 +4,14 @@ from datetime import timedelta
 
 from dagster import RunRequest, ScheduleEvaluationContext, build_schedule_from_partitioned_job, schedule
 
-from jobs import batch_inference, daily_pipeline, ground_truth_queues, llm_batch_daily, training_data
+from jobs import (
+    batch_inference,
+    daily_pipeline,
+    ground_truth_queues,
+    llm_batch_daily,
+    online_monitoring,
+    training_data,
+)
 
 # Yesterday's partition, early morning UTC, after upstream systems have delivered the day.
 daily_pipeline_schedule = build_schedule_from_partitioned_job(daily_pipeline, hour_of_day=2, minute_of_hour=15)
@@ -19,13 +26,30 @@ llm_batch_schedule = build_schedule_from_partitioned_job(llm_batch_daily, hour_o
 ground_truth_schedule = build_schedule_from_partitioned_job(ground_truth_queues, hour_of_day=6)
 
 
-@schedule(
-    job=training_data,
-    cron_schedule="45 3 * * *",
-    execution_timezone="UTC",
-    description="The training data of the day before yesterday: its labels need yesterday's first "
+def day_before_yesterday(job, cron: str, description: str):
+    """`<job>_schedule`: the partition of the day before yesterday, for a day whose results need the
+    next day's first hour, which the daily pipeline (02:15) ingested this morning."""
+
+    @schedule(
+        name=f"{job.name}_schedule", job=job, cron_schedule=cron, execution_timezone="UTC", description=description
+    )
+    def _day_before_yesterday(context: ScheduleEvaluationContext) -> RunRequest:
+        day = context.scheduled_execution_time.date() - timedelta(days=2)
+        return RunRequest(run_key=day.isoformat(), partition_key=day.isoformat())
+
+    return _day_before_yesterday
+
+
+training_data_schedule = day_before_yesterday(
+    training_data,
+    "45 3 * * *",
+    "The training data of the day before yesterday: its labels need yesterday's first "
     "minutes, which the daily pipeline ingested this morning.",
 )
-def training_data_schedule(context: ScheduleEvaluationContext) -> RunRequest:
-    day = context.scheduled_execution_time.date() - timedelta(days=2)
-    return RunRequest(run_key=day.isoformat(), partition_key=day.isoformat())
+
+online_monitoring_schedule = day_before_yesterday(
+    online_monitoring,
+    "30 3 * * *",
+    "Online accuracy of the day before yesterday: the outcomes of its last answers come in "
+    "yesterday's first hour, which the daily pipeline ingested this morning.",
+)

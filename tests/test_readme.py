@@ -45,8 +45,9 @@ SMALL_EPOCHS = """ --config-json '{"ops": {"clip_model": {"config": {"epochs": 2
 WAYS = {
     "scripts/demo": Way(
         small={"scripts/demo": "scripts/demo --scale 0.2"},
-        prints=r"POST /recommend \{\"user_id\": \d+, \"k\": 5\} -> items \[\d+(, \d+){4}\] .*model "
-        r"version 1",
+        prints=r"mlplane search \"[^\"]+\": item \d+(?s:.*)\d+ answers by 4 simulated annotators(?s:.*)"
+        r"POST /recommend \{\"user_id\": \d+, \"k\": 5\} -> items \[\d+(, \d+){4}\] .*model "
+        r"version 1(?s:.*)monitoring/online_accuracy \d{4}-\d\d-\d\d(?s:.*)treatment",
     ),
     "scripts/test": Way(
         small={
@@ -64,8 +65,10 @@ WAYS = {
         covered_by="tests/models/test_personalization.py::test_gate_blocks_a_"
         "worse_challenger_then_rollback_and_corruption"
     ),
-    ".venv-vllm/bin/vllm serve": Way(covered_by="tests/serving/test_gateway.py (vllm_backends)"),
-    "MLPLANE_GATEWAY_ADMIN_KEY=... .venv/bin/mlplane gateway serve": Way(covered_by="tests/serving/test_gateway.py"),
+    ".venv-vllm/bin/vllm serve": Way(covered_by="tests/serving/gateway/test_gateway.py (vllm_backends)"),
+    "MLPLANE_GATEWAY_ADMIN_KEY=... .venv/bin/mlplane gateway serve": Way(
+        covered_by="tests/serving/gateway/test_gateway.py"
+    ),
     ".venv/bin/python benchmarks/online_features.py": Way(
         small={"online_features.py": "online_features.py --data-dir data --repeat 20"}
     ),
@@ -87,12 +90,12 @@ WAYS = {
     ".venv/bin/mlplane labeling serve": Way(serves=8700),
     ".venv/bin/mlplane serve models": Way(serves=8500),
     ".venv/bin/python benchmarks/online_serving.py": Way(small={"online_serving.py": "online_serving.py --help"}),
-    ".venv/bin/mlplane gateway rollout": Way(covered_by="tests/serving/test_llm_rollout.py"),
+    ".venv/bin/mlplane gateway rollout": Way(covered_by="tests/serving/llm/test_llm_rollout.py"),
     ".venv/bin/python benchmarks/speculative.py": Way(
         small={"speculative.py --requests 16 --max-tokens 64 --repeats 3": "speculative.py --help"}
     ),
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
-    "--select llm/item_descriptions": Way(covered_by="tests/serving/test_llm_batch_asset.py"),
+    "--select llm/item_descriptions": Way(covered_by="tests/serving/llm/test_llm_batch_asset.py"),
 }
 
 

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="restarts from the newest checkpoint before the job fails (cluster: a lost TaskManager)",
     )
+    parser.add_argument("--parallelism", type=int, default=1, help="local mini-cluster: slots and parallelism")
+    parser.add_argument("--managed-memory", default=None, help="local mini-cluster: managed memory, e.g. 1g")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())
     status = StatusFile(args.state_dir / "status.json", spec["name"], spec["mode"], args.restore)
@@ -85,11 +87,13 @@ def submit(spec: dict, args: argparse.Namespace):
     checkpoints = (args.state_dir / "checkpoints").resolve()
     values = {
         "pipeline.name": spec["name"],
-        "parallelism.default": "1",
+        "parallelism.default": str(args.parallelism),
         "python.executable": sys.executable,
         "restart-strategy.type": "none",
-        "table.exec.resource.default-parallelism": "1",
+        "table.exec.resource.default-parallelism": str(args.parallelism),
     }
+    if args.managed_memory:
+        values["taskmanager.memory.managed.size"] = args.managed_memory
     if args.restart_attempts:
         values |= {
             "restart-strategy.type": "fixed-delay",

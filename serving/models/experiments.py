@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.experiments import Experiment, ExperimentConfigError, Shadow, load_file
+from engines.experiments import Experiment, ExperimentConfigError, Shadow, parse_file
 from serving.models.config import ModelEntry
 from serving.models.recommend import Route
 from serving.models.repository import ModelRepository
@@ -117,7 +117,7 @@ class ExperimentRouter:
             if digest in (self.snapshot.digest, self._refused):  # unchanged, or refused already
                 return False
             try:
-                parsed = load_file(self.path)
+                parsed = parse_file(data, str(self.path))
                 snapshot = self._build(parsed.experiments, parsed.shadows, digest)
             except ExperimentConfigError as error:
                 self._refused = digest

@@ -4,6 +4,7 @@ generated repository."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import uuid
@@ -95,3 +96,27 @@ def test_online_reader_returns_what_feast_returns(pipeline_dir):
     assert ours["user_reports__reports_received_30d"].count(None) < len(rows)  # the comparison saw values
     with pytest.raises(KeyError, match="item_id"):
         engine.online_features("search", [{"user_id": 1}])
+
+
+def test_online_reader_sees_each_write_by_another_connection(pipeline_dir, tmp_path):
+    """mlplane's SQLite read keeps what entities read as until another connection commits (PRAGMA
+    data_version): after a write through Feast's own store (another connection), the next read has it."""
+    from datetime import UTC, datetime
+
+    import polars as pl
+
+    repo = shutil.copytree(pipeline_dir / "feature_repo", tmp_path / "feature_repo")
+    engine = FeatureStoreEngine(FeatureStoreSettings(repo_dir=repo, offline_root=pipeline_dir / "offline"))
+    offline = pl.read_parquet(pipeline_dir / "offline" / "item_popularity" / "*" / "*.parquet")
+    items = offline["item_id"].unique().sort().head(30).to_list()
+    rows = [{"item_id": i} for i in items]
+    before = engine.online_features("search", rows)
+    assert engine.online_features("search", rows) == before  # the second read comes from the kept rows
+    changed = offline.filter(pl.col("item_id") == items[3]).head(1)
+    changed = changed.with_columns(clicks_7d=pl.lit(987_654), event_timestamp=pl.lit(datetime.now(UTC)))
+    engine.store.write_to_online_store("item_popularity", changed.to_pandas())
+    after = engine.online_features("search", rows)
+    assert after["item_popularity__clicks_7d"][3] == 987_654
+    assert after == engine.online_features_via_feast("search", rows)
+    unchanged = [k for k in before if k not in ("item_popularity__clicks_7d",)]
+    assert [after[k][:3] + after[k][4:] for k in unchanged] == [before[k][:3] + before[k][4:] for k in unchanged]

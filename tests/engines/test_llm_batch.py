@@ -1,5 +1,5 @@
 """The batch LLM engine's retry policy, without servers. The scripted answers stand for the gateway's
-429s, 503s and 400s (the real gateway and vLLM are exercised by tests/serving/test_llm_batch_asset.py);
+429s, 503s and 400s (the real gateway and vLLM are exercised by tests/serving/llm/test_llm_batch_asset.py);
 here they pin which answers are retried, after how long, and what is recorded."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Real backends for the gateway tests: the platform's small language model, trained once per session
-by its Dagster asset on simulated data, served by vLLM (CPU build, its own environment) as two chat
-backends in two regions and one embedding backend; gateways run as separate processes."""
+by its Dagster asset on simulated data and served by vLLM (CPU build, its own environment); gateways run
+as separate processes. The vLLM servers belong to the packages that use them (gateway/, llm/), so only
+one set runs at a time: each takes about 2.5 GB, and two sets with the rest of the suite fill the machine."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from dagster import AssetSelection, DagsterInstance, materialize
 
@@ -28,7 +28,6 @@ from assets.llm import GATEWAY_LLM, GATEWAY_LLM_DRAFT, gateway_llm_dir, gateway_
 from engines.registry import ModelRegistry
 from feature_defs.sources import chat_messages, items
 from orchestration.profiles import PROJECT_ROOT, resources_for
-from serving.gateway.rollout import Rollout
 from serving.gateway.store import GatewayStore
 from tests.conftest import FIRST_DAY, run_pipeline, simulate
 
@@ -123,60 +122,6 @@ def llm_registry(gateway_llm_lake, gateway_llm_draft_path) -> ModelRegistry:
     return registry
 
 
-@pytest.fixture(scope="session")
-def llm_deployments(llm_registry, gateway_llm_lake, tmp_path_factory):
-    """A gateway whose model_list only the rollout controller fills: the rolled model (alias champion)
-    and the same version with a draft model and with n-gram speculation."""
-    workdir = tmp_path_factory.mktemp("rollout")
-    args = ["--max-model-len", "256"]
-    config = {
-        "deployments": [
-            {
-                "model_name": ROLLED,
-                "registry": "gateway_llm@champion",
-                "region": "eu",
-                "capacity": 64,
-                "max_tokens": 16,
-                "vllm_args": args,
-            },
-            {
-                "model_name": DRAFTED,
-                "registry": "gateway_llm/1",
-                "max_tokens": 32,
-                "vllm_args": args,
-                "speculative": {
-                    "method": "draft_model",
-                    "draft": "gateway_llm_draft@champion",
-                    "num_speculative_tokens": 3,
-                },
-            },
-            {
-                "model_name": NGRAM,
-                "registry": "gateway_llm/1",
-                "max_tokens": 32,
-                "vllm_args": args,
-                "speculative": {"method": "ngram", "num_speculative_tokens": 3},
-            },
-        ],
-        "settings": {
-            "store": f"sqlite:///{workdir}/gateway.db",
-            "key_cache_s": 0,
-            "health_interval_s": 1,
-            "reload_interval_s": 0.5,
-            "connect_timeout_s": 2,
-        },
-    }
-    gateway = GatewayProcess(config, workdir)
-    controller = Rollout(gateway.config_path, llm_registry, workdir / "models", (gateway.url,), ADMIN_KEY)
-    try:
-        events = controller.step()
-        assert [e["action"] for e in events] == ["rolled"] * 3, events
-        yield gateway, controller
-    finally:
-        controller.close()
-        gateway.stop()
-
-
 @dataclass
 class VllmServer:
     name: str
@@ -242,29 +187,6 @@ def vllm_server(name: str, region: str, model_dir: Path, served_name: str, logs:
         "DO_NOT_TRACK": "1",
     }
     return VllmServer(name, region, command, env, logs / f"vllm-{name}.log")
-
-
-@pytest.fixture(scope="session")
-def vllm_backends(gateway_llm_path, tmp_path_factory) -> dict[str, VllmServer]:
-    """Two chat backends (regions eu and us) and one embedding backend (the same model, pooling runner)."""
-    logs = tmp_path_factory.mktemp("vllm_logs")
-    servers = {
-        "eu": vllm_server("eu", "eu", gateway_llm_path, MODEL_NAME, logs),
-        "us": vllm_server("us", "us", gateway_llm_path, MODEL_NAME, logs),
-        "embed": vllm_server(
-            "embed", "eu", gateway_llm_path, EMBEDDING_MODEL, logs, "--runner", "pooling", "--convert", "embed"
-        ),
-    }
-    try:
-        for server in servers.values():
-            server.start()
-        for server in servers.values():
-            server.wait()
-        yield servers
-    finally:
-        for server in servers.values():
-            if server.process is not None:
-                stop_process(server.process)
 
 
 def gateway_config(
@@ -419,33 +341,6 @@ async def v2_model_server(scope, receive, send):
     payload = json.dumps(answer).encode()
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": payload})
-
-
-@pytest.fixture(scope="session")
-def v2_backend() -> str:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(v2_model_server, port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        if server.started:
-            break
-        time.sleep(0.1)
-    yield url
-    server.should_exit = True
-    thread.join(10)
-
-
-@pytest.fixture(scope="session")
-def gateway(vllm_backends, gateway_llm_path, v2_backend, tmp_path_factory) -> GatewayProcess:
-    """The embedded default: SQLite keys and usage, in-process rate limits."""
-    workdir = tmp_path_factory.mktemp("gateway")
-    v2 = [{"model_name": name, "kind": "v2", "url": v2_backend, "region": "eu"} for name in ("adder", "broken")]
-    config = gateway_config(vllm_backends, gateway_llm_path, f"sqlite:///{workdir}/gateway.db", extra_models=v2)
-    process = GatewayProcess(config, workdir)
-    yield process
-    process.stop()
 
 
 class CuttingProxy:

@@ -197,9 +197,10 @@ def stream_days(tmp_path_factory) -> StreamDays:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def flink_cluster(tmp_path_factory):
-    """A Flink session cluster: a JobManager and two TaskManagers, each a process of its own."""
+    """A Flink session cluster: a JobManager and two TaskManagers, each a process of its own; stopped when
+    tests/streaming is done."""
     cluster = StandaloneCluster(ClusterSettings(root=tmp_path_factory.mktemp("flink_cluster")))
     try:
         yield cluster.start(timeout=TIMEOUT)
@@ -207,7 +208,7 @@ def flink_cluster(tmp_path_factory):
         cluster.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # the live job stops with tests/streaming, not at the end of the suite
 def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
     root = tmp_path_factory.mktemp("streaming")
     repo = root / "feature_repo"

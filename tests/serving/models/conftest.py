@@ -104,7 +104,7 @@ def tower_registry(tmp_path_factory) -> tuple[ModelRegistry, Path]:
     return registry, root
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # its pollers stop with this package
 def tower_server(tower_registry, tmp_path_factory):
     """The server over the registry's towers (no lake: no catalogue, so no item scores)."""
     registry, root = tower_registry
@@ -166,7 +166,7 @@ def served_lake(pipeline_dir, tmp_path_factory) -> Path:
     return lake
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # its pollers stop with this package
 def platform_server(served_lake):
     """`mlplane serve models`' default configuration over the lake: every platform model."""
     config = ServerConfig.local(served_lake, poll_interval_s=0.5, feature_log_sample=1.0)

@@ -188,6 +188,39 @@ def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_t
     assert not failures, failures[:3]
 
 
+def test_the_configuration_in_use_is_the_bytes_its_digest_was_taken_from(tower_server, tmp_path, monkeypatch):
+    """A file rewritten in place is empty for a moment. A read that sees it empty refuses it; the written
+    configuration comes in at the next read, under its own digest (CI once saw the empty file's digest
+    on a valid configuration, parsed from a second read)."""
+    import hashlib
+    from pathlib import Path
+
+    from serving.models.experiments import ExperimentRouter
+
+    path = tmp_path / "experiments.yaml"
+    variants = [
+        {"name": "control", "model_alias": "champion", "traffic": 0.5},
+        {"name": "treatment", "model_alias": "challenger", "traffic": 0.5},
+    ]
+    path.write_text(
+        yaml.safe_dump({"experiments": [{"name": "ab", "model": "personalization", "salt": "s", "variants": variants}]})
+    )
+    router = ExperimentRouter(path, tower_server.server.repository, "personalization")
+    read_bytes, reads = Path.read_bytes, []
+
+    def first_read_mid_write(self: Path) -> bytes:  # the writer finishes right after the first read
+        reads.append(self)
+        return b"" if reads.count(path) == 1 and self == path else read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", first_read_mid_write)
+    assert not router.reload()  # the empty moment
+    assert router.snapshot.digest == "" and "expected a mapping" in router.reason
+    monkeypatch.undo()
+    assert router.reload()
+    assert router.snapshot.digest == hashlib.sha256(path.read_bytes()).hexdigest()[:16] and router.reason == ""
+    assert [e.name for e in router.snapshot.experiments] == ["ab"]
+
+
 @pytest.mark.services  # a server and the CLI
 def test_a_rollback_through_the_cli_is_visible_in_the_server(tmp_path, monkeypatch):
     """`mlplane models rollback` (the real command, in this process) moves `champion` back; the server, which

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.serving.conftest import MODEL_NAME
-from tests.serving.test_gateway_hostile import settled
+from tests.serving.gateway.test_gateway_hostile import settled
 
 RECORDED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v2/models/")
 FUZZ = settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

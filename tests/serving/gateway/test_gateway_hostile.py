@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from orchestration.cli import main as mlplane
 from tests.serving.conftest import MODEL_NAME, CuttingProxy, GatewayProcess, gateway_config
-from tests.serving.test_gateway import MESSAGES, client, usage_rows
+from tests.serving.gateway.test_gateway import MESSAGES, client, usage_rows
 
 CHAT = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4}
 

@@ -1,0 +1,57 @@
+"""`monitoring/violation_accuracy`: the violation detector's daily flags against human ground truth (the
+newest content_violation release), on the random audit sample and on every labelled item. Thin: the
+work is in engines/violation_accuracy.py."""
+
+import polars as pl
+from dagster import AssetKey, BackfillPolicy, MaterializeResult, asset
+
+from assets.metadata import table
+from assets.partitions import daily_partitions, partition_days
+from engines import content_violation as cv
+from engines import violation_accuracy as va
+from resources.lake import LakeResource
+
+KEY = AssetKey(["monitoring", "violation_accuracy"])
+ZONE, TABLE = "monitoring", "violation_accuracy"
+
+
+@asset(
+    key=KEY,
+    group_name="monitoring",
+    description="Ground-truth accuracy of the violation detector: each day's flags against the newest "
+    "content_violation release's verdicts of the same items: precision, recall and accuracy with 95% "
+    "Wilson intervals on the random audit sample (unbiased) and on every labelled item. The flags' "
+    "threshold is calibrated on the newest release, so items labelled in that release score it "
+    "in-sample; a later release's audit items give the out-of-sample figure.",
+    partitions_def=daily_partitions,
+    backfill_policy=BackfillPolicy.single_run(),
+    deps=[AssetKey([cv.FLAGS_ZONE, cv.FLAGS_TABLE]), AssetKey(["ground_truth", cv.TASK, "release"])],
+    kinds={"polars", "parquet"},
+    owners=["team:trust-and-safety"],
+    tags={"domain": "monitoring"},
+)
+def violation_accuracy(context, lake: LakeResource) -> MaterializeResult:
+    store = lake.get_client()
+    truth = cv.release_truth(store.root)
+    if truth is None:
+        context.log.info("no ground-truth release yet: nothing to measure the detector against")
+        return MaterializeResult(metadata={"release": "none yet"})
+    release = truth.release
+    rows = []
+    for day in partition_days(context):
+        slices = va.accuracy_slices(store.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day), truth.labels)
+        store.write_partition(ZONE, TABLE, day, slices.with_columns(release=pl.lit(release.name)))
+        rows += [{"day": day.isoformat(), **r} for r in slices.iter_rows(named=True)]
+    audit = [r for r in rows if r["slice"] == cv.AUDIT]
+    context.log.info(f"violation detector against release {release.name}: {rows}")
+    return MaterializeResult(
+        metadata={
+            "release": release.name,
+            "by_day": table([{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows]),
+            **{
+                f"audit/{m}": float(audit[-1][m])
+                for m in ("precision", "recall", "accuracy")
+                if audit and audit[-1][m] is not None
+            },
+        }
+    )
