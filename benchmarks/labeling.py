@@ -6,10 +6,12 @@ The app runs in uvicorn in a process of its own (as `mlplane labeling serve` doe
 it in the clients' process, where their 20 threads compete with it for the interpreter lock) on SQLite
 by default or on a PostgreSQL URL. With no think time (the default) every annotator answers the moment
 an item arrives, so the server is never idle and a round trip is mostly the wait behind the other
-annotators' requests; `--think-ms` adds a pause before each answer, as people take. Label Studio is
-not measured: it does not install beside our pins and was not set up in an environment of its own here (see the README).
+annotators' requests; `--think-ms` adds pauses before the answers, as people take (exponential, that mean).
+`--label-studio URL` runs the same loop against a running Label Studio (benchmarks/label_studio.py says how
+to start one in its own environment) in the same run, and prints both figures and the ratio.
 
     .venv/bin/python benchmarks/labeling.py --annotators 20 --items 500
+    .venv/bin/python benchmarks/labeling.py --think-ms 1000 --items 100 --label-studio http://127.0.0.1:8090
     .venv/bin/python benchmarks/labeling.py --database postgresql+psycopg2://postgres@127.0.0.1:5432/bench
 """
 
@@ -32,6 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import label_studio  # noqa: E402
 from engines.simulator.annotators import SimulatedAnnotator, run_concurrently  # noqa: E402
 from ground_truth import accounts, queue  # noqa: E402
 from ground_truth.db import connect  # noqa: E402
@@ -101,7 +104,11 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=500)
     parser.add_argument("-k", type=int, default=3, help="annotators per item")
     parser.add_argument("--database", default=None, help="SQLAlchemy URL of an EMPTY database (default: SQLite)")
-    parser.add_argument("--think-ms", type=float, default=0.0, help="each annotator's pause before an answer")
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="mean of each annotator's pauses before an answer (exponential)"
+    )
+    parser.add_argument("--label-studio", metavar="URL", help="also run the loop against this Label Studio")
+    parser.add_argument("--label-studio-admin", default="admin@example.com:benchmark-pass", help="EMAIL:PASSWORD")
     parser.add_argument("--in-process", action="store_true", help="run the app in this process (as before)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="labeling-bench-") as work:
@@ -123,11 +130,23 @@ def main() -> None:
         f"{args.think_ms:g} ms, {args.items} items, k={args.k}: "
         f"{answers} answers in {seconds:.1f} s ({answers / seconds:.0f} answers/s)"
     )
-    print(
-        f"answer-to-next-item round trip: median {statistics.median(trips):.1f} ms, "
-        f"P99 {percentile(trips, 0.99):.1f} ms, max {max(trips):.1f} ms"
-    )
-    print("Label Studio: not measured (no environment of its own on this machine; see README)")
+    report("answer-to-next-item round trip", trips)
+    if args.label_studio:
+        answers, seconds, peer = label_studio.run(
+            args.label_studio, args.label_studio_admin, args.annotators, args.items, args.k, args.think_ms / 1000
+        )
+        peer = [t * 1000 for t in peer]
+        print(f"Label Studio, the same loop: {answers} answers in {seconds:.1f} s ({answers / seconds:.0f} answers/s)")
+        report("Label Studio round trip", peer)
+        print(
+            f"ratio (Label Studio / ours): median {statistics.median(peer) / statistics.median(trips):.1f}x, "
+            f"P99 {percentile(peer, 0.99) / percentile(trips, 0.99):.1f}x"
+        )
+
+
+def report(what: str, trips: list[float]) -> None:
+    median, p99 = statistics.median(trips), percentile(trips, 0.99)
+    print(f"{what}: median {median:.1f} ms, P99 {p99:.1f} ms, max {max(trips):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
+from starlette.concurrency import run_in_threadpool
 
 from ground_truth import accounts as acc
 from ground_truth import pages, review
@@ -60,8 +61,10 @@ def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
             raise HTTPException(401, "sign in first (POST /api/login or the /login page)")
         return account
 
+    # the role check and the task lookup are async: pure or cached, they need no threadpool hop (each
+    # sync dependency is one, and under 20 annotators the hops were a part of every round trip)
     def require(*roles: Role):
-        def check(account: Annotated[acc.Account, Depends(signed_in)]) -> acc.Account:
+        async def check(account: Annotated[acc.Account, Depends(signed_in)]) -> acc.Account:
             if account.role not in roles:
                 raise HTTPException(
                     403, f"a {account.role.value} may not do this (needs {' or '.join(r.value for r in roles)})"
@@ -72,11 +75,11 @@ def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
 
     known_tasks: dict[str, q.Task] = {}
 
-    def task_named(task: str) -> q.Task:
+    async def task_named(task: str) -> q.Task:
         # a task's spec never changes (create_task refuses another spec) and tasks are not deleted, so
         # one read per task and process; an unknown name is read again each time (another process may add it)
         if task not in known_tasks:
-            known_tasks[task] = q.get_task(engine, task)
+            known_tasks[task] = await run_in_threadpool(q.get_task, engine, task)
         return known_tasks[task]
 
     Annotator = Annotated[acc.Account, Depends(require(*ANNOTATOR))]
