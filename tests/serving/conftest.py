@@ -343,13 +343,21 @@ async def v2_model_server(scope, receive, send):
     await send({"type": "http.response.body", "body": payload})
 
 
+def chat_stream(gateway: GatewayProcess, key: str, body: dict):
+    """A streamed chat completion through `gateway` with `key`: a context manager giving the response."""
+    return httpx.stream(
+        "POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60, headers={"Authorization": f"Bearer {key}"}
+    )
+
+
 class CuttingProxy:
     """A TCP proxy in front of a real backend that drops the connection once `cut_after` bytes of the
     backend's answer have passed: the network failing under a request, at a chosen point. With `hang`,
-    it keeps the connection open and silent instead (a backend that hangs mid-stream)."""
+    it keeps the connection open and silent instead (a backend that hangs mid-stream). `delay_s` holds
+    back each 256-byte piece of the answer: a slow network."""
 
-    def __init__(self, upstream_port: int, cut_after: int, hang: bool = False):
-        self.upstream_port, self.cut_after, self.hang = upstream_port, cut_after, hang
+    def __init__(self, upstream_port: int, cut_after: float, hang: bool = False, delay_s: float = 0.0):
+        self.upstream_port, self.cut_after, self.hang, self.delay_s = upstream_port, cut_after, hang, delay_s
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -381,6 +389,7 @@ class CuttingProxy:
         async def answers():
             passed = 0
             while data := await upstream_reader.read(256):
+                await asyncio.sleep(self.delay_s)
                 if passed + len(data) > cut_after:
                     data = data[: int(cut_after - passed)]
                 passed += len(data)

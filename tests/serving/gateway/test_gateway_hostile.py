@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from orchestration.cli import main as mlplane
-from tests.serving.conftest import MODEL_NAME, CuttingProxy, GatewayProcess, gateway_config
+from tests.serving.conftest import MODEL_NAME, CuttingProxy, GatewayProcess, chat_stream, gateway_config
 from tests.serving.gateway.test_gateway import MESSAGES, client, usage_rows
 
 CHAT = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4}
@@ -91,13 +91,7 @@ def test_client_hanging_up_mid_stream_is_not_a_backend_failure(gateway):
     before = settled(gateway)
     for _ in range(6):
         body = {**CHAT, "max_tokens": 200, "stream": True, "ignore_eos": True}
-        with httpx.stream(
-            "POST",
-            f"{gateway.url}/v1/chat/completions",
-            json=body,
-            timeout=60,
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response:
+        with chat_stream(gateway, key, body) as response:
             assert response.status_code == 200
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")

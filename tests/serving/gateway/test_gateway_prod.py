@@ -28,7 +28,9 @@ from tests.serving.conftest import (
     ADMIN_KEY,
     MODEL_NAME,
     PROJECT_ROOT,
+    CuttingProxy,
     GatewayProcess,
+    chat_stream,
     gateway_config,
     stop_process,
     wait_healthy,
@@ -171,22 +173,17 @@ def test_a_cancelled_stream_settles_its_redis_reservation_and_is_recorded(
 ):
     """Before: the settlement of a stream the client cancelled was itself cancelled, leaving the whole
     reservation (prompt + max_tokens) in Redis and no usage record. The chat backends sit behind a slow
-    link, so the hang-up always comes mid-stream (the tiny model alone can finish 200 tokens first)."""
+    link (CuttingProxy holding back each piece), so the hang-up always comes mid-stream (the tiny model
+    alone can finish 200 tokens first)."""
     store, redis_url, prefix = prod_state
-    links = {region: SlowLink(vllm_backends[region].url) for region in ("eu", "us")}
+    links = {region: CuttingProxy(vllm_backends[region].port, float("inf"), delay_s=0.02) for region in ("eu", "us")}
     try:
         backends = {**vllm_backends, **links}
         replica = GatewayProcess(gateway_config(backends, gateway_llm_path, store, redis_url, prefix), tmp_path)
         try:
             key = replica.key(tpm=5000)
             body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 200, "stream": True, "ignore_eos": True}
-            with httpx.stream(
-                "POST",
-                f"{replica.url}/v1/chat/completions",
-                json=body,
-                timeout=60,
-                headers={"Authorization": f"Bearer {key}"},
-            ) as response:
+            with chat_stream(replica, key, body) as response:
                 lines = response.iter_lines()
                 for _ in range(3):
                     next(lines)
@@ -200,50 +197,6 @@ def test_a_cancelled_stream_settles_its_redis_reservation_and_is_recorded(
     used = rows[0]["prompt_tokens"] + rows[0]["completion_tokens"]
     assert 0 < rows[0]["completion_tokens"] < 200
     assert redis_counter(prefix, key) == used  # settled to what was streamed, not what was reserved
-
-
-class SlowLink:
-    """A TCP relay that hands the backend's answer on in small, delayed pieces: a slow network between
-    the gateway and a backend (a fake for a network condition, outside the platform)."""
-
-    def __init__(self, upstream: str, piece: int = 256, delay_s: float = 0.02):
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.piece, self.delay_s = piece, delay_s
-        self.socket = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                downstream, _ = self.socket.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            self.open += [downstream, upstream]
-            threading.Thread(target=self._pump, args=(downstream, upstream, 0.0), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, downstream, self.delay_s), daemon=True).start()
-
-    def _pump(self, source: socket.socket, target: socket.socket, delay_s: float) -> None:
-        try:
-            while data := source.recv(self.piece):
-                time.sleep(delay_s)
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, target):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.socket.close()
-        for connection in self.open:
-            connection.close()
 
 
 def wait_rows(store: str, key: str, expected: int) -> list[dict]:
@@ -354,13 +307,7 @@ def test_redis_outage_while_a_request_is_at_the_backend_loses_nothing(
         try:
             key = replica.key(tpm=5000)
             body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 60, "stream": True, "ignore_eos": True}
-            with httpx.stream(
-                "POST",
-                f"{replica.url}/v1/chat/completions",
-                json=body,
-                timeout=60,
-                headers={"Authorization": f"Bearer {key}"},
-            ) as response:
+            with chat_stream(replica, key, body) as response:
                 lines = response.iter_lines()
                 next(lines)
                 stop_process(server)
