@@ -41,6 +41,7 @@ class Way:
 
 
 # Keyed by the start of a command; commands not listed run as written.
+CLI_BACKFILL = "tests/orchestration/test_definitions.py::test_three_day_backfill_with_the_dagster_cli"
 SMALL_EPOCHS = """ --config-json '{"ops": {"clip_model": {"config": {"epochs": 2}}}}'"""
 WAYS = {
     "scripts/demo": Way(
@@ -59,6 +60,11 @@ WAYS = {
     ".venv/bin/mlplane ui": Way(
         covered_by="tests/orchestration/test_cli.py::test_ui_starts_without_an_activated_environment"
     ),
+    # the two range backfills: the same commands over fixed days on a lake of their own (CLI test, 100 s)
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    '--select "group:ingestion': Way(covered_by=CLI_BACKFILL),
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    '--select "group:streaming_history': Way(covered_by=CLI_BACKFILL),
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     "--select clip_model": Way(small={"--select clip_model": "--select clip_model" + SMALL_EPOCHS}),
     ".venv/bin/mlplane models rollback": Way(
