@@ -17,6 +17,7 @@ SERVICE_FIXTURES = frozenset(
         "ray_compute",
         "trained",  # Ray, Ray Train
         "lake",  # tests/assets/test_embeddings.py: CLIP trained on Ray, Ray Data, Qdrant
+        "ray_cluster",  # tests/engines/test_ray_cluster.py: a two-node Ray cluster (tests/ray_cluster.py)
         "geometry_ray",  # tests/engines/test_geometry_ray.py: the geometry job on Ray Data
         "streaming_run",
         "first_run",

@@ -1,0 +1,186 @@
+"""The Ray pipelines on a real two-node cluster (tests/ray_cluster.py), joined through the prod
+profile's Ray resource (MLPLANE_RAY_ADDRESS): Ray Train with one worker per node, the CLIP embedding
+pipeline and batch inference with the second node killed mid-job. Every row is checked against an
+independent recomputation in this process; nothing may be lost or written twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import polars as pl
+import psutil
+import pytest
+import ray
+import torch
+
+from engines import batch_inference as engine
+from engines.embeddings import EmbedConfig, embed_items
+from engines.vector_store import VectorStore
+from ml import personalization as p13n
+from ml.clip import (
+    ClipSpec,
+    TrainConfig,
+    encode_images,
+    encode_texts,
+    load_model,
+    preprocess_image,
+    tokenizer,
+    train_clip,
+)
+from orchestration.profiles import resources_for
+from tests.conftest import SMALL, simulate
+from tests.ray_cluster import RayCluster, running_cluster, wait_for_nodes
+
+K = 5
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Module-scoped, so its two nodes stop before the next module starts its own engines."""
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def on_cluster(ray_cluster: RayCluster, tmp_path_factory):
+    """This process joined to the cluster as the prod profile does, and a small simulated catalogue
+    in a folder both nodes read (shared storage)."""
+    data_dir = tmp_path_factory.mktemp("cluster_lake")
+    simulate(data_dir, days=1, config=SMALL)
+    ray.shutdown()  # another module's in-process Ray, if any: a driver joins one cluster at a time
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLPLANE_RAY_ADDRESS", ray_cluster.address)
+        with resources_for("prod", data_dir=str(data_dir))["ray"].process_config_and_initialize_cm() as resource:
+            assert resource.address == ray_cluster.address
+            resource.ensure_started()
+            ray.data.DataContext.get_current().enable_progress_bars = False
+            wait_for_nodes(2)
+            yield {"dir": data_dir, "landing": data_dir / "landing"}
+    ray.shutdown()
+
+
+def items_of(landing) -> pl.DataFrame:
+    return pl.read_parquet(landing / "items" / "*" / "*.parquet").unique("item_id").sort("item_id")
+
+
+def node_ids() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def test_ray_train_runs_one_worker_on_each_node(on_cluster):
+    items = items_of(on_cluster["landing"]).head(96)
+    spec = ClipSpec()
+    pixels = np.stack([preprocess_image((on_cluster["landing"] / p).read_bytes(), 64) for p in items["thumbnail_path"]])
+    output = on_cluster["dir"] / "models" / "clip.pt"
+    history = train_clip(
+        spec,
+        pixels,
+        items["title"].to_list(),
+        TrainConfig(epochs=2, batch_size=16, num_workers=2, placement_strategy="STRICT_SPREAD"),
+        output,
+        storage=on_cluster["dir"] / "ray_train",
+    )
+    nodes = history[-1]["worker_nodes"]
+    assert len(nodes) == 2 and set(nodes) == node_ids()
+    assert all(np.isfinite(h["loss"]) for h in history)
+    trained = load_model(ClipSpec(spec.model_name, str(output)))  # the checkpoint came back through storage
+    assert (
+        sum(
+            float((a - b).abs().sum())
+            for a, b in zip(trained.state_dict().values(), load_model(spec).state_dict().values())
+        )
+        > 0
+    )
+
+
+def kill_second_node_mid_job(cluster: RayCluster, job) -> tuple[object, bool]:
+    """Run `job` in a thread; once one of the job's tasks runs on the second node, SIGKILL that
+    node. Returns the job's result and whether the job was still running when the node died. The
+    cluster gets a fresh second node afterwards."""
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(value=job()), daemon=True)
+    thread.start()
+    root = psutil.Process(cluster.worker.pid)
+    busy = False
+    while thread.is_alive() and not busy:
+        for proc in root.children(recursive=True):
+            try:
+                title = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            busy = busy or (title.startswith("ray::") and "IDLE" not in title)
+        time.sleep(0.02)
+    running = thread.is_alive()
+    cluster.kill_worker()
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the job did not finish after the node was lost"
+    cluster.start_worker()
+    wait_for_nodes(2)
+    return result.get("value"), running and busy
+
+
+def test_embeddings_lose_and_duplicate_nothing_when_a_node_dies(on_cluster, ray_cluster):
+    items = items_of(on_cluster["landing"])
+    checkpoint = on_cluster["dir"] / "models" / "random.pt"  # shared storage: any node could read it
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(load_model(ClipSpec()).state_dict(), checkpoint)
+    spec = ClipSpec(checkpoint=str(checkpoint))
+    config = EmbedConfig(read_block_rows=16)  # many blocks: the job outlives the node
+    out, killed_mid_job = kill_second_node_mid_job(
+        ray_cluster, lambda: embed_items(items, on_cluster["landing"], spec, config, "v")
+    )
+    assert killed_mid_job, "the second node was not running the job when it was killed"
+    assert out["item_id"].to_list() == items["item_id"].to_list()  # once each, none lost
+    # independent recomputation of a random sample in this process
+    model, rng = load_model(spec), np.random.default_rng(3)
+    sample = out.filter(pl.col("skip_reason").is_null()).sample(12, seed=int(rng.integers(1 << 30)))
+    rows = items.filter(pl.col("item_id").is_in(sample["item_id"].implode())).sort("item_id")
+    pixels = np.stack([preprocess_image((on_cluster["landing"] / p).read_bytes(), 64) for p in rows["thumbnail_path"]])
+    sample = sample.sort("item_id")
+    assert np.allclose(np.stack(sample["image_embedding"].to_numpy()), encode_images(model, pixels), atol=1e-5)
+    texts = encode_texts(model, tokenizer(spec)(rows["title"].to_list()).numpy())
+    assert np.allclose(np.stack(sample["text_embedding"].to_numpy()), texts, atol=1e-5)
+
+
+def small_model(users: int, items: int) -> tuple[p13n.PersonalizationModel, pl.DataFrame, pl.DataFrame]:
+    """An untrained two-tower model over one numeric feature per side, with its users and items."""
+    rng = np.random.default_rng(5)
+    user_col, item_col = f"{p13n.USER_INPUTS[0].view}__score", f"{p13n.ITEM_INPUTS[0].view}__price"
+    train = pl.DataFrame(
+        {
+            "user_id": rng.integers(0, users, 500),
+            "item_id": rng.integers(0, items, 500),
+            user_col: rng.normal(size=500),
+            item_col: rng.normal(size=500),
+        }
+    )
+    torch.manual_seed(0)
+    model = p13n.PersonalizationModel(p13n.TwoTower(p13n.build_spec(train, p13n.TrainConfig())))
+    return (
+        model,
+        pl.DataFrame({"user_id": np.arange(users), user_col: rng.normal(size=users)}),
+        pl.DataFrame({"item_id": np.arange(items), item_col: rng.normal(size=items)}),
+    )
+
+
+def test_batch_inference_loses_and_duplicates_nothing_when_a_node_dies(on_cluster, ray_cluster, tmp_path):
+    model, users, items = small_model(users=20_000, items=300)
+    with VectorStore.open(str(tmp_path / "vectors")) as store:  # the driver's index, copied to the workers
+        radius = engine.index_items(store, model, items, "1")
+        out, killed_mid_job = kill_second_node_mid_job(
+            ray_cluster, lambda: engine.recommend(users, store, model, "1", radius, K, engine="ray", batch_size=400)
+        )
+        local = engine.recommend(users, store, model, "1", radius, K, engine="local")
+    assert killed_mid_job, "the second node was not running the job when it was killed"
+    result = engine.coverage(out, users["user_id"].to_list(), set(items["item_id"].to_list()))
+    assert result.missing_users == [] and result.duplicate_users == [] and result.unknown_items == []
+    assert out.height == users.height * K
+    key = ["user_id", "rank"]
+    assert out.sort(key).select(*key, "item_id").equals(local.sort(key).select(*key, "item_id"))
+    # exact inner-product top-k for random users, in numpy
+    scores = model.user_vectors(users) @ model.item_vectors(items).T
+    for user in np.random.default_rng(4).choice(users.height, 10, replace=False).tolist():
+        top = np.argsort(-scores[user])[:K].tolist()
+        assert out.filter(pl.col("user_id") == user).sort("rank")["item_id"].to_list() == top
