@@ -56,6 +56,7 @@ def main() -> None:
     if args.data_dir is None:
         print("simulating 3 days and running the daily pipeline ...", flush=True)
         build_lake(data_dir)
+        ray.shutdown()  # the pipeline's geometry job started Ray in this process; ours gets its own CPUs
     lake = Lake(data_dir)
     days = lake.partition_days("datasets", "personalization_training")
     day = days[-1]

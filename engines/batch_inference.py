@@ -23,7 +23,7 @@ import polars as pl
 
 from engines.lake import Lake
 from engines.point_in_time import LIVE_TIMING, AsOfResult, Timing, features_as_of
-from engines.ray_objects import Shipped, block_rows, cached
+from engines.ray_objects import Shipped, block_rows, blocks_dataset, cached
 from engines.vector_store import Replica, VectorStore
 from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, day_end
 from ml.personalization import PersonalizationModel
@@ -163,7 +163,7 @@ def recommend_ray(
     rows = block_rows(table.num_rows, batch_size, at_least=min(batch_size, 256))
     blocks = [table.slice(start, rows) for start in range(0, max(len(table), 1), rows)]
     shipped_model, index = Shipped.put(model), Shipped.put(store.replica(name))
-    out = ray.data.from_arrow(blocks).map_batches(
+    out = blocks_dataset(blocks).map_batches(
         _recommend_task,
         batch_size=None,
         batch_format="pyarrow",

@@ -30,7 +30,7 @@ import polars as pl
 import pyarrow as pa
 
 from engines.lake import Lake
-from engines.ray_objects import Shipped, block_rows, cached
+from engines.ray_objects import Shipped, block_rows, blocks_dataset, cached
 from ml.clip import ClipSpec
 
 EMBEDDINGS_ZONE = "embeddings"
@@ -109,7 +109,6 @@ def embed_items(
 
 def embedding_batches(items: pl.DataFrame, landing: Path, spec: ClipSpec, config: EmbedConfig, model_version: str):
     """The pipeline's output blocks as they arrive (pyarrow tables), unchecked."""
-    import ray
     from ray.data import ActorPoolStrategy
 
     from ml.clip import load_model
@@ -120,7 +119,7 @@ def embedding_batches(items: pl.DataFrame, landing: Path, spec: ClipSpec, config
     model = Shipped.put(load_model(spec))  # one copy of the weights for every worker, on any node
     retries = {"max_retries": config.task_retries, "retry_exceptions": True}
     prepare = {"landing": str(landing), "model_name": spec.model_name, "drill": config.drill}
-    dataset = ray.data.from_arrow(blocks)
+    dataset = blocks_dataset(blocks)
     actors = _encoder_actors(config)
     if not actors:
         dataset = dataset.map_batches(

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from engines.geometry import MEASURE_TYPES, RESOLUTION, MeshMeasures, measure_file
 from engines.lake import Lake
+from engines.ray_objects import blocks_dataset
 
 GEOMETRY_TABLE = "item_geometry"  # in the warehouse zone, next to the ingested sources
 _ARROW = {"int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
@@ -60,7 +61,7 @@ def measure_items(items: pl.DataFrame, landing: Path, config: GeometryConfig = G
         return pl.DataFrame(schema=OUTPUT_SCHEMA)
     source = items.select("item_id", "updated_at", "mesh_path").to_arrow()
     blocks = [source.slice(start, config.block_rows) for start in range(0, source.num_rows, config.block_rows)]
-    dataset = ray.data.from_arrow(blocks).map_batches(
+    dataset = blocks_dataset(blocks).map_batches(
         measure_batch,
         fn_kwargs={"landing": str(landing), "resolution": config.resolution, "drill": config.drill},
         batch_size=config.block_rows,
