@@ -161,9 +161,8 @@ def recommend_ray(
 
     table = users.to_arrow()
     rows = block_rows(table.num_rows, batch_size, at_least=min(batch_size, 256))
-    blocks = [table.slice(start, rows) for start in range(0, max(len(table), 1), rows)]
     shipped_model, index = Shipped.put(model), Shipped.put(store.replica(name))
-    out = blocks_dataset(blocks).map_batches(
+    out = blocks_dataset(table, rows).map_batches(
         _recommend_task,
         batch_size=None,
         batch_format="pyarrow",

@@ -115,11 +115,10 @@ def embedding_batches(items: pl.DataFrame, landing: Path, spec: ClipSpec, config
 
     source = items.select("item_id", "title", "thumbnail_path").to_arrow()
     rows = block_rows(source.num_rows, config.read_block_rows, at_least=min(config.batch_size, 64))
-    blocks = [source.slice(start, rows) for start in range(0, source.num_rows, rows)]
     model = Shipped.put(load_model(spec))  # one copy of the weights for every worker, on any node
     retries = {"max_retries": config.task_retries, "retry_exceptions": True}
     prepare = {"landing": str(landing), "model_name": spec.model_name, "drill": config.drill}
-    dataset = blocks_dataset(blocks)
+    dataset = blocks_dataset(source, rows)
     actors = _encoder_actors(config)
     if not actors:
         dataset = dataset.map_batches(

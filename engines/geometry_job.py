@@ -60,8 +60,7 @@ def measure_items(items: pl.DataFrame, landing: Path, config: GeometryConfig = G
     if items.is_empty():
         return pl.DataFrame(schema=OUTPUT_SCHEMA)
     source = items.select("item_id", "updated_at", "mesh_path").to_arrow()
-    blocks = [source.slice(start, config.block_rows) for start in range(0, source.num_rows, config.block_rows)]
-    dataset = blocks_dataset(blocks).map_batches(
+    dataset = blocks_dataset(source, config.block_rows).map_batches(
         measure_batch,
         fn_kwargs={"landing": str(landing), "resolution": config.resolution, "drill": config.drill},
         batch_size=config.block_rows,

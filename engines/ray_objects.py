@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 T = TypeVar("T")
 
@@ -64,8 +67,9 @@ def block_rows(rows: int, at_most: int, at_least: int = 1, per_cpu: int = 2) -> 
     return max(1, at_least, min(at_most, wanted))
 
 
-def blocks_dataset(blocks: list):
-    """A Ray dataset over in-memory Arrow blocks whose tasks may use every CPU of the cluster.
+def blocks_dataset(table: pa.Table, rows: int):
+    """A Ray dataset over an in-memory Arrow table in blocks of `rows` (one empty block for an empty
+    table), whose tasks may use every CPU of the cluster.
 
     With Ray Data's operator reservations (on by default) only one of our map tasks ran at a time on
     a 2-CPU node, the other blocks queued as backpressured by the resource budget (embeddings at
@@ -75,6 +79,7 @@ def blocks_dataset(blocks: list):
     context, never the process-wide one."""
     import ray.data
 
+    blocks = [table.slice(start, rows) for start in range(0, max(table.num_rows, 1), rows)]
     dataset = ray.data.from_arrow(blocks)
     dataset.context.op_resource_reservation_enabled = False
     return dataset

@@ -1,7 +1,7 @@
 """A real two-node Ray cluster for the tests: `ray start --head` and a second node joined with
 `ray start --address`, each its own process tree with its own CPUs, a small object store and its own
-temp folder, as two machines would be (`running_cluster`), stopped by its own
-process ids, never with `ray stop` (other Ray instances may run on this machine).
+temp folder, as two machines would be (`running_cluster`), stopped by its own process ids, never with
+`ray stop` (other Ray instances may run on this machine).
 
 The second node can be killed mid-job (`kill_worker`: SIGKILL of its whole process tree, as when a
 machine is lost) and replaced (`start_worker`). The head's health checks are tightened so that the
@@ -10,7 +10,8 @@ Token authentication is on for the nodes and the tests' driver, with this machin
 (`~/.ray/auth_token`, generated if absent). Not off: an in-process `ray.init` earlier in the same
 test session switches the driver to token mode for good (it sets RAY_AUTH_MODE=token and keeps the
 token), and a driver in token mode could run tasks on a cluster without it but not create actors
-(the Ray Train controller was cancelled before it started)."""
+(the Ray Train controller was cancelled before it started). So the mode stays on after the cluster
+stops, as it would after any local `ray.init`."""
 
 from __future__ import annotations
 
@@ -190,7 +191,6 @@ def running_cluster():
     """A head and a second node for the duration of a block, then both stopped."""
     root = Path(tempfile.mkdtemp(prefix="rayc", dir="/tmp"))  # short: Ray's socket paths live under it
     cluster = RayCluster(root)
-    previous = os.environ.get("RAY_AUTH_MODE")
     subprocess.run([RAY, "get-auth-token", "--generate"], check=True, capture_output=True, env=cluster._env())
     _enable_token_auth()  # what ray.init does for a local cluster: RAY_AUTH_MODE=token, RayConfig reloaded
     try:
@@ -199,7 +199,3 @@ def running_cluster():
         yield cluster
     finally:
         _stop(cluster)
-        if previous is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = previous

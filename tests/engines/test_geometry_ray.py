@@ -57,7 +57,7 @@ def test_a_failed_task_still_gives_one_row_per_item(geometry_ray, tmp_path, kill
 def test_pipeline_datasets_turn_off_operator_reservations_on_their_own_context(geometry_ray):
     """With Ray Data's default reservations the embedding pipeline ran one task at a time on 2 CPUs
     (0.73x a plain loop, 1.05x without; benchmarks/embeddings.py): off for our datasets only."""
-    dataset = blocks_dataset([pa.table({"block": [i]}) for i in range(2)])
+    dataset = blocks_dataset(pa.table({"block": [0, 1]}), 1)
     assert dataset.context.op_resource_reservation_enabled is False
     assert ray.data.DataContext.get_current().op_resource_reservation_enabled is True
     assert dataset.map_batches(lambda t: t, batch_format="pyarrow").context.op_resource_reservation_enabled is False
