@@ -235,6 +235,11 @@ class FeatureView:
     def feature_names(self) -> list[str]:
         return [f.name for f in self.features]
 
+    @property
+    def push_source_name(self) -> str:
+        """The Feast push source a streaming view's results arrive through."""
+        return f"{self.name}_push"
+
     def dtype_of(self, feature: Feature) -> DType:
         spec = feature.spec
         if isinstance(spec, Ratio):

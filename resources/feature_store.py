@@ -1,10 +1,15 @@
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
 from resources.lake import LakeResource
+
+if TYPE_CHECKING:  # the engine is imported when a client is made: the CLIs start without Feast
+    from engines.feature_store import FeatureStoreEngine
 
 
 class FeatureStoreResource(ConfigurableResource):
@@ -17,6 +22,8 @@ class FeatureStoreResource(ConfigurableResource):
     registry_url: str | None = Field(default=None, description="SQLAlchemy URL of a SQL registry")
 
     def get_client(self) -> FeatureStoreEngine:
+        from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+
         root = Path(self.lake.root)
         return FeatureStoreEngine(
             FeatureStoreSettings(

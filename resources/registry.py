@@ -1,9 +1,13 @@
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from engines.registry import ModelRegistry
+if TYPE_CHECKING:  # the engine is imported when a client is made: the CLIs start without MLflow
+    from engines.registry import ModelRegistry
 
 
 class ModelRegistryResource(ConfigurableResource):
@@ -19,6 +23,8 @@ class ModelRegistryResource(ConfigurableResource):
     )
 
     def get_client(self) -> ModelRegistry:
+        from engines.registry import ModelRegistry
+
         if self.tracking_uri:
             return ModelRegistry(self.tracking_uri, self.artifact_root)
         if not self.root:

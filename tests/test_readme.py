@@ -43,6 +43,7 @@ class Way:
 
 # Keyed by the start of a command; commands not listed run as written.
 CLI_BACKFILL = "tests/orchestration/test_definitions.py::test_three_day_backfill_with_the_dagster_cli"
+SMALL_VECTORS = "--vectors 2000 --local-mode-vectors 500"  # the default 100,000-point index takes 40 s
 SMALL_EPOCHS = """ --config-json '{"ops": {"clip_model": {"config": {"epochs": 2}}}}'"""
 WAYS = {
     "scripts/demo": Way(
@@ -80,7 +81,7 @@ WAYS = {
         small={"online_features.py": "online_features.py --data-dir data --repeat 20"}
     ),
     ".venv/bin/python benchmarks/embeddings.py": Way(
-        small={"embeddings.py": "embeddings.py --images 64 --vit-images 0"}
+        small={"embeddings.py": "embeddings.py --images 64 --vit-images 0 --repeat 1 " + SMALL_VECTORS}
     ),
     ".venv/bin/python benchmarks/geometry.py": Way(small={"--items 2000 --repeat 5": "--items 40 --repeat 1"}),
     ".venv/bin/python benchmarks/pusher_poll.py": Way(
@@ -243,9 +244,10 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
     (checkout / "gateway.yaml").write_text(
         next(body for lang, body in FENCE.findall(README.read_text()) if lang == "yaml" and "model_list" in body)
     )
-    failures, ran, covered, servers = [], 0, [], []
+    failures, ran, covered, servers, seconds = [], 0, [], [], {}
     try:
         for command in readme_commands():
+            started = time.monotonic()
             way = way_of(command)
             if way.covered_by:
                 covered.append(way.covered_by)
@@ -255,6 +257,7 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
                 servers.append(serve(as_run(command), checkout, way.serves, checkout / f"server-{way.serves}.log"))
                 continue
             out = run(as_run(command), checkout)
+            seconds[as_run(command)] = time.monotonic() - started
             if out.returncode != 0:
                 failures.append(f"$ {as_run(command)}\n{out.stdout[-1500:]}\n{out.stderr[-2500:]}")
             elif way.prints and not re.search(way.prints, out.stdout):
@@ -266,6 +269,9 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
     finally:
         for server in servers:
             stop(server)
+        print("README commands, slowest first:")  # shown with -s, and on a failure
+        for command, took in sorted(seconds.items(), key=lambda kv: -kv[1]):
+            print(f"{took:7.1f} s  {command[:150]}")
     assert not failures, "\n\n".join(failures)
     # every `covered_by` way matched one README command: none is stale
     assert ran >= 20 and sorted(covered) == sorted(w.covered_by for w in WAYS.values() if w.covered_by)

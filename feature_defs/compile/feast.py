@@ -34,10 +34,6 @@ def offline_table_glob(offline_root: Path, table: str) -> str:
     return str(offline_root / table / "*" / "*.parquet")
 
 
-def push_source_name(view: dsl.FeatureView) -> str:
-    return f"{view.name}_push"
-
-
 def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
     """Every Feast object of the catalogue and of the platform's output views, ready for FeatureStore.apply()."""
     entities = {e.name: _entity(e) for e in catalogue.entities}
@@ -51,7 +47,7 @@ def feast_objects(catalogue: dsl.Catalogue, offline_root: Path) -> list:
             timestamp_field=TIMESTAMP,
             description=f"Offline table of {view.name}, one Parquet partition per day",
         )
-        source = PushSource(name=push_source_name(view), batch_source=batch) if view.streaming else batch
+        source = PushSource(name=view.push_source_name, batch_source=batch) if view.streaming else batch
         views[view.name] = FeatureView(
             name=view.name,
             entities=[entities[e.name] for e in view.entities],

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from feature_defs.compile.feast import push_source_name
 from feature_defs.dsl import Aggregation, Catalogue, FeatureView, Ratio, format_window
 
 
@@ -76,7 +75,7 @@ def streaming_plan(view: FeatureView) -> StreamingPlan:
         keys={k: view.source_column(k) for k in view.join_keys},
         aggregates=aggregates,
         derived=derived,
-        push_source=push_source_name(view),
+        push_source=view.push_source_name,
         output_types={f.name: view.dtype_of(f) for f in view.features},
     )
 
