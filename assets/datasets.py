@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import great_expectations.expectations as gxe
 import polars as pl
 from dagster import (
     AssetCheckSpec,
@@ -24,8 +23,8 @@ from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
 from assets.skew import SKEW_CHECK, SKEW_DESCRIPTION, skew_check_result
 from engines.datasets import LABEL_HORIZON, labelled_impressions, training_rows
+from engines.expectations import Suite, gxe
 from engines.point_in_time import HISTORY_ZONE, Timing
-from engines.quality import Suite
 from feature_defs import personalization_ranking
 from feature_defs.sources import interactions
 from resources.flink import FlinkResource

@@ -3,7 +3,6 @@ registry, online store and their checks."""
 
 from __future__ import annotations
 
-import great_expectations.expectations as gxe
 import polars as pl
 from dagster import (
     AssetCheckResult,
@@ -20,8 +19,8 @@ from dagster import (
 from assets.ingestion import warehouse_key
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
+from engines.expectations import Suite, gxe
 from engines.feature_tables import OFFLINE_ZONE, build_view_day
-from engines.quality import Suite
 from engines.skew import online_skew, streaming_regressions, streaming_snapshot
 from feature_defs import catalogue
 from feature_defs.compile.polars import TIMESTAMP, day_end, lookback

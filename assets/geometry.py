@@ -3,7 +3,6 @@ table is the batch source of the `item_geometry` feature view."""
 
 import time
 
-import great_expectations.expectations as gxe
 import polars as pl
 from dagster import AssetCheckSpec, BackfillPolicy, Config, MaterializeResult, asset
 from pydantic import Field
@@ -11,8 +10,8 @@ from pydantic import Field
 from assets.ingestion import warehouse_key
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
+from engines.expectations import Suite, gxe
 from engines.geometry_job import OUTPUT_SCHEMA, GeometryConfig, measure_items, write_item_geometry
-from engines.quality import Suite
 from feature_defs.sources import item_geometry, items
 from resources.lake import LakeResource
 from resources.quality import QualityResource

@@ -6,7 +6,6 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-import great_expectations.expectations as gxe
 import polars as pl
 from dagster import AssetCheckSpec, AssetKey, BackfillPolicy, Config, MaterializeResult, asset
 from pydantic import Field
@@ -16,7 +15,7 @@ from assets.embeddings import VIOLATION_FLAGS, WAREHOUSE_ITEMS
 from assets.metadata import quality_gate, table
 from assets.models import with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
-from engines.quality import Suite
+from engines.expectations import Suite, gxe
 from ground_truth import queue, review
 from ground_truth import release as rel
 from ground_truth import sources as src

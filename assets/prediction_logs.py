@@ -4,14 +4,13 @@ day reads the server's files again and replaces the partition whole (late files 
 
 from __future__ import annotations
 
-import great_expectations.expectations as gxe
 import polars as pl
 from dagster import AssetCheckSpec, AssetKey, BackfillPolicy, Failure, MaterializeResult, asset
 
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import partition_days, serving_partitions
 from engines import prediction_logs as logs
-from engines.quality import Suite
+from engines.expectations import Suite, gxe
 from resources.lake import LakeResource
 from resources.quality import QualityResource
 

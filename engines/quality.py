@@ -8,10 +8,9 @@ and the Data Docs asset wrap it.
 from __future__ import annotations
 
 import contextlib
-import copy
 import fcntl
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,21 +18,13 @@ from typing import Any, NamedTuple
 import great_expectations as gx
 import pandas as pd
 from great_expectations.data_context.types.base import ProgressBarsConfig
-from great_expectations.expectations import Expectation
 
 from engines.data_docs import make_offline
+from engines.expectations import Suite
 
 # One pandas data source holds one dataframe asset per suite; the frame is passed per run.
 _DATASOURCE = "mlplane"
 _BATCH_DEFINITION = "whole_dataframe"
-
-
-@dataclass(frozen=True)
-class Suite:
-    """A named expectation suite declared in code; the engine syncs it into the GX project."""
-
-    name: str
-    expectations: Sequence[Expectation]
 
 
 class Outcome(NamedTuple):
@@ -79,11 +70,8 @@ class QualityEngine:
             return self._validate(context, suite, _to_pandas(df), run_name)
 
     def _validate(self, context: Any, suite: Suite, frame: pd.DataFrame, run_name: str) -> ValidationSummary:
-        # Copies, because GX binds expectations to the suite they are added to (sets their id)
-        # and refuses to add a bound one to a second suite, so reusing the caller's objects
-        # would fail from the second call on.
         gx_suite = context.suites.add_or_update(
-            gx.ExpectationSuite(name=suite.name, expectations=[copy.copy(e) for e in suite.expectations])
+            gx.ExpectationSuite(name=suite.name, expectations=[e.build() for e in suite.expectations])
         )
         # Get-or-create in one call; the stored definition refers to the suite and batch
         # definition by id, so it follows suite updates.

@@ -7,12 +7,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import great_expectations.expectations as gxe
 import pandas as pd
 import pytest
 
 from engines.data_docs import CDN_FILES, SITE_FOLDER, make_offline
-from engines.quality import QualityEngine, Suite
+from engines.expectations import Suite, gxe
+from engines.quality import QualityEngine
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

@@ -1,11 +1,11 @@
 from pathlib import Path
 
-import great_expectations.expectations as gxe
 import pandas as pd
 import polars as pl
 import pytest
 
-from engines.quality import QualityEngine, Suite, null_rates
+from engines.expectations import Suite, gxe
+from engines.quality import QualityEngine, null_rates
 
 
 def _suite(*extra: gxe.Expectation) -> Suite:
@@ -147,3 +147,20 @@ def test_latest_results_summarise_the_newest_run_of_each_suite(tmp_path):
         {"suite": "events", "run": "events day 2", "success": False, "evaluated": 1, "failed": 1},
         {"suite": "users", "run": "u", "success": True, "evaluated": 1, "failed": 0},
     ]
+
+
+def test_every_declared_expectation_names_a_gx_class() -> None:
+    """Suites are declared without importing GX (engines/expectations.py): a misspelt expectation would
+    surface only when its asset validates, so every `gxe.Expect...` in the code is checked here."""
+    import re
+
+    import great_expectations.expectations as gx_expectations
+
+    from orchestration.profiles import PROJECT_ROOT
+
+    sources = [p for folder in ("assets", "tests") for p in (PROJECT_ROOT / folder).rglob("*.py")]
+    named = {m for p in sources for m in re.findall(r"\bgxe\.(Expect\w+)\(", p.read_text())}
+    assert len(named) >= 8
+    assert sorted(n for n in named if not hasattr(gx_expectations, n)) == []
+    with pytest.raises(ValueError, match="ExpectNoSuchThing"):
+        getattr(gxe, "ExpectNoSuchThing")(column="a").build()  # noqa: B009 (the scan above skips it)
