@@ -16,10 +16,11 @@ tracking: its lightest setup). LiteLLM installs into
 its own throwaway environment `.venv-litellm` (its pins clash with the main one).
 
     .venv/bin/python benchmarks/gateway.py [--rounds 5] [--requests 300] [--throughput-requests 800] [--concurrency 8]
-        [--workers 1] [--skip-litellm]
+        [--workers 1] [--redis-limits] [--skip-litellm]
 
 With --workers N the gateway runs N processes sharing its limits through Redis (MLPLANE_BENCH_REDIS,
-default redis://127.0.0.1:6379/0, under a throwaway key prefix).
+default redis://127.0.0.1:6379/0, under a throwaway key prefix); --redis-limits puts one worker's limits
+there too, so that the CPU per request of 1 and N workers compares like with like.
 """
 
 from __future__ import annotations
@@ -206,6 +207,9 @@ def main() -> None:
         "--concurrency", type=int, default=8, help="In flight at once (httpx slows down past about 8 on two cores)."
     )
     parser.add_argument("--workers", type=int, default=1, help="Gateway processes (limits shared in Redis).")
+    parser.add_argument(
+        "--redis-limits", action="store_true", help="Limits in Redis with one worker too (to compare with --workers)."
+    )
     parser.add_argument("--skip-litellm", action="store_true", help="Measure the mlplane gateway only.")
     args = parser.parse_args()
 
@@ -217,7 +221,8 @@ def main() -> None:
     upstream_port, gateway_port, litellm_port = free_port(), free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     store_url = f"sqlite:///{work}/gateway.db"
-    rate_limits = os.environ.get("MLPLANE_BENCH_REDIS", "redis://127.0.0.1:6379/0") if args.workers > 1 else "memory"
+    redis_url = os.environ.get("MLPLANE_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+    rate_limits = redis_url if args.workers > 1 or args.redis_limits else "memory"
     (work / "gateway.yaml").write_text(
         json.dumps(
             {

@@ -13,10 +13,11 @@ timed by Redis' own clock)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from dataclasses import dataclass, field
+
+from serving.gateway.resp import LuaScript, RedisReplyError, RedisUnavailable, RespClient
 
 # period -> (seconds, buckets)
 PERIODS = {"minute": (60, 60), "day": (86_400, 144)}
@@ -183,34 +184,20 @@ return 0
 
 class RedisLimiter:
     """Buckets in Redis shared by every gateway replica and worker. Every call is bounded by
-    `timeout_s` (socket timeouts plus an overall deadline); a failure raises LimiterUnavailable."""
+    `timeout_s` (to connect, and for each reply); a failure raises LimiterUnavailable."""
 
     settle_waits = True
 
     def __init__(self, url: str, prefix: str = "mlplane:gateway", timeout_s: float = 0.5):
-        import redis.asyncio as aioredis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         self.prefix, self.timeout_s = prefix, timeout_s
-        self.redis = aioredis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-        )
-        self.acquire_script = self.redis.register_script(ACQUIRE_LUA)
-        self.settle_script = self.redis.register_script(SETTLE_LUA)
+        self.redis = RespClient(url, timeout_s)
+        self.acquire_script, self.settle_script = LuaScript(ACQUIRE_LUA), LuaScript(SETTLE_LUA)
 
-    async def _call(self, script, keys: list[str], args: list):
-        from redis.exceptions import RedisError
-
+    async def _call(self, script: LuaScript, keys: list[str], args: list):
         try:
-            async with asyncio.timeout(self.timeout_s * 2):
-                return await script(keys=keys, args=args)
-        except (RedisError, OSError, TimeoutError) as error:
-            raise LimiterUnavailable(f"rate-limit store unreachable: {type(error).__name__}") from error
+            return await self.redis.run_script(script, keys, args)
+        except (RedisUnavailable, RedisReplyError) as error:
+            raise LimiterUnavailable(f"rate-limit store unreachable: {error}") from error
 
     async def acquire(self, limits: list[Limit], tokens: int) -> Reservation | Rejection:
         if not limits:
