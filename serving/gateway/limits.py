@@ -189,7 +189,7 @@ class RedisLimiter:
     settle_waits = True
 
     def __init__(self, url: str, prefix: str = "mlplane:gateway", timeout_s: float = 0.5):
-        self.prefix, self.timeout_s = prefix, timeout_s
+        self.prefix = prefix
         self.redis = RespClient(url, timeout_s)
         self.acquire_script, self.settle_script = LuaScript(ACQUIRE_LUA), LuaScript(SETTLE_LUA)
 

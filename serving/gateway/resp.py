@@ -48,7 +48,7 @@ class _Connection(asyncio.Protocol):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             if not self.pending:  # a reply nobody asked for: the stream is out of step
-                self.abort(RedisUnavailable("Redis sent a reply to no command"))
+                self.abort("Redis sent a reply to no command")
                 return
             future = self.pending.popleft()
             if not future.done():  # its caller may have been cancelled
@@ -56,11 +56,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, error) -> None:
         self.closed = True
-        failure = RedisUnavailable(f"Redis closed the connection ({error or 'end of stream'})")
-        while self.pending:
-            future = self.pending.popleft()
-            if not future.done():
-                future.set_exception(failure)
+        self._fail_pending(f"Redis closed the connection ({error or 'end of stream'})")
 
     def send(self, loop: asyncio.AbstractEventLoop, args: tuple) -> asyncio.Future:
         future = loop.create_future()
@@ -68,14 +64,17 @@ class _Connection(asyncio.Protocol):
         self.transport.write(hiredis.pack_command(args))
         return future
 
-    def abort(self, error: Exception) -> None:
+    def abort(self, reason: str) -> None:
         self.closed = True
+        self._fail_pending(reason)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail_pending(self, reason: str) -> None:
         while self.pending:
             future = self.pending.popleft()
             if not future.done():
-                future.set_exception(error)
-        if self.transport is not None:
-            self.transport.abort()
+                future.set_exception(RedisUnavailable(reason))  # one exception per waiting caller
 
 
 class RespClient:
@@ -125,9 +124,9 @@ class RespClient:
             async with asyncio.timeout(self.timeout_s):
                 return await future
         except TimeoutError:
-            error = RedisUnavailable(f"no reply from Redis within {self.timeout_s:g} s")
-            connection.abort(error)  # the line is out of step now: every command on it fails
-            raise error from None
+            reason = f"no reply from Redis within {self.timeout_s:g} s"
+            connection.abort(reason)  # the line is out of step now: every command on it fails
+            raise RedisUnavailable(reason) from None
 
     async def _connected(self) -> _Connection:
         connection = self.connection
@@ -155,6 +154,6 @@ class RespClient:
         for command in self.setup:
             reply = await self._reply(connection, connection.send(loop, command))
             if isinstance(reply, hiredis.ReplyError):
-                connection.abort(RedisUnavailable("setup failed"))
+                connection.abort("setup failed")
                 raise RedisReplyError(f"{command[0]} failed: {reply}")
         return connection

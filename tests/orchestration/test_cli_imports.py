@@ -8,6 +8,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.services  # a fresh interpreter: the test process has imported everything already
+
 HEAVY = ("feast", "great_expectations", "mlflow", "torch", "ray")
 
 
