@@ -5,6 +5,7 @@ Handlers use it as `async with`: leaving the block by an exception closes it wit
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -23,6 +24,23 @@ CLIENT_GONE = 499  # nginx's status for a client that closed the connection
 # uuid4 per request, whose os.urandom call costs more than the rest of the id)
 _ID_PREFIX = f"req-{os.urandom(8).hex()}-"
 _ids = itertools.count(1)
+_outliving: set[asyncio.Task] = set()  # limiter calls whose caller was cancelled, kept until they end
+
+
+async def outliving_cancellation(call, abandoned=None):
+    """Awaits `call` in a task of its own that a cancellation of the caller does not stop. anyio's
+    shields do not hold off asyncio's own Task.cancel() (uvicorn's on shutdown), so a limiter call
+    that Redis has already run could otherwise lose its answer: the caller is cancelled, the call
+    finishes, and `abandoned` gets its task."""
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _outliving.add(task)
+        task.add_done_callback(_outliving.discard)
+        if abandoned is not None:
+            task.add_done_callback(abandoned)
+        raise
 
 
 class Exchange:
@@ -43,8 +61,13 @@ class Exchange:
         """Reserves `tokens` (and one request) against every limit of the key and its team: 429 when a
         limit refuses, 503 when the limiter is unreachable (unless settings.rate_limit_failure is open)."""
         gateway = self.gateway
+        limits = limits_for(self.caller.key, self.caller.team)
         try:
-            outcome = await gateway.limiter.acquire(limits_for(self.caller.key, self.caller.team), tokens)
+            if gateway.limiter.suspends:
+                acquiring = gateway.limiter.acquire(limits, tokens)
+                outcome = await outliving_cancellation(acquiring, lambda task: self._give_back(task, tokens))
+            else:
+                outcome = await gateway.limiter.acquire(limits, tokens)
         except LimiterUnavailable as error:
             if gateway.settings.rate_limit_failure == "open":
                 log.warning("admitting %s unmetered: %s", self.request_id, error)
@@ -64,6 +87,17 @@ class Exchange:
                 headers={"Retry-After": str(outcome.retry_after_s)},
             )
         self.reservation, self.reserved = outcome, tokens
+
+    def _give_back(self, acquired: asyncio.Task, tokens: int) -> None:
+        """Gives back what Redis reserved for a caller cancelled before it read the answer (finish has
+        written its usage record, status 499, as for any cancelled exchange)."""
+        if acquired.cancelled() or acquired.exception() is not None:
+            return
+        reservation = acquired.result()
+        if isinstance(reservation, Reservation) and reservation.tokens:
+            settling = asyncio.ensure_future(self._settle(reservation, -tokens))
+            _outliving.add(settling)
+            settling.add_done_callback(_outliving.discard)
 
     # backend slots
     def take(self, state: BackendState) -> None:
@@ -88,33 +122,31 @@ class Exchange:
 
     # the end
     async def finish(self, status: int, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
-        """Closes the exchange once: later calls do nothing. A cancelled client cannot cut it short between
-        the settlement and the record: a settlement that waits (Redis) is shielded; one that cannot wait
-        (in memory, or nothing to settle) has no point at which a cancellation could land."""
+        """Closes the exchange once: later calls do nothing. The usage record is written first, with no
+        suspension before it, so a cancellation cannot lose it; a settlement that waits for Redis
+        outlives a cancellation of its caller."""
         if self.closed:
             return
         self.closed = True
         self.release(None)
         if self.upstream is not None:
             self.upstream.close()
-        used = prompt_tokens + completion_tokens
-        metered = self.reservation is not None and self.reservation.metered
-        if metered and getattr(self.gateway.limiter, "settle_waits", True):
-            with anyio.CancelScope(shield=True):
-                await self._settle(used)
-        else:
-            await self._settle(used)
         self._record(status, prompt_tokens, completion_tokens)
-
-    async def _settle(self, used: int) -> None:
-        if self.reservation is None or not self.reservation.metered:
+        reservation = self.reservation
+        token_delta = prompt_tokens + completion_tokens - self.reserved
+        if reservation is None or not reservation.metered or not reservation.tokens or not token_delta:
             return
+        settling = self._settle(reservation, token_delta)
+        if self.gateway.limiter.suspends:
+            await outliving_cancellation(settling)
+        else:
+            await settling
+
+    async def _settle(self, reservation: Reservation, token_delta: int) -> None:
         try:
-            await self.gateway.limiter.settle(self.reservation, used - self.reserved)
-        except LimiterUnavailable as error:  # the record below still carries the tokens
-            log.error(
-                "settling %s failed (%d tokens reserved, %d used): %s", self.request_id, self.reserved, used, error
-            )
+            await self.gateway.limiter.settle(reservation, token_delta)
+        except LimiterUnavailable as error:  # the usage record carries the tokens
+            log.error("settling %s failed (%+d tokens): %s", self.request_id, token_delta, error)
 
     def _record(self, status: int, prompt_tokens: int, completion_tokens: int) -> None:
         gateway, key, state = self.gateway, self.caller.key, self.backend

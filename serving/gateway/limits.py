@@ -102,7 +102,7 @@ def retry_after(limit: Limit, live: dict[int, int], now: float, cost: int) -> in
 class MemoryLimiter:
     """In-process buckets. Check and add run without an await between them: atomic on the event loop."""
 
-    settle_waits = False  # settle() never suspends: nothing to shield it from
+    suspends = False  # acquire() and settle() never wait: no cancellation can land inside them
 
     def __init__(self, prefix: str = "mlplane:gateway", clock=time.time):
         self.prefix, self.clock = prefix, clock
@@ -186,7 +186,7 @@ class RedisLimiter:
     """Buckets in Redis shared by every gateway replica and worker. Every call is bounded by
     `timeout_s` (to connect, and for each reply); a failure raises LimiterUnavailable."""
 
-    settle_waits = True
+    suspends = True  # each call waits for Redis, which runs the script whether or not the caller is there
 
     def __init__(self, url: str, prefix: str = "mlplane:gateway", timeout_s: float = 0.5):
         self.prefix = prefix
