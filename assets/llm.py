@@ -86,7 +86,7 @@ def gateway_llm(context, config: GatewayLlmConfig, lake: LakeResource, model_reg
     source = lake.get_client()
     documents = lake_corpus(source)
     target = gateway_llm_dir(lake.root)
-    metrics = _train_into(
+    metrics = train_into(
         target,
         lambda staging: train_llm(
             documents,
@@ -96,7 +96,7 @@ def gateway_llm(context, config: GatewayLlmConfig, lake: LakeResource, model_reg
         ),
     )
     passed = metrics["held_out_perplexity"] < metrics["unigram_perplexity"]
-    version = _register(
+    version = register_version(
         context,
         model_registry,
         REGISTERED_NAME,
@@ -147,7 +147,7 @@ def gateway_llm_draft(context, config: GatewayLlmConfig, lake: LakeResource, mod
     target_dir = gateway_llm_dir(lake.root)
     draft = gateway_llm_draft_dir(lake.root)
     target_metrics = json_metrics(target_dir)
-    metrics = _train_into(
+    metrics = train_into(
         draft,
         lambda staging: train_llm(
             documents,
@@ -168,7 +168,7 @@ def gateway_llm_draft(context, config: GatewayLlmConfig, lake: LakeResource, mod
     )
     smaller = metrics["parameters"] < target_metrics["parameters"]
     passed = target_version is not None and smaller and metrics["held_out_perplexity"] < metrics["unigram_perplexity"]
-    version = _register(
+    version = register_version(
         context,
         model_registry,
         DRAFT_REGISTERED_NAME,
@@ -211,7 +211,7 @@ def json_metrics(model_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _train_into(target: Path, train) -> dict:
+def train_into(target: Path, train) -> dict:
     """Trains into a staging folder and swaps it in: the previous model stays until the new one is complete."""
     staging = target.with_name(f".{target.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
@@ -221,7 +221,7 @@ def _train_into(target: Path, train) -> dict:
     return metrics
 
 
-def _register(
+def register_version(
     context,
     model_registry: ModelRegistryResource,
     name: str,
@@ -231,7 +231,10 @@ def _register(
     promote: bool,
     role: str = "target",
     draft_for: str | None = None,
+    passed_because: str = "beats the unigram baseline",
 ):
+    """A new registry version of `model_dir` with its lineage, alias `challenger`, and `champion` when
+    `promote` (its check passed)."""
     registry = model_registry.get_client()
     who = f"dagster run {context.run.run_id}"
     lineage = LlmLineage(
@@ -253,9 +256,6 @@ def _register(
     )
     registry.set_alias(name, "challenger", version.version, who=who, reason="trained")
     if promote:
-        registry.set_alias(name, "champion", version.version, who=who, reason="beats the unigram baseline")
+        registry.set_alias(name, "champion", version.version, who=who, reason=passed_because)
     context.log.info(f"registered {name} v{version.version}{' as champion' if promote else ''}")
     return version
-
-
-llm_assets = [gateway_llm, gateway_llm_draft]

@@ -18,7 +18,7 @@ from engines.registry import ModelRegistry, RegisteredVersion
 TOKENIZER_TAG = "mlplane.tokenizer_sha256"
 PARTITIONS_TAG = "mlplane.data_partitions"
 TARGET_TAG = "mlplane.draft_for"  # a draft model's target: "<name>/<version>"
-ROLE_TAG = "mlplane.llm_role"  # "target" or "draft"
+ROLE_TAG = "mlplane.llm_role"  # "target", "draft" or "vision"
 REFERENCE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(?:@(?P<alias>[A-Za-z0-9_-]+)|/(?P<version>\d+))$")
 
 

@@ -1,0 +1,155 @@
+"""`vision_captioner`: a vision-language model built from the platform's own models (ml/vision_llm.py):
+the current CLIP's image tower and `gateway_llm`, joined by a projector and trained to caption the
+catalogue's thumbnails with their titles. Saved in Hugging Face's LLaVA format and registered in MLflow
+as `vision_captioner`; its caption quality on held-out items sits beside a text-only baseline."""
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, Config, MaterializeResult, MetadataValue, asset
+
+from assets.embeddings import CLIP_MODEL, WAREHOUSE_ITEMS
+from assets.llm import GATEWAY_LLM, gateway_llm_dir, json_metrics, register_version, train_into
+from assets.metadata import table
+from engines.embeddings import current_catalogue, current_model, holdout_mask
+from ml.clip import load_model
+from ml.llm import tokenizer_sha256
+from ml.vision_llm import (
+    CaptionerConfig,
+    assemble,
+    generate_captions,
+    text_only_baseline,
+    train_captioner,
+    word_accuracy,
+)
+from resources.lake import LakeResource
+from resources.registry import ModelRegistryResource
+
+VISION_CAPTIONER = AssetKey(["models", "vision_captioner"])
+REGISTERED_NAME = "vision_captioner"
+SAMPLES = 8  # held-out captions shown in the metadata
+
+
+class VisionCaptionerConfig(Config):
+    steps: int = 300
+    holdout_fraction: float = 0.2
+    promote: bool = True  # move the registry alias `champion` to the new version when its check passes
+
+
+def vision_captioner_dir(lake_root: str | Path) -> Path:
+    return Path(lake_root) / "models" / "vision_captioner"
+
+
+def catalogue_thumbnails(landing: Path, catalogue) -> tuple[list[int], list[np.ndarray]]:
+    """(rows, RGB images) of the catalogue items with a title and a thumbnail that decodes."""
+    from PIL import Image
+
+    rows, images = [], []
+    for row, (relative, title) in enumerate(zip(catalogue["thumbnail_path"].to_list(), catalogue["title"].to_list())):
+        if not (title or "").strip():  # nothing to learn a caption from
+            continue
+        try:
+            with Image.open(io.BytesIO((landing / relative).read_bytes())) as image:
+                images.append(np.asarray(image.convert("RGB")))
+            rows.append(row)
+        except Exception:  # unreadable thumbnails are left out, as CLIP's training leaves them out
+            continue
+    return rows, images
+
+
+@asset(
+    key=VISION_CAPTIONER,
+    group_name="models",
+    description="A LLaVA-format vision-language model from the platform's own parts: the current CLIP's "
+    "image tower, gateway_llm, and a projector trained with the Llama to caption catalogue thumbnails "
+    "with their titles; registered in MLflow as `vision_captioner`.",
+    deps=[CLIP_MODEL, GATEWAY_LLM, WAREHOUSE_ITEMS],
+    kinds={"pytorch", "huggingface", "mlflow"},
+    owners=["team:ml-platform"],
+    tags={"domain": "llm"},
+    check_specs=[
+        AssetCheckSpec(
+            "beats_text_only_baseline",
+            asset=VISION_CAPTIONER,
+            description="On held-out items its captions match more title words than the best caption "
+            "that ignores the image (the most common word at each position)",
+        )
+    ],
+)
+def vision_captioner(context, config: VisionCaptionerConfig, lake: LakeResource, model_registry: ModelRegistryResource):
+    import open_clip
+
+    store = lake.get_client()
+    catalogue = current_catalogue(store)
+    rows, images = catalogue_thumbnails(store.root / "landing", catalogue)
+    items = catalogue[rows]
+    held_out = holdout_mask(items["item_id"], config.holdout_fraction)
+    titles = items["title"].to_list()
+    train_rows, test_rows = np.flatnonzero(~held_out), np.flatnonzero(held_out)
+    clip_spec, clip_version = current_model(store)
+    llm_dir = gateway_llm_dir(lake.root)
+    language_model = json_metrics(llm_dir)["tokenizer_sha256"]
+    vision_cfg = open_clip.get_model_config(clip_spec.model_name)["vision_cfg"]
+    captioner = CaptionerConfig(steps=config.steps)
+
+    def train(staging: Path) -> dict:
+        model, processor = assemble(load_model(clip_spec), vision_cfg, llm_dir)
+        metrics = train_captioner(
+            model,
+            processor,
+            [images[r] for r in train_rows],
+            [titles[r] for r in train_rows],
+            captioner,
+            log=context.log.info,
+        )
+        captions = generate_captions(model, processor, [images[r] for r in test_rows])
+        baseline = text_only_baseline([titles[r] for r in train_rows], length=4)
+        held_titles = [titles[r] for r in test_rows]
+        model.save_pretrained(staging)
+        processor.save_pretrained(staging)
+        metrics.update(
+            held_out_items=len(test_rows),
+            word_accuracy=word_accuracy(captions, held_titles),
+            baseline_word_accuracy=word_accuracy([baseline] * len(held_titles), held_titles),
+            baseline_caption=baseline,
+            samples=[{"title": t, "caption": c} for t, c in zip(held_titles[:SAMPLES], captions[:SAMPLES])],
+            tokenizer_sha256=tokenizer_sha256(staging),
+        )
+        metrics["config"] = {**metrics["config"], "clip_version": clip_version, "gateway_llm_tokenizer": language_model}
+        (staging / "mlplane_training.json").write_text(json.dumps(metrics, indent=2))
+        return metrics
+
+    target = vision_captioner_dir(lake.root)
+    metrics = train_into(target, train)
+    passed = metrics["word_accuracy"] > metrics["baseline_word_accuracy"]
+    registered = {k: v for k, v in metrics.items() if k not in ("samples", "baseline_caption")}
+    version = register_version(
+        context,
+        model_registry,
+        REGISTERED_NAME,
+        target,
+        registered,
+        {"warehouse/items": store.partition_days("warehouse", "items")},
+        promote=config.promote and passed,
+        role="vision",
+        passed_because="its captions beat the text-only baseline",
+    )
+    yield MaterializeResult(
+        metadata={
+            "path": str(target),
+            "clip_version": clip_version,
+            "held_out_items": metrics["held_out_items"],
+            "word_accuracy": metrics["word_accuracy"],
+            "baseline_word_accuracy": metrics["baseline_word_accuracy"],
+            "baseline_caption": metrics["baseline_caption"],
+            "registered_version": MetadataValue.int(int(version.version)),
+            "held_out_captions": table(metrics["samples"]),
+        }
+    )
+    yield AssetCheckResult(
+        check_name="beats_text_only_baseline",
+        passed=passed,
+        metadata={"word_accuracy": metrics["word_accuracy"], "baseline": metrics["baseline_word_accuracy"]},
+    )
