@@ -27,6 +27,12 @@ _ids = itertools.count(1)
 _outliving: set[asyncio.Task] = set()  # limiter calls whose caller was cancelled, kept until they end
 
 
+def _keep(task: asyncio.Task) -> None:
+    """Holds a task nobody awaits any more until it ends (the event loop keeps only weak references)."""
+    _outliving.add(task)
+    task.add_done_callback(_outliving.discard)
+
+
 async def outliving_cancellation(call, abandoned=None):
     """Awaits `call` in a task of its own that a cancellation of the caller does not stop. anyio's
     shields do not hold off asyncio's own Task.cancel() (uvicorn's on shutdown), so a limiter call
@@ -36,8 +42,7 @@ async def outliving_cancellation(call, abandoned=None):
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        _outliving.add(task)
-        task.add_done_callback(_outliving.discard)
+        _keep(task)
         if abandoned is not None:
             task.add_done_callback(abandoned)
         raise
@@ -95,9 +100,7 @@ class Exchange:
             return
         reservation = acquired.result()
         if isinstance(reservation, Reservation) and reservation.tokens:
-            settling = asyncio.ensure_future(self._settle(reservation, -tokens))
-            _outliving.add(settling)
-            settling.add_done_callback(_outliving.discard)
+            _keep(asyncio.ensure_future(self._settle(reservation, -tokens)))
 
     # backend slots
     def take(self, state: BackendState) -> None:
