@@ -129,9 +129,49 @@ def assemble(clip_model, vision_cfg: dict, llm_dir: str | Path):
     return model, processor
 
 
-def prompt_text(processor) -> str:
-    messages = [{"role": "user", "content": f"{IMAGE_TOKEN}{PROMPT}"}]
+def prompt_text(processor, question: str = PROMPT) -> str:
+    messages = [{"role": "user", "content": f"{IMAGE_TOKEN}{question}"}]
     return processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    prompt_tokens: int  # the image's tokens included
+    completion_tokens: int  # the end-of-sequence token included, as vLLM counts it
+    finish_reason: str  # "stop" (end of sequence) or "length" (max_new_tokens reached)
+
+
+def answer_about_image(
+    model,
+    processor,
+    image: np.ndarray,
+    question: str = PROMPT,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+) -> Answer:
+    """One answer about one thumbnail (uint8 HxWx3): greedy at temperature 0, sampled above it. With the
+    default question, greedy answers are generate_captions' captions."""
+    import torch
+
+    inputs = processor(images=[image], text=[prompt_text(processor, question)], return_tensors="pt")
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
+    )
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, **sampling)
+    prompt_length = inputs["input_ids"].shape[1]
+    new = out[0, prompt_length:].tolist()
+    eos = processor.tokenizer.eos_token_id
+    stopped = eos in new
+    completion = new[: new.index(eos) + 1] if stopped else new
+    return Answer(
+        text=processor.tokenizer.decode(completion, skip_special_tokens=True).strip(),
+        prompt_tokens=prompt_length,
+        completion_tokens=len(completion),
+        finish_reason="stop" if stopped else "length",
+    )
 
 
 def train_captioner(model, processor, images: list[np.ndarray], titles: list[str], config: CaptionerConfig, log=print):

@@ -1,6 +1,7 @@
 """The REST front end: the Open Inference Protocol v2 (health, metadata, infer with JSON or binary
-tensors, the model repository extension), `POST /recommend`, Feast's `POST /get-online-features` and
-`GET /metrics`. Every client error is a 4xx `{"error": "..."}` naming the problem."""
+tensors, the model repository extension), `POST /recommend`, Feast's `POST /get-online-features`,
+OpenAI's `POST /v1/chat/completions` for vision-language models and `GET /metrics`. Every client
+error is a 4xx `{"error": "..."}` naming the problem (OpenAI's error shape on the OpenAI routes)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 from serving.models import binary
+from serving.models.openai_api import ChatRequest, add_openai_routes
 from serving.models.protocol import (
     ErrorResponse,
     InferenceRequest,
@@ -160,6 +162,7 @@ def create_app(
     from serving.models.feast_api import add_feast_routes
 
     add_feast_routes(app, server)
+    add_openai_routes(app, server)
     _document_request_bodies(app)
     return app
 
@@ -312,15 +315,16 @@ def _validation_message(errors: list) -> str:
 
 
 def _document_request_bodies(app: FastAPI) -> None:
-    """The infer routes read their body themselves (JSON or binary); their schema is added here."""
+    """The infer and chat routes read their body themselves (JSON or binary); their schemas are added here."""
 
     def openapi():
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            request_schema = InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(request_schema.pop("$defs", {}))
-            components["InferenceRequest"] = request_schema
+            for model in (InferenceRequest, ChatRequest):
+                request_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(request_schema.pop("$defs", {}))
+                components[model.__name__] = request_schema
             app.openapi_schema = schema
         return app.openapi_schema
 

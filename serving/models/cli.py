@@ -32,6 +32,11 @@ DEFAULT_GRPC_PORT = 8501
     default=None,
     help="Experiments file (deploy/experiments.yaml): A/B variants and shadows, re-read on change",
 )
+@click.option(
+    "--vision",
+    is_flag=True,
+    help="With the default config, also serve vision_captioner (champion) on /v1/chat/completions",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve_models(
     config_path: str | None,
@@ -41,6 +46,7 @@ def serve_models(
     grpc_port: int,
     device: str | None,
     experiments_file: str | None,
+    vision: bool,
     log_level: str,
 ) -> None:
     """Serve the registry's models over the Open Inference Protocol v2, recommendations and online features."""
@@ -57,7 +63,7 @@ def serve_models(
         config = ServerConfig.from_yaml(config_path)
     else:
         root = data_dir or os.environ.get("MLPLANE_DATA_DIR") or str(Path.cwd() / "data")
-        config = ServerConfig.local(root)
+        config = ServerConfig.local(root, vision=vision)
     if device:
         config.device = device
     if experiments_file:

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-KINDS = ("two_tower", "clip_text", "clip_image", "content_violation")
+KINDS = ("two_tower", "clip_text", "clip_image", "content_violation", "vision_llm")
 
 
 class ModelEntry(BaseModel):
@@ -37,6 +37,9 @@ class ModelEntry(BaseModel):
     @property
     def follows(self) -> str:
         return f"alias {self.alias!r}" if self.alias else f"version {self.version}"
+
+
+VISION_CAPTIONER = ModelEntry(name="vision_captioner", registry_model="vision_captioner", kind="vision_llm")
 
 
 class BatchingConfig(BaseModel):
@@ -84,8 +87,9 @@ class ServerConfig(BaseModel):
     device: str = Field(default="cpu", description="'cpu' or 'cuda'")
 
     @classmethod
-    def local(cls, data_dir: str | Path, **overrides) -> ServerConfig:
-        """Every platform model from the lake's local registry, champion and challenger."""
+    def local(cls, data_dir: str | Path, vision: bool = False, **overrides) -> ServerConfig:
+        """Every platform model from the lake's local registry, champion and challenger; with `vision`,
+        also `vision_captioner` (a chat model on /v1/chat/completions, trained only on request)."""
         root = Path(data_dir)
         models = [
             ModelEntry(name="personalization", registry_model="personalization", kind="two_tower"),
@@ -99,6 +103,8 @@ class ServerConfig(BaseModel):
             ModelEntry(name="clip_image", registry_model="clip", kind="clip_image"),
             ModelEntry(name="content_violation", registry_model="clip", kind="content_violation"),
         ]
+        if vision:
+            models.append(VISION_CAPTIONER)
         return cls(registry_root=str(root / "registry"), lake_root=str(root), models=models, **overrides)
 
     @classmethod

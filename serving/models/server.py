@@ -134,6 +134,10 @@ class ModelServer:
             return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer)
         if entry.kind == "content_violation":
             return ContentViolationScorer(folder, self.lake, batching, device, observer)
+        if entry.kind == "vision_llm":
+            from serving.models.captioner import VisionCaptioner
+
+            return VisionCaptioner(folder, device)
         raise ValueError(f"unknown model kind {entry.kind!r}")
 
     # --- inference --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """CLIP embeddings end to end with the real engines: open_clip trained by Ray Train, the Ray Data
 pipeline, Qdrant Edge, through Dagster. Small: a quarter-size catalogue over three days."""
 
+import io
 import json
 import tempfile
 from datetime import date
@@ -311,16 +312,24 @@ def test_items_gone_from_the_catalogue_are_deleted_from_the_index(lake, tmp_path
         assert not set(map(str, gone)) & set(vectors.ids("items"))
 
 
-def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(lake):
+def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(lake, tmp_path):
     """The vision-language model built from this lake's CLIP and a gateway_llm trained here: its
     held-out captions, recomputed from the registered folder, match titles better than the best caption
-    that ignores the image, and the registry holds it with its lineage."""
+    that ignores the image, the registry holds it with its lineage, and the model server answers a chat
+    about a thumbnail with the same caption."""
+    from base64 import b64encode
+
+    import httpx
+    from PIL import Image
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from assets.vision_llm import VISION_CAPTIONER, catalogue_thumbnails
     from engines.embeddings import holdout_mask
     from engines.registry import ModelRegistry
     from ml.vision_llm import generate_captions, text_only_baseline, word_accuracy
+    from serving.models.background import running_model_server
+    from serving.models.config import VISION_CAPTIONER as SERVED_CAPTIONER
+    from serving.models.config import ServerConfig
 
     warehouse = AssetSelection.assets(["warehouse", "chat_messages"])
     run_pipeline(lake["dir"], FIRST_DAY, LAST_DAY, selection=warehouse)  # gateway_llm reads the chats too
@@ -347,8 +356,11 @@ def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(la
     registry = ModelRegistry.local(lake["dir"] / "registry")
     version = registry.by_alias("vision_captioner", "champion")
     folder = registry.load("vision_captioner", version.version, lake["dir"] / "downloaded")
-    model = LlavaForConditionalGeneration.from_pretrained(folder).eval()
-    captions = generate_captions(model, AutoProcessor.from_pretrained(folder), [images[r] for r in test_rows])
+    model, processor = (
+        LlavaForConditionalGeneration.from_pretrained(folder).eval(),
+        AutoProcessor.from_pretrained(folder),
+    )
+    captions = generate_captions(model, processor, [images[r] for r in test_rows])
     accuracy = word_accuracy(captions, [titles[r] for r in test_rows])
     baseline = text_only_baseline([titles[r] for r in np.flatnonzero(~held_out)], 4)
     baseline_accuracy = word_accuracy([baseline] * len(test_rows), [titles[r] for r in test_rows])
@@ -356,3 +368,26 @@ def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(la
     assert metadata["baseline_word_accuracy"].value == pytest.approx(baseline_accuracy)
     assert accuracy >= baseline_accuracy + 0.15, (accuracy, baseline_accuracy)  # colour and pattern, from the image
     assert version.tags["mlplane.llm_role"] == "vision" and version.tags["mlplane.tokenizer_sha256"]
+
+    config = ServerConfig(
+        registry_root=str(lake["dir"] / "registry"),
+        lake_root=str(lake["dir"]),
+        vector_store=str(tmp_path / "vectors"),
+        models=[SERVED_CAPTIONER],
+        prediction_log=False,
+        feature_log_sample=0.0,
+    )
+    png = io.BytesIO()
+    Image.fromarray(images[test_rows[0]]).save(png, format="PNG")
+    content = [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64encode(png.getvalue()).decode()}"}}
+    ]
+    with running_model_server(config) as url:
+        served = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "vision_captioner", "messages": [{"role": "user", "content": content}], "max_tokens": 16},
+            timeout=60,
+        )
+    assert served.status_code == 200, served.text
+    alone = generate_captions(model, processor, [images[test_rows[0]]])[0]  # batch size 1, as served
+    assert served.json()["choices"][0]["message"]["content"] == alone
