@@ -87,6 +87,9 @@ def choose(
     rng: random.Random = random,
 ) -> BackendState | None:
     """The backend for the next attempt, or None when every one is excluded or unavailable."""
+    if len(backends) == 1:  # nothing to weigh
+        only = backends[0]
+        return only if only.spec.id not in exclude and only.available() else None
     candidates = [b for b in backends if b.spec.id not in exclude and b.available()]
     if not candidates:
         return None

@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from serving.gateway import fastjson
 from serving.gateway.config import location
 
 LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -66,7 +67,13 @@ def _refuse_constant(name: str):
 
 def parse_json(raw: bytes, max_depth: int) -> dict:
     """Strict JSON: no NaN or Infinity (Python's json accepts them, the backends' clients refuse them),
-    no lone UTF-16 surrogates, nesting at most `max_depth` deep, an object at the top."""
+    no lone UTF-16 surrogates, nesting at most `max_depth` deep, an object at the top. orjson reads it
+    when it can (it refuses all of these but the depth itself); the json module reads the rest and names
+    the problem."""
+    body = fastjson.loads(raw)
+    if isinstance(body, dict):
+        check_shape(body, max_depth, False)
+        return body
     try:
         body = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite)
     except RecursionError as error:

@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect
 
 from serving.gateway.balancer import BackendState
 from serving.gateway.errors import GatewayError, unavailable
-from serving.gateway.limits import LimiterUnavailable, Rejection, Reservation, limits_for
+from serving.gateway.limits import LimiterUnavailable, Rejection, Reservation
 
 log = logging.getLogger("mlplane.gateway")
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection
@@ -66,7 +66,7 @@ class Exchange:
         """Reserves `tokens` (and one request) against every limit of the key and its team: 429 when a
         limit refuses, 503 when the limiter is unreachable (unless settings.rate_limit_failure is open)."""
         gateway = self.gateway
-        limits = limits_for(self.caller.key, self.caller.team)
+        limits = self.caller.limits
         try:
             if gateway.limiter.suspends:
                 acquiring = gateway.limiter.acquire(limits, tokens)

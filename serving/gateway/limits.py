@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from serving.gateway.resp import LuaScript, RedisReplyError, RedisUnavailable, RespClient
 
@@ -37,12 +38,12 @@ class Limit:
     def describe(self) -> str:
         return f"{self.scope} {self.unit} per {self.period} ({self.limit})"
 
-    @property
+    @cached_property
     def bucket_s(self) -> float:
         seconds, buckets = PERIODS[self.period]
         return seconds / buckets
 
-    @property
+    @cached_property
     def buckets(self) -> int:
         return PERIODS[self.period][1]
 
@@ -107,6 +108,7 @@ class MemoryLimiter:
     def __init__(self, prefix: str = "mlplane:gateway", clock=time.time):
         self.prefix, self.clock = prefix, clock
         self.counters: dict[str, dict[int, int]] = {}
+        self.pruned_at: dict[str, int] = {}  # the current bucket of each counter's last pruning
 
     async def acquire(self, limits: list[Limit], tokens: int) -> Reservation | Rejection:
         now = self.clock()
@@ -114,9 +116,14 @@ class MemoryLimiter:
         for limit in limits:
             name = f"{self.prefix}:{limit.scope}:{limit.unit}:{limit.period}"
             current = int(now // limit.bucket_s)
-            buckets = self.counters.setdefault(name, {})
-            for stale in [b for b in buckets if b < current - limit.buckets]:
-                del buckets[stale]
+            buckets = self.counters.get(name)
+            if buckets is None:
+                buckets = self.counters[name] = {}
+            if self.pruned_at.get(name) != current:  # buckets leave the window only when the current one moves
+                self.pruned_at[name] = current
+                oldest = current - limit.buckets
+                for stale in [b for b in buckets if b < oldest]:
+                    del buckets[stale]
             cost = cost_of(limit, tokens)
             if sum(buckets.values()) + cost > limit.limit:
                 return Rejection(limit, retry_after(limit, buckets, now, cost), cost)

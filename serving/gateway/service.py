@@ -8,6 +8,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,7 @@ import httpx
 from serving.gateway.balancer import BackendState
 from serving.gateway.config import ConfigError, GatewayConfig, load_config
 from serving.gateway.errors import GatewayError, unavailable
-from serving.gateway.limits import limiter_for
+from serving.gateway.limits import Limit, limiter_for, limits_for
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.store import ApiKey, GatewayStore, Team, hash_key
 from serving.gateway.tokens import TokenCounter
@@ -39,6 +40,11 @@ class Caller:
 
     key: ApiKey
     team: Team | None
+
+    @cached_property
+    def limits(self) -> list[Limit]:
+        """The key's and its team's limits, worked out once per cached caller (not per request)."""
+        return limits_for(self.key, self.team)
 
 
 class Router:

@@ -8,6 +8,8 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from serving.gateway import fastjson
+
 DONE = "data: [DONE]"
 
 
@@ -29,7 +31,7 @@ def rewrite(line: str, tally: StreamTally, model: str, pass_usage: bool) -> str 
     if not line.startswith("data: ") or line == DONE:
         return line + "\n"
     try:
-        event = json.loads(line[6:])
+        event = fastjson.loads_lenient(line[6:])
     except ValueError:
         return line + "\n"
     if not isinstance(event, dict):
@@ -46,7 +48,7 @@ def rewrite(line: str, tally: StreamTally, model: str, pass_usage: bool) -> str 
         return None  # the usage chunk asked for on the client's behalf
     if "model" in event:
         event["model"] = model
-    return "data: " + json.dumps(event, separators=(",", ":")) + "\n"
+    return "data: " + fastjson.dumps_text(event) + "\n"
 
 
 async def relay(

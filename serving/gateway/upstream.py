@@ -7,11 +7,11 @@ client's and never counts against it; 502s name the model, never a backend URL o
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
 
+from serving.gateway import fastjson
 from serving.gateway.balancer import choose
 from serving.gateway.errors import GatewayError
 from serving.gateway.exchange import Exchange
@@ -87,7 +87,7 @@ def encode(body: dict | None, state) -> bytes | None:
         return None
     if state.spec.kind == "openai":
         body = {**body, "model": state.spec.model}
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    return fastjson.dumps(body)
 
 
 async def forward(
@@ -111,7 +111,7 @@ async def forward(
                 raise BackendFailure(f"HTTP {response.status}: {content[:200]!r}")
             answer = Answer(response.status, content, response.headers.get("content-type", "application/json"))
             if parse_json:
-                answer.payload = json.loads(content)
+                answer.payload = fastjson.loads_lenient(content)
         except (*UPSTREAM_ERRORS, BackendFailure) as error:
             failed(gateway, exchange, group, error)
             continue

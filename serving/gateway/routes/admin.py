@@ -114,6 +114,7 @@ async def usage_report(
     until: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     group_by: str = "key_id,team,model",
 ):
+    await gateway.usage.flush()  # every request answered before the report is in it
     try:
         rows = await asyncio.to_thread(gateway.store.usage_report, since, until, tuple(group_by.split(",")))
     except ValueError as error:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from serving.gateway.errors import from_validation, read_json
 from serving.gateway.exchange import CLIENT_GONE, Exchange
+from serving.gateway.fastjson import FastJSONResponse
 from serving.gateway.images import admit_images, has_images
 from serving.gateway.routes.deps import CallerDep, gateway_in, region_of
 from serving.gateway.schemas import (
@@ -110,7 +111,7 @@ async def generate(request: Request, gateway: Gateway, who: Caller, endpoint: st
         if isinstance(payload, dict) and "model" in payload:
             payload["model"] = group.name
         await exchange.finish(answer.status, used_prompt, used_completion)
-        return JSONResponse(payload, status_code=answer.status)
+        return FastJSONResponse(payload, status_code=answer.status)
 
 
 def _int(value, default: int) -> int:
