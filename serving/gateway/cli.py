@@ -75,7 +75,17 @@ def serve_command(config: str, host: str, port: int, log_level: str, workers: in
         raise click.UsageError("--workers > 1 needs settings.rate_limits: redis://... (memory limits are per process)")
     GatewayStore(settings.store).close()  # creates the tables once, before workers would race to
     os.environ[CONFIG_ENV] = str(config)
-    options = {"host": host, "port": port, "log_level": log_level, "access_log": False, "timeout_graceful_shutdown": 30}
+    from serving.gateway.protocol import GatewayHttpProtocol
+
+    options = {
+        "host": host,
+        "port": port,
+        "log_level": log_level,
+        "access_log": False,
+        "timeout_graceful_shutdown": 30,
+        "http": GatewayHttpProtocol,  # a response's head and body in one write
+        "proxy_headers": False,  # the gateway reads no client address: no X-Forwarded-* pass per request
+    }
     if workers > 1:  # each worker imports the app factory and reads the file itself
         uvicorn.run("serving.gateway.app:app_from_env", factory=True, workers=workers, **options)
     else:

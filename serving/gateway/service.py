@@ -4,6 +4,7 @@ limiter, usage writer and metrics, plus the background health, reload and key-wa
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -96,6 +97,11 @@ class Gateway:
 
         self.session = session_for(self.settings)
         self.usage.start()
+        # the objects of startup (modules, the app, its routes and schemas: about a million) live as long
+        # as the process: frozen, the collector stops scanning them again and again (7% of the CPU of a
+        # request went to gc before)
+        gc.collect()
+        gc.freeze()
         self.tasks = [
             asyncio.create_task(loop()) for loop in (self._health_loop, self._reload_loop, self._key_watch_loop)
         ]

@@ -1,6 +1,7 @@
 """The request path's cheaper parts, without servers: orjson reads and writes exactly what the json
 module did (or hands over to it), the usage writer's batches lose nothing and a flush shows every
-record at once, limits are worked out once per caller, and a lone backend is chosen without scoring."""
+record at once, limits are worked out once per caller, a lone backend is chosen without scoring and a
+response's head and body leave in one write."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from serving.gateway.balancer import BackendState, choose
 from serving.gateway.config import BackendSpec
 from serving.gateway.errors import GatewayError, parse_json
 from serving.gateway.limits import MemoryLimiter, Reservation
+from serving.gateway.protocol import CoalescingTransport
 from serving.gateway.service import Caller
 from serving.gateway.store import ApiKey, Team
 
@@ -144,3 +146,48 @@ def test_a_lone_backend_is_chosen_unless_excluded_or_unavailable():
     assert choose([state], None, {state.spec.id}, 2.0) is None
     state.start()  # at capacity
     assert choose([state], None, set(), 2.0) is None
+
+
+class RecordingTransport:
+    def __init__(self):
+        self.writes: list[bytes] = []
+        self.closed = self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def get_extra_info(self, name: str):
+        return f"extra {name}"
+
+
+def test_a_loop_turns_writes_leave_as_one_in_order_and_close_sends_what_is_held():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        real = RecordingTransport()
+        transport = CoalescingTransport(real, loop)
+        transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        transport.write(b"body")
+        assert real.writes == [] and transport.get_extra_info("socket") == "extra socket"
+        await asyncio.sleep(0)
+        assert real.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+        transport.write(b"last")
+        transport.close()  # nothing held back is lost
+        await asyncio.sleep(0)
+        assert real.writes[-1] == b"last" and real.closed and len(real.writes) == 2
+        dropped = CoalescingTransport(aborted := RecordingTransport(), loop)
+        dropped.write(b"never")
+        dropped.abort()
+        await asyncio.sleep(0)
+        assert aborted.writes == [] and aborted.aborted
+
+    asyncio.run(scenario())
