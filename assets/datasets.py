@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import polars as pl
@@ -49,9 +50,15 @@ suite = Suite(
 
 def timing(flink: FlinkResource) -> Timing:
     """How the live streaming job publishes: its slide, and how long after a window's end it is online."""
+    if flink.live_rows:  # serving would hold values between window ends that training sets do not model
+        raise ValueError(
+            "FlinkResource.live_rows is on: online values move with every event, while point-in-time "
+            "training data is built from window ends; turn live_rows off to build training data, "
+            "batch inference inputs or serving checks"
+        )
     return Timing(
         slide_seconds=flink.slide_seconds,
-        streaming_delay_seconds=flink.watermark_delay_seconds + -(-flink.checkpoint_interval_ms // 1000),
+        streaming_delay_seconds=math.ceil(flink.watermark_delay_seconds + flink.checkpoint_interval_ms / 1000),
     )
 
 

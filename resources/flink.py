@@ -52,8 +52,16 @@ class FlinkResource(ConfigurableResource):
     rest_url: str = Field(default="", description="cluster: JobManager REST, e.g. http://flink-jobmanager:8081")
     flink_python: str = str(DEFAULT_FLINK_PYTHON)
     slide_seconds: int = Field(default=60, description="how often windows emit (== window: tumbling)")
-    watermark_delay_seconds: int = Field(default=5, description="how late an event may be and still count")
+    watermark_delay_seconds: float = Field(default=5, description="how late an event may be and still count")
     checkpoint_interval_ms: int = 2000
+    sink_roll_ms: int = Field(
+        default=1000, description="how often the sink closes a file (visible at the next checkpoint)"
+    )
+    live_rows: bool = Field(
+        default=False,
+        description="a row per event for views over a trailing window: fresh within a second, not a slide "
+        "(training sets cannot reproduce them yet: they refuse to build while this is on)",
+    )
     start_timeout_seconds: float = 300.0
 
     # --- jobs ------------------------------------------------------------------------------------
@@ -76,6 +84,8 @@ class FlinkResource(ConfigurableResource):
                 slide_seconds=self.slide_seconds,
                 watermark_delay_seconds=self.watermark_delay_seconds,
                 checkpoint_interval_ms=self.checkpoint_interval_ms,
+                sink_roll_ms=self.sink_roll_ms,
+                live_rows=self.live_rows,
                 flink_python=Path(self.flink_python),
                 rest=self._rest(),
             )

@@ -40,8 +40,12 @@ class StreamingJobSettings:
     state_dir: Path  # spec, status, checkpoints, sink files, logs
     source_options: SourceOptions
     slide_seconds: int = 60  # how often each window emits; == window size gives tumbling windows
-    watermark_delay_seconds: int = 5  # how late (event time) an event may arrive and still count
-    checkpoint_interval_ms: int = 2000  # also how often results become visible
+    watermark_delay_seconds: float = 5  # how late (event time) an event may arrive and still count
+    checkpoint_interval_ms: int = 2000  # results become visible at the first checkpoint after their file is closed
+    sink_roll_ms: int = 1000  # how often the sink closes its files
+    # a row per event for the views over a trailing window (the value just after it), beside the
+    # window ends: fresh within a second instead of a slide; training sets do not model them yet
+    live_rows: bool = False
     flink_python: Path = DEFAULT_FLINK_PYTHON
     jvm_heap: str = "512m"
     # a local batch job (the backfill): one slot per core and room for its hash aggregations, which
@@ -114,6 +118,8 @@ class FlinkJob:
             mode=self.mode,
             slide_seconds=self.settings.slide_seconds,
             watermark_delay_seconds=self.settings.watermark_delay_seconds + self.watermark_hold_seconds,
+            roll_ms=self.settings.sink_roll_ms,
+            live_rows=self.settings.live_rows,
         )
 
     def write_spec(self) -> Path:

@@ -2,7 +2,9 @@
 path (`FeatureStore.push` to the view's PushSource), in the main environment.
 
 A window result is a complete value, not an increment, so a file applied twice, or a window
-re-emitted after a restart from a checkpoint, never double-counts."""
+re-emitted after a restart from a checkpoint, never double-counts. Live rows (one per event, the
+value at the event's time plus 1 ms) are complete values too, and go through the same newest-wins
+rule per entity as the window-end rows."""
 
 from __future__ import annotations
 
@@ -61,34 +63,38 @@ class OnlinePusher:
             "PRIMARY KEY (view, entity));"
             "CREATE TABLE IF NOT EXISTS emptied (view TEXT, entity TEXT, PRIMARY KEY (view, entity));"
         )
-        self.applied = {
-            view: {
+        folders = [folder for info in spec.views.values() for folder in (info.sink, info.live) if folder]
+        self.applied = {  # file names applied, per sink folder
+            folder: {
                 Path(p).name
-                for (p,) in self.db.execute(  # file names, per view
-                    "SELECT path FROM applied_files WHERE path LIKE ?", (info.sink + "/%",)
-                )
+                for (p,) in self.db.execute("SELECT path FROM applied_files WHERE path LIKE ?", (folder + "/%",))
             }
-            for view, info in spec.views.items()
+            for folder in folders
         }
 
     def poll(self) -> dict[str, int]:
         """Push every newly committed result; returns rows pushed per view."""
         pushed = {}
         for view, info in self.spec.views.items():
-            sink, applied = Path(info.sink), self.applied[view]
-            new_names = [name for name in committed_names(sink) if name not in applied]
-            if not new_names:
+            window_rows, window_files = self._new_rows(info.sink)
+            live_rows, live_files = self._new_rows(info.live) if info.live else ([], [])
+            if not (window_files or live_files):
                 continue
-            rows = [row for name in new_names for row in read_rows(sink / name)]
-            pushed[view] = self._push(view, info, rows)
+            pushed[view] = self._push(view, info, window_rows, live_rows)
             with self.db:
                 self.db.executemany(
-                    "INSERT OR IGNORE INTO applied_files VALUES (?)", [(str(sink / name),) for name in new_names]
+                    "INSERT OR IGNORE INTO applied_files VALUES (?)", [(str(f),) for f in window_files + live_files]
                 )
-            applied.update(new_names)
+            for path in window_files + live_files:
+                self.applied[str(path.parent)].add(path.name)
         if time.time() - self.pruned_at >= PRUNE_EVERY_SECONDS:
             self.prune()
         return pushed
+
+    def _new_rows(self, folder: str) -> tuple[list[dict], list[Path]]:
+        applied = self.applied[folder]
+        files = [Path(folder) / name for name in committed_names(Path(folder)) if name not in applied]
+        return [row for path in files for row in read_rows(path)], files
 
     def prune(self, now: float | None = None) -> int:
         """Deletes applied result files older than `keep_seconds` and folds older metric files into
@@ -97,8 +103,8 @@ class OnlinePusher:
         now = now or time.time()
         cutoff = now - self.keep_seconds
         deleted = 0
-        for view, info in self.spec.views.items():
-            sink, applied = Path(info.sink), self.applied[view]
+        for folder, applied in self.applied.items():
+            sink = Path(folder)
             old = [name for name in committed_names(sink) if name in applied and (sink / name).stat().st_mtime < cutoff]
             for name in old:
                 (sink / name).unlink()
@@ -109,12 +115,10 @@ class OnlinePusher:
         self.pruned_at = now
         return deleted + fold_metrics(Path(self.spec.sink_root) / METRICS, cutoff)
 
-    def _push(self, view: str, info: ViewSink, rows: list[dict]) -> int:
-        if not rows:
-            return 0
+    def _push(self, view: str, info: ViewSink, window_rows: list[dict], live_rows: list[dict]) -> int:
         keys = info.keys
         newest: dict[str, dict] = {}
-        for row in rows:
+        for row in window_rows + live_rows:
             entity = json.dumps([row[k] for k in keys])
             if entity not in newest or newest[entity][WINDOW_END] <= row[WINDOW_END]:
                 newest[entity] = row
@@ -134,7 +138,9 @@ class OnlinePusher:
             if self.on_push:
                 self.on_push(view, frame, pushed_at)
             pushed = len(frame)
-        return pushed + self._empty_the_silent(view, info, max(r[WINDOW_END] for r in rows))
+        if not window_rows:  # only a window end says who had no events in the window
+            return pushed
+        return pushed + self._empty_the_silent(view, info, max(r[WINDOW_END] for r in window_rows))
 
     def _empty_the_silent(self, view: str, info: ViewSink, window_end: str) -> int:
         """Empty values at `window_end` for the entities without a result there, not yet emptied."""
@@ -164,7 +170,8 @@ class OnlinePusher:
     @staticmethod
     def _frame(info: ViewSink, rows: list[dict]) -> pd.DataFrame:
         frame = pd.DataFrame(rows)
-        frame["event_timestamp"] = pd.to_datetime(frame.pop(WINDOW_END), utc=True)
+        # window ends are whole; live rows' have milliseconds: ISO 8601 parses both in one column
+        frame["event_timestamp"] = pd.to_datetime(frame.pop(WINDOW_END), utc=True, format="ISO8601")
         frame = frame[[*info.keys, "event_timestamp", *info.features]]
         for feature, dtype in info.features.items():  # no qualifying values: an empty list, as offline
             if dtype.endswith("_list"):

@@ -8,6 +8,11 @@ slide == size gives tumbling windows), or CUMULATE windows for running aggregati
 (entity, window_end), written to a sink that the pusher applies to the online store as an
 idempotent upsert. The same statements run in batch mode for backfills.
 
+With `live_rows`, a streaming job's views over a trailing window also emit a row per event, once the
+watermark passes it: an OVER aggregation over the rows of the entity in (t - window, t], which
+is the view's value at window_end t + 1 ms. Window-end rows still come at every slide: they
+carry the values of entities whose events age out, and the empty values of those without any.
+
 Semantics match the polars plan: a window ending at T covers events in [T - window, T); rows
 with a null entity key are skipped; `where` filters treat null as false; sums of nothing are 0,
 means and maxima of nothing are null; last_n keeps distinct values, most recent first.
@@ -23,6 +28,7 @@ from feature_defs.compile.streaming import StreamingPlan, WindowedAggregate
 SQL_TYPES = {"int64": "BIGINT", "float64": "DOUBLE", "string": "STRING", "bool": "BOOLEAN"}
 LIST_ELEMENT = {"int64_list": "BIGINT", "string_list": "STRING"}
 WINDOW_END = "window_end"  # the sink column with the end of the window (exclusive), UTC
+LIVE_SUFFIX = "__live"  # the sink folder of a view's per-event rows: {view}__live
 METRICS = "_metrics"  # the sink folder of the job's own counts
 
 
@@ -72,8 +78,9 @@ class ViewSink:
     keys: list[str]  # the entity's join keys
     features: dict[str, str]  # feature -> dtype, in the order of the view's output
     push_source: str  # the Feast PushSource of the view
-    sink: str  # the folder Flink's filesystem sink commits files to
+    sink: str  # the folder Flink's filesystem sink commits window-end rows to
     empty: dict  # each feature's value over a window without events
+    live: str | None = None  # the folder of the per-event rows, for views over a trailing window
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,9 @@ def flink_job(
     sink_root: str,
     mode: Literal["streaming", "batch"] = "streaming",
     slide_seconds: int = 60,
-    watermark_delay_seconds: int = 5,
+    watermark_delay_seconds: float = 5,
+    roll_ms: int = 1000,
+    live_rows: bool = False,
 ) -> FlinkJobSpec:
     """One Flink job computing every plan (all over the same event source)."""
     if not plans:
@@ -121,20 +130,26 @@ def flink_job(
         _source_ddl(raw, first, source, mode, watermark_delay_seconds),
         _parsed_view(f"{first.source}_parsed", raw, first, keys, mode),
         f"CREATE TEMPORARY VIEW `{events}` AS SELECT * FROM `{first.source}_parsed` WHERE is_valid AND NOT is_late",
-        _metrics_sink_ddl(sink_root, mode),
+        _metrics_sink_ddl(sink_root, mode, roll_ms),
     ]
     inserts = [_metrics_insert(f"{first.source}_parsed", first.event_time, mode)]
     views = {}
     for plan in plans:
         sink = f"sink__{plan.view}"
-        statements.append(_view_sink_ddl(sink, plan, sink_root, mode))
+        statements.append(_view_sink_ddl(sink, plan, f"{sink_root}/{plan.view}", mode, roll_ms))
         inserts.append(_view_insert(sink, events, plan, slide_seconds))
+        live = None
+        if live_rows and mode == "streaming" and not any(a.running for a in plan.aggregates):
+            live = f"{sink_root}/{plan.view}{LIVE_SUFFIX}"
+            statements.append(_view_sink_ddl(f"{sink}{LIVE_SUFFIX}", plan, live, mode, roll_ms))
+            inserts.append(_live_insert(f"{sink}{LIVE_SUFFIX}", events, plan))
         views[plan.view] = ViewSink(
             keys=list(plan.keys),
             features=dict(plan.output_types),
             push_source=plan.push_source,
             sink=f"{sink_root}/{plan.view}",
             empty=empty_values(plan),
+            live=live,
         )
     return FlinkJobSpec(name=name, mode=mode, statements=statements, inserts=inserts, views=views, sink_root=sink_root)
 
@@ -167,7 +182,7 @@ def _timestamp_of(text: str) -> str:
     return f"(CASE WHEN {valid} THEN TIMESTAMPADD(SECOND, -{offset}, {local}) END)"
 
 
-def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: str, delay: int) -> str:
+def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: str, delay: float) -> str:
     ts = plan.event_time
     # A line without a readable timestamp gets the epoch (never null, which would fail the window
     # operator); the parsed view marks it malformed and no window sees it.
@@ -193,8 +208,10 @@ def _parsed_view(name: str, raw: str, plan: StreamingPlan, keys: list[str], mode
     ]
     is_valid = "COALESCE(" + " AND ".join(checks) + ", FALSE)"
     columns = [f"{expr} AS `{c}`" for c, expr in typed.items()]
-    if mode == "streaming":  # older than the watermark: dropped here and counted, not silently by a window
-        late, extra = f"COALESCE(`{ts}` < CURRENT_WATERMARK(`{ts}`), FALSE)", ", proc_time"
+    # at or behind the watermark: dropped here and counted, not silently by a window or by the live
+    # rows' OVER aggregation (which drops an event at a time it has already emitted)
+    if mode == "streaming":
+        late, extra = f"COALESCE(`{ts}` <= CURRENT_WATERMARK(`{ts}`), FALSE)", ", proc_time"
     else:
         late, extra = "FALSE", ""
     return (
@@ -205,10 +222,11 @@ def _parsed_view(name: str, raw: str, plan: StreamingPlan, keys: list[str], mode
 
 
 # --- sinks ------------------------------------------------------------------------------------------
-def _sink_with(path: str, mode: str) -> str:
+def _sink_with(path: str, mode: str, roll_ms: int) -> str:
     options = {"connector": "filesystem", "path": path, "format": "json"}
-    if mode == "streaming":  # files become visible when a checkpoint commits them
-        options |= {"sink.rolling-policy.rollover-interval": "1s", "sink.rolling-policy.check-interval": "1s"}
+    if mode == "streaming":  # a file is closed every roll_ms; the next checkpoint commits it (makes it visible)
+        roll = f"{roll_ms}ms"
+        options |= {"sink.rolling-policy.rollover-interval": roll, "sink.rolling-policy.check-interval": roll}
     return _with(options)
 
 
@@ -218,15 +236,15 @@ def _sql_type(dtype: str) -> str:
     return SQL_TYPES[dtype]
 
 
-def _view_sink_ddl(sink: str, plan: StreamingPlan, sink_root: str, mode: str) -> str:
+def _view_sink_ddl(sink: str, plan: StreamingPlan, folder: str, mode: str, roll_ms: int) -> str:
     columns = [f"`{k}` {SQL_TYPES[plan.source_schema[c]]}" for k, c in plan.keys.items()]
     columns.append(f"`{WINDOW_END}` TIMESTAMP(3)")
     columns += [f"`{f}` {_sql_type(t)}" for f, t in plan.output_types.items()]
-    with_clause = _sink_with(f"{sink_root}/{plan.view}", mode)
+    with_clause = _sink_with(folder, mode, roll_ms)
     return f"CREATE TABLE `{sink}` (\n  " + ",\n  ".join(columns) + f"\n) {with_clause}"
 
 
-def _metrics_sink_ddl(sink_root: str, mode: str) -> str:
+def _metrics_sink_ddl(sink_root: str, mode: str, roll_ms: int) -> str:
     columns = [
         "measured_at TIMESTAMP(3)",
         "records BIGINT",
@@ -234,7 +252,8 @@ def _metrics_sink_ddl(sink_root: str, mode: str) -> str:
         "late BIGINT",
         "max_event_time TIMESTAMP(3)",
     ]
-    return "CREATE TABLE `sink__metrics` (" + ", ".join(columns) + f") {_sink_with(f'{sink_root}/{METRICS}', mode)}"
+    with_clause = _sink_with(f"{sink_root}/{METRICS}", mode, roll_ms)
+    return "CREATE TABLE `sink__metrics` (" + ", ".join(columns) + f") {with_clause}"
 
 
 def _metrics_insert(parsed: str, ts: str, mode: str) -> str:
@@ -284,6 +303,37 @@ def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str
             f"SELECT m.*, l.`{last_n[0].feature}` FROM ({rows}) m LEFT JOIN ({latest}) l "
             f"ON {on} AND m.window_start = l.window_start AND m.window_end = l.window_end"
         )
+    return _insert_outputs(sink, plan, rows)
+
+
+def _live_insert(sink: str, events: str, plan: StreamingPlan) -> str:
+    """A row per event at time t: the view over the entity's events in (t - window, t], its value at
+    window_end t + 1 ms (Flink keeps times to the millisecond). Events of an entity at the same
+    millisecond are aggregated together and each gets the same values."""
+    (window,) = {a.window_seconds for a in plan.aggregates}
+    ts = f"`{plan.event_time}`"
+    keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
+    partition = ", ".join(f"`{c}`" for c in plan.keys.values())
+    aggs = "".join(f", {_live_aggregate_sql(a, plan)} AS `{a.feature}`" for a in plan.aggregates)
+    rows = (
+        f"SELECT {keys}, {ts} + INTERVAL '0.001' SECOND AS window_end{aggs} FROM `{events}` "
+        f"WINDOW w AS (PARTITION BY {partition} ORDER BY {ts} "
+        f"RANGE BETWEEN {_interval(window - 0.001)} PRECEDING AND CURRENT ROW)"
+    )
+    return _insert_outputs(sink, plan, rows)
+
+
+def _live_aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
+    if agg.kind != "last_n":
+        return f"{_aggregate_sql(agg, plan)} OVER w"
+    # the window's values in time order, newest first, each at its most recent time, n of them
+    value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
+    element = LIST_ELEMENT[plan.output_types[agg.feature]]
+    values = f"ARRAY_REMOVE(ARRAY_AGG({value}) OVER w, CAST(NULL AS {element}))"
+    return f"ARRAY_SLICE(ARRAY_DISTINCT(ARRAY_REVERSE({values})), 1, {int(agg.n)})"
+
+
+def _insert_outputs(sink: str, plan: StreamingPlan, rows: str) -> str:
     derived = {d.feature: d.sql for d in plan.derived}
     outer = [f"`{k}`" for k in plan.keys] + [f"CAST(window_end AS TIMESTAMP(3)) AS `{WINDOW_END}`"]
     outer += [f"{derived[f]} AS `{f}`" if f in derived else f"`{f}`" for f in plan.output_types]
@@ -342,9 +392,13 @@ def _last_n_sql(agg: WindowedAggregate, plan: StreamingPlan, tvf: str) -> str:
     )
 
 
-def _interval(seconds: int) -> str:
-    days, rest = divmod(seconds, 86400)
-    return f"INTERVAL '{days} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}' DAY(3) TO SECOND"
+def _interval(seconds: float) -> str:
+    millis = round(seconds * 1000)
+    days, rest = divmod(millis // 1000, 86400)
+    clock = f"{days} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    if millis % 1000:
+        return f"INTERVAL '{clock}.{millis % 1000:03d}' DAY(3) TO SECOND(3)"
+    return f"INTERVAL '{clock}' DAY(3) TO SECOND"
 
 
 def _quote(text: str) -> str:

@@ -224,6 +224,7 @@ def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
             slide_seconds=SLIDE,
             watermark_delay_seconds=WATERMARK_DELAY,
             checkpoint_interval_ms=1000,
+            live_rows=True,
         )
     )
     pusher = OnlinePusher(engine.store, job.spec())

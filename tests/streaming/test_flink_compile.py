@@ -32,6 +32,26 @@ def test_one_job_computes_every_streaming_view_of_a_source():
     assert spec.views["item_trending"].push_source == "item_trending_push"
 
 
+def test_live_rows_are_one_over_aggregation_per_view_over_a_trailing_window():
+    spec = flink_job("j", streaming_plans(catalogue), FILES, "/sink", live_rows=True)
+    live = {view: info.live for view, info in spec.views.items()}
+    assert live == {
+        "user_activity_realtime": "/sink/user_activity_realtime__live",
+        "item_trending": "/sink/item_trending__live",
+        "item_sales_today": None,  # running totals: window ends only
+    }
+    over = [i for i in spec.inserts if "OVER w" in i]
+    assert len(over) == 2 and all("RANGE BETWEEN INTERVAL '0 00:59:59.999'" in i for i in over)
+    assert "ARRAY_AGG" in over[0]  # last_played_items_1h
+    assert "<= CURRENT_WATERMARK" in " ".join(spec.statements)  # an event at the watermark is late for both
+    assert (
+        flink_job("j", streaming_plans(catalogue), FILES, "/sink", mode="batch", live_rows=True)
+        .views["item_trending"]
+        .live
+        is None
+    )
+
+
 def test_batch_mode_has_no_watermark_and_no_directory_monitoring():
     spec = flink_job("j", streaming_plans(catalogue), FILES, "/sink", mode="batch")
     assert "WATERMARK" not in spec.statements[0] and "monitor-interval" not in spec.statements[0]

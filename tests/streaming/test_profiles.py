@@ -29,3 +29,16 @@ def test_local_profile_reads_the_simulators_directory(tmp_path):
         ddl = resources.flink.job("interactions").spec().statements[0]
         assert f"'path' = '{tmp_path.resolve()}/stream/interactions'" in ddl
         assert resources.flink.health("interactions").status == "NOT_STARTED"
+
+
+def test_training_data_refuses_a_job_with_live_rows(tmp_path):
+    """Live rows move online values between window ends, which point-in-time training data does not
+    model: building it then would skew training from serving without a word."""
+    from assets.datasets import timing
+
+    with build_resources(resources_for("local", data_dir=str(tmp_path))) as resources:
+        assert timing(resources.flink).streaming_delay_seconds == 7  # 5 s watermark + a 2 s checkpoint
+        live = resources.flink.model_copy(update={"live_rows": True})
+        assert live.job("interactions").spec().views["item_trending"].live
+        with pytest.raises(ValueError, match="live_rows is on"):
+            timing(live)

@@ -131,3 +131,43 @@ def test_old_applied_files_are_pruned_and_the_job_counts_survive(redis_store, tm
     assert job_metrics(metrics)["records"] == 22
     assert fold_metrics(metrics, older_than=0) == 0
     assert not (metrics / "part-5").exists() and job_metrics(metrics)["records"] == 22
+
+
+def test_live_rows_take_over_between_window_ends_and_never_empty_anyone(redis_store, tmp_path):
+    """A live row (an event's value, stamped a millisecond after it) is newer than the window end
+    before it and older than the one after; only window ends say who had no events."""
+    spec = flink_job(
+        "j", streaming_plans(catalogue), SourceOptions(path="/unused"), str(tmp_path / "sink"), live_rows=True
+    )
+    assert spec.views["item_trending"].live == str(tmp_path / "sink" / "item_trending__live")
+    windows, live = tmp_path / "sink" / "item_trending", tmp_path / "sink" / "item_trending__live"
+    windows.mkdir(parents=True)
+    live.mkdir()
+    commits = iter(range(1, 100))
+
+    def commit(folder, *rows):
+        (folder / f"part-{next(commits)}").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def online(item: int) -> tuple:
+        values = redis_store.online_features("search", [{"item_id": item}])
+        return values["item_trending__impressions_1h"][0], values["item_trending__clicks_1h"][0]
+
+    pusher = OnlinePusher(redis_store.store, spec)
+    try:
+        commit(windows, trending(1, W1, 10, 2), trending(2, W1, 4, 1))
+        commit(live, trending(1, "2026-01-02 10:03:00.001", 11, 3))
+        assert pusher.poll() == {"item_trending": 2}  # item 1's live row is newer than W1
+        assert online(1) == (11, 3) and online(2) == (4, 1)  # a live row empties no one
+
+        commit(live, trending(1, "2026-01-02 10:07:30.25", 12, 3), trending(1, "2026-01-02 10:07:30.5", 13, 4))
+        pusher.poll()
+        assert online(1) == (13, 4)  # the newer of two in one commit (fractions compare as times)
+
+        commit(windows, trending(1, W2, 9, 4))  # W2 after both live rows; item 2 had no events before it
+        pusher.poll()
+        assert online(1) == (9, 4) and online(2) == (0, 0)
+        commit(live, trending(1, "2026-01-02 10:07:30.5", 13, 4))  # replayed after a restart: older than W2
+        pusher.poll()
+        assert online(1) == (9, 4)
+    finally:
+        pusher.close()
