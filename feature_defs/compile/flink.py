@@ -51,9 +51,11 @@ class SourceOptions:
         if self.kind == "files":
             if not self.path:
                 raise FlinkCompileError("a files source needs a path")
-            options = {"connector": "filesystem", "path": self.path, "format": "raw"}
-            if mode == "streaming":
-                options["source.monitor-interval"] = f"{int(self.monitor_seconds * 1000)}ms"
+            if mode == "streaming":  # our connector (jobs/flink/connectors): files in arrival order
+                interval = f"{int(self.monitor_seconds * 1000)}ms"
+                options = {"connector": "ordered-files", "path": self.path, "source.monitor-interval": interval}
+            else:  # a batch job reads every file before the first result: order does not matter
+                options = {"connector": "filesystem", "path": self.path, "format": "raw"}
         elif self.kind == "kafka":
             if not (self.bootstrap_servers and self.topic):
                 raise FlinkCompileError("a kafka source needs bootstrap_servers and topic")

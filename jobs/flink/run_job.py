@@ -28,6 +28,8 @@ import traceback
 from pathlib import Path
 
 TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
+# our connectors (jobs/flink/connectors, built by scripts/setup-flink); a remote job ships them along
+CONNECTORS = Path(sys.prefix) / "mlplane-connectors.jar"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +93,7 @@ def submit(spec: dict, args: argparse.Namespace):
         "python.executable": sys.executable,
         "restart-strategy.type": "none",
         "table.exec.resource.default-parallelism": str(args.parallelism),
+        "pipeline.jars": CONNECTORS.resolve().as_uri(),
     }
     if args.managed_memory:
         values["taskmanager.memory.managed.size"] = args.managed_memory

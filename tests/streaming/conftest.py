@@ -122,15 +122,17 @@ def append_in_chunks(
     chunks: int,
     render: Callable[[pa.Table], list[str]] | None = None,
 ) -> int:
-    """Append `table` in time order, each file once the job has read the previous one: Flink's file
-    source reads a backlog of files newest first, which would make the older ones late. `render`
-    writes a chunk's lines (default: as the simulator does)."""
+    """Append `table` in time order as `chunks` files at once, faster than the job reads them (a
+    job that lags), then wait until a checkpoint holds them all. The source must read them in
+    arrival order: read newest first, as Flink's own file source does, the older files' events
+    would fall behind the watermark and be dropped as late. `render` writes a chunk's lines
+    (default: as the simulator does)."""
+    expected = job.metrics()["records"] + table.num_rows
     size = -(-table.num_rows // chunks)
     for start in range(0, table.num_rows, size):
         chunk = table.slice(start, size)
-        expected = job.metrics()["records"] + chunk.num_rows
         stream.append_lines(render(chunk)) if render else stream.append(chunk)
-        wait_until(lambda total=expected: job.metrics()["records"] == total, "the job to read the file")
+    wait_until(lambda: job.metrics()["records"] == expected, "the job to read the files")
     return table.num_rows
 
 
