@@ -76,11 +76,21 @@ class EventStream:
 
 
 def malformed_lines(good: pa.Table) -> list[str]:
-    """One line of each kind a bad producer sends: not JSON, no timestamp, a key of the wrong type."""
+    """One line of each kind a bad producer sends: not JSON, JSON but no object, an object with
+    text after it, no timestamp, a key of the wrong type, a key that is an object, a null key."""
     row = json.loads(to_jsonl(good.slice(0, 1)))
     no_time = {k: v for k, v in row.items() if k != "event_timestamp"}
     wrong_type = {**row, "user_id": f"user-{row['user_id']}", "item_id": f"item-{row['item_id']}"}
-    return ['{"event_id": "broken', json.dumps(no_time), json.dumps(wrong_type)]
+    nested_key, null_key = {**row, "user_id": {"id": row["user_id"]}}, {**row, "item_id": None}
+    return [
+        '{"event_id": "broken',
+        json.dumps([row]),
+        json.dumps(row) + " and more",
+        json.dumps(no_time),
+        json.dumps(wrong_type),
+        json.dumps(nested_key),
+        json.dumps(null_key),
+    ]
 
 
 def _next_sequence(directory: Path) -> int:

@@ -1,12 +1,13 @@
 """Compile the streaming plans of one event source to a Flink SQL job (a JSON-able spec).
 
-The job reads raw JSON lines (a directory the simulator appends to, or a Kafka topic), parses
-them in SQL, counts malformed and late lines, and computes every streaming view over the source
-with event-time HOP windows (size = the feature's window, slide = how often values are emitted;
-slide == size gives tumbling windows), or CUMULATE windows for running aggregations (the period
-= the feature's window, emitted every slide). Each window result is a complete value for
-(entity, window_end), written to a sink that the pusher applies to the online store as an
-idempotent upsert. The same statements run in batch mode for backfills.
+The job reads raw JSON lines (a directory the simulator appends to, through our ordered-files
+connector, which hands over each line's fields as text; or a Kafka topic, whose lines the SQL
+parses with JSON_VALUE), types and checks them in SQL, counts malformed and late lines, and
+computes every streaming view over the source with event-time HOP windows (size = the feature's
+window, slide = how often values are emitted; slide == size gives tumbling windows), or CUMULATE
+windows for running aggregations (the period = the feature's window, emitted every slide). Each
+window result is a complete value for (entity, window_end), written to a sink that the pusher
+applies to the online store as an idempotent upsert. The same statements run in batch mode for backfills.
 
 With `live_rows`, a streaming job's views over a trailing window also emit a row per event, once the
 watermark passes it: an OVER aggregation over the rows of the entity in (t - window, t], which
@@ -47,15 +48,21 @@ class SourceOptions:
     topic: str = ""  # kafka
     group_id: str = "mlplane-streaming-features"  # kafka
 
+    @property
+    def fields_extracted(self) -> bool:
+        """The source hands over each top-level field of a line as text (our ordered-files
+        connector parses a line once); otherwise the SQL reads them from the raw line with
+        JSON_VALUE, which parses the line again for each field."""
+        return self.kind == "files"
+
     def with_clause(self, mode: str) -> str:
         if self.kind == "files":
             if not self.path:
                 raise FlinkCompileError("a files source needs a path")
-            if mode == "streaming":  # our connector (jobs/flink/connectors): files in arrival order
-                interval = f"{int(self.monitor_seconds * 1000)}ms"
-                options = {"connector": "ordered-files", "path": self.path, "source.monitor-interval": interval}
-            else:  # a batch job reads every file before the first result: order does not matter
-                options = {"connector": "filesystem", "path": self.path, "format": "raw"}
+            # our connector (jobs/flink/connectors): files in arrival order, each line parsed once
+            options = {"connector": "ordered-files", "path": self.path}
+            if mode == "streaming":  # keep watching for new files; a batch job reads what is there
+                options["source.monitor-interval"] = f"{int(self.monitor_seconds * 1000)}ms"
         elif self.kind == "kafka":
             if not (self.bootstrap_servers and self.topic):
                 raise FlinkCompileError("a kafka source needs bootstrap_servers and topic")
@@ -130,7 +137,7 @@ def flink_job(
     keys = sorted({c for p in plans for c in p.keys.values()})
     statements = [
         _source_ddl(raw, first, source, mode, watermark_delay_seconds),
-        _parsed_view(f"{first.source}_parsed", raw, first, keys, mode),
+        _parsed_view(f"{first.source}_parsed", raw, first, keys, mode, _Line(source.fields_extracted)),
         f"CREATE TEMPORARY VIEW `{events}` AS SELECT * FROM `{first.source}_parsed` WHERE is_valid AND NOT is_late",
         _metrics_sink_ddl(sink_root, mode, roll_ms),
     ]
@@ -157,15 +164,32 @@ def flink_job(
 
 
 # --- source -------------------------------------------------------------------------------------
-def _json_value(column: str, dtype: str) -> str:
-    path = f"'$.{column}'"
-    if dtype == "timestamp":
-        return _timestamp_of(f"JSON_VALUE(line, {path})")
-    if dtype not in SQL_TYPES:
-        raise FlinkCompileError(f"column {column!r}: type {dtype} is not supported in streaming sources")
-    if dtype == "string":
-        return f"JSON_VALUE(line, {path})"
-    return f"TRY_CAST(JSON_VALUE(line, {path}) AS {SQL_TYPES[dtype]})"
+@dataclass(frozen=True)
+class _Line:
+    """How the SQL reads a raw line's fields: columns the source extracted, or JSON_VALUE."""
+
+    extracted: bool
+
+    def text(self, column: str) -> str:
+        """The field's text as JSON_VALUE gives it: NULL when missing, null or not a scalar."""
+        return f"`$.{column}`" if self.extracted else f"JSON_VALUE(line, '$.{column}')"
+
+    def is_object(self) -> str:
+        return "is_json_object" if self.extracted else "(line IS JSON OBJECT)"
+
+    def physical_columns(self, schema: dict[str, str]) -> list[str]:
+        if not self.extracted:
+            return ["line STRING"]
+        return ["is_json_object BOOLEAN"] + [f"`$.{c}` STRING" for c in schema]
+
+    def typed(self, column: str, dtype: str) -> str:
+        if dtype == "timestamp":
+            return _timestamp_of(self.text(column))
+        if dtype not in SQL_TYPES:
+            raise FlinkCompileError(f"column {column!r}: type {dtype} is not supported in streaming sources")
+        if dtype == "string":
+            return self.text(column)
+        return f"TRY_CAST({self.text(column)} AS {SQL_TYPES[dtype]})"
 
 
 def _timestamp_of(text: str) -> str:
@@ -185,26 +209,25 @@ def _timestamp_of(text: str) -> str:
 
 
 def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: str, delay: float) -> str:
-    ts = plan.event_time
+    ts, line = plan.event_time, _Line(source.fields_extracted)
     # A line without a readable timestamp gets the epoch (never null, which would fail the window
     # operator); the parsed view marks it malformed and no window sees it.
-    columns = [
-        "line STRING",
-        f"`{ts}` AS COALESCE({_json_value(ts, 'timestamp')}, TIMESTAMP '1970-01-01 00:00:00')",
+    columns = line.physical_columns(plan.source_schema) + [
+        f"`{ts}` AS COALESCE({line.typed(ts, 'timestamp')}, TIMESTAMP '1970-01-01 00:00:00')",
     ]
     if mode == "streaming":
         columns += ["proc_time AS PROCTIME()", f"WATERMARK FOR `{ts}` AS `{ts}` - {_interval(delay)}"]
     return f"CREATE TABLE `{table}` (\n  " + ",\n  ".join(columns) + f"\n) {source.with_clause(mode)}"
 
 
-def _parsed_view(name: str, raw: str, plan: StreamingPlan, keys: list[str], mode: str) -> str:
+def _parsed_view(name: str, raw: str, plan: StreamingPlan, keys: list[str], mode: str, line: _Line) -> str:
     ts = plan.event_time
-    typed = {c: _json_value(c, t) for c, t in plan.source_schema.items() if c != ts}
-    checks = ["(line IS JSON OBJECT)", f"({_json_value(ts, 'timestamp')} IS NOT NULL)"]
+    typed = {c: line.typed(c, t) for c, t in plan.source_schema.items() if c != ts}
+    checks = [line.is_object(), f"({line.typed(ts, 'timestamp')} IS NOT NULL)"]
     checks += [f"({typed[k]} IS NOT NULL)" for k in keys]
     # a value present with the wrong type (say 'user-3' for a BIGINT) is malformed, not null
     checks += [
-        f"(JSON_VALUE(line, '$.{c}') IS NULL OR {expr} IS NOT NULL)"
+        f"({line.text(c)} IS NULL OR {expr} IS NOT NULL)"
         for c, expr in typed.items()
         if plan.source_schema[c] not in ("string",)
     ]

@@ -58,10 +58,20 @@ def test_batch_mode_has_no_watermark_and_no_directory_monitoring():
     assert "CURRENT_WATERMARK" not in " ".join(spec.statements)
 
 
+def test_files_are_read_by_our_connector_which_parses_each_line_once():
+    for mode in ("streaming", "batch"):
+        ddl, parsed = flink_job("j", streaming_plans(catalogue), FILES, "/sink", mode=mode).statements[:2]
+        assert "'connector' = 'ordered-files'" in ddl and "is_json_object BOOLEAN" in ddl
+        assert "`$.user_id` STRING" in ddl and "TRY_CAST(`$.user_id` AS BIGINT) AS `user_id`" in parsed
+        assert "JSON_VALUE" not in ddl + parsed
+        assert ("'source.monitor-interval' = '1000ms'" in ddl) == (mode == "streaming")
+
+
 def test_kafka_source_options():
     kafka = SourceOptions(kind="kafka", bootstrap_servers="kafka:9092", topic="mlplane.interactions")
-    ddl = flink_job("j", streaming_plans(catalogue), kafka, "/sink").statements[0]
+    ddl, parsed = flink_job("j", streaming_plans(catalogue), kafka, "/sink").statements[:2]
     assert "'connector' = 'kafka'" in ddl and "'topic' = 'mlplane.interactions'" in ddl
+    assert "line STRING" in ddl and "TRY_CAST(JSON_VALUE(line, '$.user_id') AS BIGINT) AS `user_id`" in parsed
     with pytest.raises(FlinkCompileError, match="bootstrap_servers"):
         flink_job("j", streaming_plans(catalogue), SourceOptions(kind="kafka"), "/sink")
 

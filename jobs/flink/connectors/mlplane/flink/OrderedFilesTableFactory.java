@@ -1,6 +1,7 @@
 package mlplane.flink;
 
 import java.time.Duration;
+import java.util.List;
 import java.util.Set;
 import org.apache.flink.configuration.ConfigOption;
 import org.apache.flink.configuration.ConfigOptions;
@@ -17,15 +18,17 @@ import org.apache.flink.table.types.DataType;
 import org.apache.flink.table.types.logical.LogicalTypeRoot;
 
 /**
- * connector 'ordered-files': a directory of text files watched for new ones, read a line per row
- * (one STRING column) in the order the files arrived. The filesystem connector reads the same rows
- * but hands out a scan's files in no particular order (see ArrivalOrderSplitAssigner).
+ * connector 'ordered-files': a directory of text files, read a row per line (see LineRowFormat for
+ * the columns) in the order the files arrived; with source.monitor-interval it keeps watching the
+ * directory for new files (unbounded), without it it reads what is there (bounded). The
+ * filesystem connector hands out a scan's files in no particular order (see
+ * ArrivalOrderSplitAssigner).
  */
 public final class OrderedFilesTableFactory implements DynamicTableSourceFactory {
 
     static final ConfigOption<String> PATH = ConfigOptions.key("path").stringType().noDefaultValue();
     static final ConfigOption<Duration> MONITOR_INTERVAL =
-            ConfigOptions.key("source.monitor-interval").durationType().defaultValue(Duration.ofSeconds(1));
+            ConfigOptions.key("source.monitor-interval").durationType().noDefaultValue();
 
     @Override
     public String factoryIdentifier() {
@@ -47,9 +50,24 @@ public final class OrderedFilesTableFactory implements DynamicTableSourceFactory
         FactoryUtil.TableFactoryHelper helper = FactoryUtil.createTableFactoryHelper(this, context);
         helper.validate();
         DataType row = context.getPhysicalRowDataType();
-        var fields = row.getLogicalType().getChildren();
-        if (fields.size() != 1 || fields.get(0).getTypeRoot() != LogicalTypeRoot.VARCHAR) {
-            throw new IllegalArgumentException("ordered-files: the table needs exactly one physical STRING column (the line)");
+        List<String> names = DataType.getFieldNames(row);
+        List<DataType> types = DataType.getFieldDataTypes(row);
+        for (int i = 0; i < names.size(); i++) {
+            String name = names.get(i);
+            LogicalTypeRoot type = types.get(i).getLogicalType().getTypeRoot();
+            boolean known =
+                    name.equals(LineRowFormat.IS_JSON_OBJECT)
+                            ? type == LogicalTypeRoot.BOOLEAN
+                            : type == LogicalTypeRoot.VARCHAR
+                                    && (name.equals(LineRowFormat.LINE) || name.startsWith(LineRowFormat.FIELD_PREFIX));
+            if (!known) {
+                throw new IllegalArgumentException(
+                        "ordered-files: column `" + name + "` must be `line` STRING, `is_json_object` BOOLEAN"
+                                + " or `$.<field>` STRING");
+            }
+        }
+        if (names.isEmpty()) {
+            throw new IllegalArgumentException("ordered-files: the table needs a physical column");
         }
         return new Source(helper.getOptions().get(PATH), helper.getOptions().get(MONITOR_INTERVAL), row);
     }
@@ -72,13 +90,14 @@ public final class OrderedFilesTableFactory implements DynamicTableSourceFactory
 
         @Override
         public ScanRuntimeProvider getScanRuntimeProvider(ScanContext context) {
-            FileSource<RowData> files =
-                    FileSource.forRecordStreamFormat(
-                                    new LineRowFormat(context.createTypeInformation(row)), new Path(path))
-                            .monitorContinuously(interval)
-                            .setSplitAssigner(ArrivalOrderSplitAssigner::new)
-                            .build();
-            return SourceProvider.of(files);
+            LineRowFormat format = new LineRowFormat(DataType.getFieldNames(row), context.createTypeInformation(row));
+            FileSource.FileSourceBuilder<RowData> files =
+                    FileSource.forRecordStreamFormat(format, new Path(path))
+                            .setSplitAssigner(ArrivalOrderSplitAssigner::new);
+            if (interval != null) {
+                files.monitorContinuously(interval);
+            }
+            return SourceProvider.of(files.build());
         }
 
         @Override
