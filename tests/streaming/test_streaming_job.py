@@ -86,6 +86,8 @@ def test_a_killed_job_is_detected_and_resumes_from_its_checkpoint(streaming_run)
     assert streaming_run.job.status()["restored_from"] == str(streaming_run.checkpoint_restored)
     # every line counted exactly once across the crash: no file was read twice
     assert streaming_run.health_at_end.records == streaming_run.lines_appended
+    # the state was restored from the changelog the checkpoints point into, not from full snapshots
+    assert any(f.is_file() for f in (streaming_run.job.state_dir / "changelog").rglob("*"))
 
 
 def test_late_and_malformed_events_are_counted_and_do_not_stop_the_job(streaming_run):
