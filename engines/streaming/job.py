@@ -23,6 +23,7 @@ from feature_defs.dsl import Catalogue
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 JOB_BODY = PROJECT_ROOT / "jobs" / "flink" / "run_job.py"
 DEFAULT_FLINK_PYTHON = PROJECT_ROOT / ".venv-flink" / "bin" / "python"
+CONNECTORS_JAR = "mlplane-connectors.jar"  # in the Flink environment; built by scripts/setup-flink
 
 
 class StreamingJobError(RuntimeError):
@@ -137,6 +138,9 @@ class FlinkJob:
         python = Path(self.settings.flink_python)
         if not python.exists():
             raise StreamingJobError(f"the Flink environment {python} is missing: run scripts/setup-flink")
+        connectors = python.parents[1] / CONNECTORS_JAR  # the job body adds it to every job
+        if not connectors.exists():
+            raise StreamingJobError(f"our Flink connectors {connectors} are missing: run scripts/setup-flink")
         command = [
             str(python),
             str(JOB_BODY),

@@ -11,7 +11,10 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from engines.streaming.job import DEFAULT_FLINK_PYTHON
+import pytest
+
+from engines.streaming import SourceOptions, StreamingJobSettings
+from engines.streaming.job import CONNECTORS_JAR, DEFAULT_FLINK_PYTHON, FlinkJob, StreamingJobError
 
 FIELDS = ["s", "n", "f", "b", "z", "o"]
 LINES = [
@@ -54,7 +57,7 @@ def test_files_in_arrival_order_and_fields_as_json_value_reads_them(tmp_path):
         path = folder / f"events-{len(LINES) - k:03d}.jsonl"
         path.write_text(line + "\n")
         os.utime(path, ns=(1_700_000_000_000_000_000 + k * 10**9,) * 2)
-    jar = Path(DEFAULT_FLINK_PYTHON).parents[1] / "mlplane-connectors.jar"
+    jar = Path(DEFAULT_FLINK_PYTHON).parents[1] / CONNECTORS_JAR
     script = tmp_path / "read_back.py"
     script.write_text(textwrap.dedent(READ_BACK))
     out = subprocess.run(
@@ -74,3 +77,14 @@ def test_files_in_arrival_order_and_fields_as_json_value_reads_them(tmp_path):
         assert is_object == flink_is_object or line == TRAILING
         assert ours == (flinks if is_object else [None] * n), line
     assert rows[0][3:6] == ["text", "3", "2.50"]  # a number's own text, as JSON_VALUE gives it
+
+
+def test_a_job_refuses_to_start_without_our_connectors(tmp_path):
+    python = tmp_path / "venv" / "bin" / "python"  # a Flink environment set up before the connectors
+    python.parent.mkdir(parents=True)
+    python.touch()
+    job = FlinkJob(
+        StreamingJobSettings("interactions", tmp_path / "job", SourceOptions(path=str(tmp_path)), flink_python=python)
+    )
+    with pytest.raises(StreamingJobError, match="mlplane-connectors.jar are missing: run scripts/setup-flink"):
+        job.command()
