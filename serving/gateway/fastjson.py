@@ -11,8 +11,9 @@ import re
 import orjson
 from starlette.responses import JSONResponse
 
-# orjson reads integers past 64 bits as floats: a body holding 20 digits in a row takes the json module
-LONG_DIGITS, LONG_DIGITS_TEXT = re.compile(rb"\d{20}"), re.compile(r"\d{20}")
+# orjson reads integers past 64 bits (above 2**64 - 1 or below -2**63) as floats: a body holding 20
+# digits in a row, or a minus and 19, takes the json module
+LONG_DIGITS, LONG_DIGITS_TEXT = re.compile(rb"\d{20}|-\d{19}"), re.compile(r"\d{20}|-\d{19}")
 
 
 def loads(raw: bytes | str) -> object | None:

@@ -376,7 +376,11 @@ class CuttingProxy:
         self.loop.run_forever()
 
     async def _serve(self, client_reader, client_writer) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:  # the backend is down (a test killed it): the link drops, as a TCP proxy's does
+            client_writer.transport.abort()
+            return
         first = await client_reader.read(65536)
         cut_after = float("inf") if first.startswith(b"GET /health") else self.cut_after  # probes pass
         upstream_writer.write(first)

@@ -42,6 +42,14 @@ def test_the_fast_reader_gives_the_json_modules_values(body, ascii_only):
     assert json.loads(fastjson.dumps(parsed)) == parsed
 
 
+@pytest.mark.parametrize("number", [-(2**63) - 1, -(2**63), 2**63, 2**64 - 1, 2**64, -(10**19), 10**20])
+def test_integers_at_the_edges_of_64_bits_stay_integers(number):
+    """orjson reads -2**63 - 1 as a float (hypothesis found it): such a body takes the json module."""
+    raw = json.dumps({"seed": number}).encode()
+    assert parse_json(raw, max_depth=32) == {"seed": number}
+    assert type(parse_json(raw, max_depth=32)["seed"]) is int
+
+
 def _types(value):
     if isinstance(value, dict):
         return {k: _types(v) for k, v in value.items()}
