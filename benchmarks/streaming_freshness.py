@@ -97,14 +97,14 @@ class Recorder:
         with self.lock:
             self.events += [(u, t, appended_at) for u, t in zip(rows["user_id"].to_pylist(), times)]
 
-    def on_push(self, view, frame, pushed_at):
+    def on_push(self, view, rows, pushed_at):
         with self.lock:
-            self.rows_pushed[view] += len(frame)
+            self.rows_pushed[view] += len(rows)
         if view != VIEW:
             return
         with self.lock:
-            for user, end in zip(frame["user_id"], frame["event_timestamp"]):
-                self.pushes[int(user)].append((end.timestamp(), pushed_at))
+            for row in rows:
+                self.pushes[int(row["user_id"])].append((row["event_timestamp"].timestamp(), pushed_at))
 
     def latencies(self, since: float) -> list[float]:
         out = []
@@ -221,7 +221,8 @@ def naive_run(root: Path, stream: EventStream, store, rate: int, seconds: float)
                 rows = build_rows_at(view, events.lazy(), now).collect().to_pandas()  # the view at "now"
                 rows["event_timestamp"] = now
                 store.push(f"{VIEW}_push", rows, to=_online())
-                recorder.on_push(VIEW, rows.assign(event_timestamp=now + timedelta(seconds=1)), time.time())
+                pushed = rows.assign(event_timestamp=now + timedelta(seconds=1)).to_dict("records")
+                recorder.on_push(VIEW, pushed, time.time())
             time.sleep(0.05)
 
     thread = threading.Thread(target=recompute_loop, daemon=True)

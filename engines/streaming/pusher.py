@@ -1,5 +1,6 @@
-"""The pusher: applies a job's committed window results to the online store through Feast's push
-path (`FeatureStore.push` to the view's PushSource), in the main environment.
+"""The pusher: applies a job's committed window results to the online store, in the main
+environment, writing each view's rows as Feast's push to the view's PushSource would
+(`engines.online_write.OnlineWriter`: the view resolved once, one statement for a batch in SQLite).
 
 A window result is a complete value, not an increment, so a file applied twice, or a window
 re-emitted after a restart from a checkpoint, never double-counts. Live rows (one per event, the
@@ -13,10 +14,10 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pandas as pd
-
+from engines.online_write import OnlineWriter
 from engines.streaming.sink import committed_names, fold_metrics, read_rows
 from feature_defs.compile.flink import METRICS, WINDOW_END, FlinkJobSpec, ViewSink
 
@@ -25,9 +26,10 @@ PRUNE_EVERY_SECONDS = 60
 
 
 class OnlinePusher:
-    """Applies a job's committed window results to the online store through Feast's push path.
+    """Applies a job's committed window results to the online store.
 
-    Per (view, entity) it remembers the newest window pushed, in SQLite next to the sink; a result
+    Per (view, entity) it remembers the newest window pushed, in SQLite next to the sink (and in
+    memory: reading it back for every push took longer than the push); a result
     for an older window is skipped, so the online value only moves forward, and applying the same
     file twice changes nothing.
 
@@ -41,7 +43,7 @@ class OnlinePusher:
         self,
         store,
         spec: FlinkJobSpec,
-        on_push: Callable[[str, pd.DataFrame, float], None] | None = None,
+        on_push: Callable[[str, list[dict], float], None] | None = None,  # view, rows written, when
         keep_seconds: float = 3600,
     ):
         self.store = store  # a feast.FeatureStore
@@ -62,7 +64,17 @@ class OnlinePusher:
             "CREATE TABLE IF NOT EXISTS newest_window (view TEXT, entity TEXT, window_end TEXT, "
             "PRIMARY KEY (view, entity));"
             "CREATE TABLE IF NOT EXISTS emptied (view TEXT, entity TEXT, PRIMARY KEY (view, entity));"
+            # a commit per push without an fsync each: what a crash loses is applied again, which
+            # changes nothing (complete values, newest wins)
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;"
         )
+        self.newest: dict[str, dict[str, str]] = {view: {} for view in spec.views}  # entity -> window end
+        self.emptied: dict[str, set[str]] = {view: set() for view in spec.views}
+        for view, entity, end in self.db.execute("SELECT view, entity, window_end FROM newest_window"):
+            self.newest.setdefault(view, {})[entity] = end
+        for view, entity in self.db.execute("SELECT view, entity FROM emptied"):
+            self.emptied.setdefault(view, set()).add(entity)
+        self.writers: dict[str, OnlineWriter] = {}  # per view, made at its first push
         folders = [folder for info in spec.views.values() for folder in (info.sink, info.live) if folder]
         self.applied = {  # file names applied, per sink folder
             folder: {
@@ -116,76 +128,79 @@ class OnlinePusher:
         return deleted + fold_metrics(Path(self.spec.sink_root) / METRICS, cutoff)
 
     def _push(self, view: str, info: ViewSink, window_rows: list[dict], live_rows: list[dict]) -> int:
-        keys = info.keys
         newest: dict[str, dict] = {}
         for row in window_rows + live_rows:
-            entity = json.dumps([row[k] for k in keys])
+            entity = json.dumps([row[k] for k in info.keys])
             if entity not in newest or newest[entity][WINDOW_END] <= row[WINDOW_END]:
                 newest[entity] = row
-        known = dict(self.db.execute("SELECT entity, window_end FROM newest_window WHERE view = ?", (view,)))
+        known = self.newest[view]
         fresh = {e: r for e, r in newest.items() if e not in known or known[e] <= r[WINDOW_END]}
-        pushed = 0
         if fresh:
-            frame = self._frame(info, list(fresh.values()))
-            self.store.push(info.push_source, frame, to=_push_mode_online())
+            rows = _online_rows(info, fresh.values())
+            self._writer(view).write(rows)
             pushed_at = time.time()
-            with self.db:
-                self.db.executemany(
-                    "INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)",
-                    [(view, e, r[WINDOW_END]) for e, r in fresh.items()],
-                )
-                self.db.executemany("DELETE FROM emptied WHERE view = ? AND entity = ?", [(view, e) for e in fresh])
+            self._remember(view, {e: r[WINDOW_END] for e, r in fresh.items()}, emptied=False)
             if self.on_push:
-                self.on_push(view, frame, pushed_at)
-            pushed = len(frame)
+                self.on_push(view, rows, pushed_at)
         if not window_rows:  # only a window end says who had no events in the window
-            return pushed
-        return pushed + self._empty_the_silent(view, info, max(r[WINDOW_END] for r in window_rows))
+            return len(fresh)
+        return len(fresh) + self._empty_the_silent(view, info, max(r[WINDOW_END] for r in window_rows))
 
     def _empty_the_silent(self, view: str, info: ViewSink, window_end: str) -> int:
         """Empty values at `window_end` for the entities without a result there, not yet emptied."""
-        silent = [
-            e
-            for (e,) in self.db.execute(
-                "SELECT entity FROM newest_window WHERE view = ? AND window_end < ? AND entity NOT IN "
-                "(SELECT entity FROM emptied WHERE view = ?)",
-                (view, window_end, view),
-            )
-        ]
+        emptied = self.emptied[view]
+        silent = [e for e, end in self.newest[view].items() if end < window_end and e not in emptied]
         if not silent:
             return 0
-        rows = [{**dict(zip(info.keys, json.loads(e))), WINDOW_END: window_end, **info.empty} for e in silent]
-        frame = self._frame(info, rows)
-        # a millisecond before the window's end, so that a result of that window committed later
-        # still replaces it in stores that keep only strictly newer values (Redis)
-        frame["event_timestamp"] -= pd.Timedelta(milliseconds=1)
-        self.store.push(info.push_source, frame, to=_push_mode_online())
-        with self.db:
-            self.db.executemany(
-                "INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)", [(view, e, window_end) for e in silent]
-            )
-            self.db.executemany("INSERT OR REPLACE INTO emptied VALUES (?, ?)", [(view, e) for e in silent])
+        rows = _online_rows(info, ({**dict(zip(info.keys, json.loads(e))), WINDOW_END: window_end} for e in silent))
+        for row in rows:
+            row.update(info.empty)
+            # a millisecond before the window's end, so that a result of that window committed later
+            # still replaces it in stores that keep only strictly newer values (Redis)
+            row["event_timestamp"] -= timedelta(milliseconds=1)
+        self._writer(view).write(rows)
+        self._remember(view, dict.fromkeys(silent, window_end), emptied=True)
         return len(rows)
 
-    @staticmethod
-    def _frame(info: ViewSink, rows: list[dict]) -> pd.DataFrame:
-        frame = pd.DataFrame(rows)
-        # window ends are whole; live rows' have milliseconds: ISO 8601 parses both in one column
-        frame["event_timestamp"] = pd.to_datetime(frame.pop(WINDOW_END), utc=True, format="ISO8601")
-        frame = frame[[*info.keys, "event_timestamp", *info.features]]
-        for feature, dtype in info.features.items():  # no qualifying values: an empty list, as offline
-            if dtype.endswith("_list"):
-                frame[feature] = [v if isinstance(v, list) else [] for v in frame[feature]]
-        return frame
+    def _remember(self, view: str, window_ends: dict[str, str], emptied: bool) -> None:
+        """Each entity's newest window pushed, and whether it was its empty values, here and in SQLite."""
+        self.newest[view].update(window_ends)
+        entities = [(view, e) for e in window_ends]
+        with self.db:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO newest_window VALUES (?, ?, ?)", [(view, *i) for i in window_ends.items()]
+            )
+            if emptied:
+                self.db.executemany("INSERT OR REPLACE INTO emptied VALUES (?, ?)", entities)
+            else:
+                self.db.executemany("DELETE FROM emptied WHERE view = ? AND entity = ?", entities)
+        if emptied:
+            self.emptied[view].update(window_ends)
+        else:
+            self.emptied[view].difference_update(window_ends)
+
+    def _writer(self, view: str) -> OnlineWriter:
+        if view not in self.writers:
+            self.writers[view] = OnlineWriter(self.store, view)
+        return self.writers[view]
 
     def close(self) -> None:
         self.db.close()
 
 
-def _push_mode_online():
-    from feast.data_source import PushMode
-
-    return PushMode.ONLINE
+def _online_rows(info: ViewSink, rows) -> list[dict]:
+    """Sink rows as the online store takes them: join keys, the window end as `event_timestamp`,
+    the features (a list with no qualifying values is an empty list, as offline)."""
+    out = []
+    for row in rows:
+        online = {k: row[k] for k in info.keys}
+        # window ends are whole seconds, live rows' have milliseconds
+        online["event_timestamp"] = datetime.fromisoformat(row[WINDOW_END]).replace(tzinfo=UTC)
+        for feature, dtype in info.features.items():
+            value = row.get(feature)
+            online[feature] = (value if isinstance(value, list) else []) if dtype.endswith("_list") else value
+        out.append(online)
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The pusher's rules on the production online store (a real Redis), with window results written
+"""The pusher's rules on the production online store (a real Redis) and the local one (SQLite,
+which the pusher writes directly, not through Feast), with window results written
 as Flink's sink commits them: newest window wins, an entity missing from the newest window gets
 the empty values once, a result of that window committed later still replaces them, and a
 replayed older window changes nothing; old applied files are pruned, the job's counts kept."""
@@ -22,14 +23,14 @@ from tests.services import REDIS
 W1, W2 = "2026-01-02 10:00:00", "2026-01-02 10:15:00"
 
 
-@pytest.fixture()
-def redis_store(tmp_path):
+@pytest.fixture(params=["redis", "sqlite"])
+def online_store(tmp_path, request):
     engine = FeatureStoreEngine(
         FeatureStoreSettings(
             repo_dir=tmp_path / "repo",
             offline_root=tmp_path / "offline",
             project=f"mlplane_push_{uuid.uuid4().hex[:8]}",
-            online_store="redis",
+            online_store=request.param,
             redis_url=REDIS,
         )
     )
@@ -49,7 +50,7 @@ def trending(item: int, end: str, impressions: int, clicks: int) -> dict:
     }
 
 
-def test_newest_window_wins_and_silent_entities_get_empty_values_once(redis_store, tmp_path):
+def test_newest_window_wins_and_silent_entities_get_empty_values_once(online_store, tmp_path):
     spec = flink_job("j", streaming_plans(catalogue), SourceOptions(path="/unused"), str(tmp_path / "sink"))
     sink = tmp_path / "sink" / "item_trending"
     sink.mkdir(parents=True)
@@ -59,10 +60,10 @@ def test_newest_window_wins_and_silent_entities_get_empty_values_once(redis_stor
         (sink / f"part-{next(commits)}").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def online(item: int) -> dict:
-        values = redis_store.online_features("search", [{"item_id": item}])
+        values = online_store.online_features("search", [{"item_id": item}])
         return {f: values[f"item_trending__{f}"][0] for f in ("impressions_1h", "clicks_1h", "ctr_1h")}
 
-    pusher = OnlinePusher(redis_store.store, spec)
+    pusher = OnlinePusher(online_store.store, spec)
     try:
         commit(trending(1, W1, 10, 2), trending(2, W1, 4, 1))
         assert pusher.poll() == {"item_trending": 2}
@@ -86,7 +87,7 @@ def test_newest_window_wins_and_silent_entities_get_empty_values_once(redis_stor
         pusher.close()
 
 
-def test_old_applied_files_are_pruned_and_the_job_counts_survive(redis_store, tmp_path):
+def test_old_applied_files_are_pruned_and_the_job_counts_survive(online_store, tmp_path):
     """A job running for weeks commits a file per checkpoint and subtask: the pusher deletes applied
     result files older than `keep_seconds` and folds old metric files into the job's totals."""
     spec = flink_job("j", streaming_plans(catalogue), SourceOptions(path="/unused"), str(tmp_path / "sink"))
@@ -107,8 +108,8 @@ def test_old_applied_files_are_pruned_and_the_job_counts_survive(redis_store, tm
         os.utime(old, (hour_ago, hour_ago))
 
     with pytest.raises(ValueError, match="keep_seconds must be at least 60"):
-        OnlinePusher(redis_store.store, spec, keep_seconds=5)
-    pusher = OnlinePusher(redis_store.store, spec, keep_seconds=60)
+        OnlinePusher(online_store.store, spec, keep_seconds=5)
+    pusher = OnlinePusher(online_store.store, spec, keep_seconds=60)
     try:
         pusher.poll()
         (sink / "part-4").write_text(json.dumps(trending(2, W2, 3, 3)) + "\n")
@@ -118,7 +119,7 @@ def test_old_applied_files_are_pruned_and_the_job_counts_survive(redis_store, tm
         assert sorted(p.name for p in metrics.iterdir()) == [TOTALS_FILE, "part-2"]
         assert job_metrics(metrics) == counts
         assert pusher.poll() == {"item_trending": 1}  # only part-4: nothing pruned is applied again
-        values = redis_store.online_features("search", [{"item_id": 1}])
+        values = online_store.online_features("search", [{"item_id": 1}])
         assert values["item_trending__clicks_1h"] == [4]
     finally:
         pusher.close()
@@ -133,7 +134,7 @@ def test_old_applied_files_are_pruned_and_the_job_counts_survive(redis_store, tm
     assert not (metrics / "part-5").exists() and job_metrics(metrics)["records"] == 22
 
 
-def test_live_rows_take_over_between_window_ends_and_never_empty_anyone(redis_store, tmp_path):
+def test_live_rows_take_over_between_window_ends_and_never_empty_anyone(online_store, tmp_path):
     """A live row (an event's value, stamped a millisecond after it) is newer than the window end
     before it and older than the one after; only window ends say who had no events."""
     spec = flink_job(
@@ -149,10 +150,10 @@ def test_live_rows_take_over_between_window_ends_and_never_empty_anyone(redis_st
         (folder / f"part-{next(commits)}").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def online(item: int) -> tuple:
-        values = redis_store.online_features("search", [{"item_id": item}])
+        values = online_store.online_features("search", [{"item_id": item}])
         return values["item_trending__impressions_1h"][0], values["item_trending__clicks_1h"][0]
 
-    pusher = OnlinePusher(redis_store.store, spec)
+    pusher = OnlinePusher(online_store.store, spec)
     try:
         commit(windows, trending(1, W1, 10, 2), trending(2, W1, 4, 1))
         commit(live, trending(1, "2026-01-02 10:03:00.001", 11, 3))
