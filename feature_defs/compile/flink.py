@@ -180,11 +180,14 @@ class _Line:
     def physical_columns(self, schema: dict[str, str]) -> list[str]:
         if not self.extracted:
             return ["line STRING"]
-        return ["is_json_object BOOLEAN"] + [f"`$.{c}` STRING" for c in schema]
+        # the source reads a timestamp's text itself, as _timestamp_of does
+        return ["is_json_object BOOLEAN"] + [
+            f"`$.{c}` {'TIMESTAMP(3)' if t == 'timestamp' else 'STRING'}" for c, t in schema.items()
+        ]
 
     def typed(self, column: str, dtype: str) -> str:
         if dtype == "timestamp":
-            return _timestamp_of(self.text(column))
+            return f"`$.{column}`" if self.extracted else _timestamp_of(self.text(column))
         if dtype not in SQL_TYPES:
             raise FlinkCompileError(f"column {column!r}: type {dtype} is not supported in streaming sources")
         if dtype == "string":
@@ -196,16 +199,22 @@ def _timestamp_of(text: str) -> str:
     """ISO-8601 text to a UTC TIMESTAMP(3), as polars parses it (engines.ingest): 'T' or a space,
     optional fractional seconds, and 'Z', a UTC offset ('+02:00', '-0530') or none (UTC). Fractions
     are cut to milliseconds, Flink's time precision, so that an event just before a window end never
-    rounds up into the next window. Anything else is NULL (malformed)."""
+    rounds up into the next window. Anything else is NULL (malformed), an impossible date, time or
+    offset included: Flink's cast moves February 30 to the 28th and 24:00 to the next day, so the
+    cast's text must give back the text it was cast from. Our file source reads the same text the
+    same way in Java (jobs/flink/connectors, LineRowFormat.instant); Kafka sources use this."""
     iso = f"REPLACE({text}, 'T', ' ')"
-    valid = rf"REGEXP({iso}, '^\d{{4}}-\d{{2}}-\d{{2}} \d{{2}}:\d{{2}}:\d{{2}}(\.\d+)?(Z|[+-]\d{{2}}:?\d{{2}})?$')"
+    zones = r"(Z|[+-]([01]\d|2[0-3]):?[0-5]\d)?"
+    valid = rf"REGEXP({iso}, '^\d{{4}}-\d{{2}}-\d{{2}} \d{{2}}:\d{{2}}:\d{{2}}(\.\d+)?{zones}$')"
     millis = rf"RPAD(COALESCE(REGEXP_EXTRACT({iso}, '^.{{19}}\.(\d{{1,3}})', 1), ''), 3, '0')"
     local = f"TRY_CAST(SUBSTRING({iso} FROM 1 FOR 19) || '.' || {millis} AS TIMESTAMP(3))"
+    possible = f"SUBSTRING(CAST({local} AS STRING) FROM 1 FOR 19) = SUBSTRING({iso} FROM 1 FOR 19)"
     zone = rf"REPLACE(REGEXP_EXTRACT({iso}, '[+-]\d{{2}}:?\d{{2}}$', 0), ':', '')"  # '+0200', or NULL
     hours, minutes = f"CAST(SUBSTRING({zone} FROM 2 FOR 2) AS INT)", f"CAST(SUBSTRING({zone} FROM 4 FOR 2) AS INT)"
     sign = f"(CASE WHEN SUBSTRING({zone} FROM 1 FOR 1) = '-' THEN -1 ELSE 1 END)"
     offset = f"COALESCE({sign} * ({hours} * 3600 + {minutes} * 60), 0)"
-    return f"(CASE WHEN {valid} THEN TIMESTAMPADD(SECOND, -{offset}, {local}) END)"
+    utc = f"TIMESTAMPADD(SECOND, -{offset}, {local})"
+    return f"(CASE WHEN {valid} AND {possible} AND YEAR({utc}) BETWEEN 1 AND 9999 THEN {utc} END)"
 
 
 def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: str, delay: float) -> str:

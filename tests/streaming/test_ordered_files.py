@@ -1,20 +1,26 @@
 """Our Flink connector `ordered-files` (jobs/flink/connectors), read by a real Flink job in
 .venv-flink: it hands out files in arrival order, and the fields it extracts from each line equal
 Flink's own JSON_VALUE and IS JSON OBJECT on the same line (computed by the same query), but for
-a line with text after its object, which ours counts as no JSON object (malformed)."""
+a line with text after its object, which ours counts as no JSON object (malformed). A field
+declared TIMESTAMP(3) is read as the instant its ISO-8601 text names, as the SQL that Kafka sources
+use (feature_defs.compile.flink._timestamp_of) and as polars reads it in the batch path."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import textwrap
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from engines.streaming import SourceOptions, StreamingJobSettings
 from engines.streaming.job import CONNECTORS_JAR, DEFAULT_FLINK_PYTHON, FlinkJob, StreamingJobError
+from feature_defs.compile.flink import _timestamp_of
 
 FIELDS = ["s", "n", "f", "b", "z", "o"]
 LINES = [
@@ -88,3 +94,99 @@ def test_a_job_refuses_to_start_without_our_connectors(tmp_path):
     )
     with pytest.raises(StreamingJobError, match="mlplane-connectors.jar are missing: run scripts/setup-flink"):
         job.command()
+
+
+IMPOSSIBLE = [  # Flink's cast alone moves the first four (to the 28th, the next day) and takes the offsets
+    "2026-02-30T10:00:00Z",
+    "2026-02-29T00:00:00Z",
+    "2026-01-05T24:00:00Z",
+    "2026-13-05T10:00:00Z",
+    "2026-01-05T10:60:00Z",
+    "2026-01-05T10:00:00+25:00",
+    "2026-01-05T10:00:00+02:60",
+    "２０２６-01-05T10:00:00Z",
+    "2026-01-05t10:00:00z",
+    "2026-01-05T10:00:00.+02:00",
+    "2026-01-05T10:00:00Z ",
+]
+# shapes polars reads (one at a time) that the streaming grammar counts as malformed; the last is
+# past the year 9999 in UTC (polars gives the year 10000, which Python's datetime cannot hold)
+POLARS_ONLY = [
+    "2026-01-05T23:59:60Z",
+    "2026-01-05T10:00Z",
+    "2026-01-05",
+    " 2026-01-05T10:00:00Z",
+    "2026-01-05T10:00:00+02",
+]
+BEYOND_9999 = "9999-12-31T23:59:59.999-05:00"
+POSSIBLE = ["2024-02-29T23:59:59.9999Z", "0001-01-01T00:00:00Z", "2026-01-05 10:00:00", "2026-01-05T10:00:00.123456789"]
+READ_TIMESTAMPS = """
+import json, sys
+from pyflink.table import EnvironmentSettings, TableEnvironment
+folder, jar, sql = sys.argv[1], sys.argv[2], sys.argv[3]
+env = TableEnvironment.create(EnvironmentSettings.in_batch_mode())
+env.get_config().set("pipeline.jars", jar)
+env.get_config().set("parallelism.default", "1")
+columns = "line STRING, `$.ts` TIMESTAMP(3)"
+env.execute_sql(f"CREATE TABLE t ({columns}) WITH ('connector' = 'ordered-files', 'path' = '{folder}')")
+with env.execute_sql(f"SELECT line, CAST(`$.ts` AS STRING), CAST({sql} AS STRING) FROM t").collect() as rows:
+    for row in rows:
+        print(json.dumps(list(row)))
+"""
+
+
+def _random_timestamps(n: int, rng: random.Random) -> list[str]:
+    """ISO-8601 texts of random instants (1970-2100): any offset, 'T' or a space, 0-9 fraction digits."""
+    out = []
+    for _ in range(n):
+        instant = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(130 * 365 * 86_400 * 10**6))
+        minutes = rng.choice([0, 0, 120, -330, 345, 840, -720, rng.randrange(-23 * 60, 23 * 60)])
+        local = instant.astimezone(timezone(timedelta(minutes=minutes)))
+        digits = rng.choice([0, 0, 1, 3, 6, 9])
+        fraction = ("." + f"{local.microsecond:06d}{rng.randrange(1000):03d}"[:digits]) if digits else ""
+        sign, size = ("-" if minutes < 0 else "+"), abs(minutes)
+        hh, mm = f"{size // 60:02d}", f"{size % 60:02d}"
+        zone = rng.choice(["Z", "", "+00:00"]) if minutes == 0 else rng.choice([f"{sign}{hh}:{mm}", f"{sign}{hh}{mm}"])
+        out.append(local.strftime("%Y-%m-%d") + rng.choice("T ") + local.strftime("%H:%M:%S") + fraction + zone)
+    return out
+
+
+def _polars_instant(text: str) -> str | None:
+    """How polars (engines.ingest) reads the text, cut to milliseconds; None where it refuses it."""
+    try:
+        value = pl.Series([text]).str.to_datetime(time_zone="UTC", time_unit="us", strict=True)[0]
+    except pl.exceptions.PolarsError:
+        return None
+    return value.replace(tzinfo=None, microsecond=value.microsecond // 1000 * 1000).isoformat(" ", "milliseconds")
+
+
+def test_timestamps_read_as_the_sql_and_polars_read_them(tmp_path):
+    texts = IMPOSSIBLE + POLARS_ONLY + [BEYOND_9999] + POSSIBLE + _random_timestamps(300, random.Random(17))
+    folder = tmp_path / "events"
+    folder.mkdir()
+    (folder / "events.jsonl").write_text("".join(json.dumps({"ts": t}) + "\n" for t in texts) + '{"ts": 17}\n')
+    script = tmp_path / "read_timestamps.py"
+    script.write_text(textwrap.dedent(READ_TIMESTAMPS))
+    jar = (Path(DEFAULT_FLINK_PYTHON).parents[1] / CONNECTORS_JAR).resolve().as_uri()
+    sql = _timestamp_of("JSON_VALUE(line, '$.ts')")
+    out = subprocess.run(
+        [str(DEFAULT_FLINK_PYTHON), str(script), str(folder), jar, sql],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JVM_ARGS": "-Xmx512m"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
+    assert len(rows) == len(texts) + 1
+    ours = {json.loads(line)["ts"]: (our, sqls) for line, our, sqls in rows}
+    assert ours[17] == (None, None)  # a number is no ISO-8601 text
+    for text in texts:
+        our, sqls = ours[text]
+        assert our == sqls, text  # the file source reads a timestamp as the Kafka sources' SQL does
+        if text in IMPOSSIBLE or text in POLARS_ONLY or text == BEYOND_9999:
+            assert our is None, text
+        else:
+            assert our is not None and our == _polars_instant(text), text
+    assert [_polars_instant(t) for t in IMPOSSIBLE] == [None] * len(IMPOSSIBLE)
+    assert None not in [_polars_instant(t) for t in POLARS_ONLY]

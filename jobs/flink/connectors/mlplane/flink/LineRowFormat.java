@@ -1,7 +1,11 @@
 package mlplane.flink;
 
 import java.io.IOException;
+import java.time.DateTimeException;
+import java.time.LocalDateTime;
 import java.util.List;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.connector.file.src.reader.SimpleStreamFormat;
@@ -15,13 +19,16 @@ import org.apache.flink.shaded.jackson2.com.fasterxml.jackson.databind.cfg.JsonN
 import org.apache.flink.table.data.GenericRowData;
 import org.apache.flink.table.data.RowData;
 import org.apache.flink.table.data.StringData;
+import org.apache.flink.table.data.TimestampData;
 
 /**
  * A row per line of a UTF-8 text file. Its columns, by name: {@code line} (STRING) the line;
  * {@code is_json_object} (BOOLEAN) whether the line is a JSON object; {@code $.key} (STRING) the
  * object's top-level field {@code key} as text, as JSON_VALUE(line, '$.key') gives it (a scalar's
- * text; NULL when missing, null, an array or an object, or when the line is no JSON object). The
- * line is parsed once, where a JSON_VALUE per field would parse it again each time.
+ * text; NULL when missing, null, an array or an object, or when the line is no JSON object), or,
+ * declared TIMESTAMP(3), that text read as an ISO-8601 instant in UTC (see {@link #instant}). The
+ * line is parsed once, where a JSON_VALUE per field would parse it again each time (and the SQL
+ * that reads a timestamp's text, regular expressions and a cast, once per query that uses it).
  */
 public final class LineRowFormat extends SimpleStreamFormat<RowData> {
 
@@ -31,11 +38,18 @@ public final class LineRowFormat extends SimpleStreamFormat<RowData> {
 
     private static final long serialVersionUID = 1L;
     private final TextLineInputFormat lines = new TextLineInputFormat();
+    // 'T' or a space, optional fractional seconds, and 'Z', a UTC offset ('+02:00', '-0530') or none
+    private static final Pattern ISO_8601 =
+            Pattern.compile(
+                    "(\\d{4})-(\\d{2})-(\\d{2})[T ](\\d{2}):(\\d{2}):(\\d{2})(?:\\.(\\d+))?"
+                            + "(Z|([+-])(\\d{2}):?(\\d{2}))?");
     private final String[] columns;
+    private final boolean[] timestamps;
     private final TypeInformation<RowData> producedType;
 
-    public LineRowFormat(List<String> columns, TypeInformation<RowData> producedType) {
+    public LineRowFormat(List<String> columns, boolean[] timestamps, TypeInformation<RowData> producedType) {
         this.columns = columns.toArray(new String[0]);
+        this.timestamps = timestamps.clone();
         this.producedType = producedType;
     }
 
@@ -85,10 +99,54 @@ public final class LineRowFormat extends SimpleStreamFormat<RowData> {
             } else if (object != null) {
                 JsonNode value = object.get(column.substring(FIELD_PREFIX.length()));
                 boolean scalar = value != null && value.isValueNode() && !value.isNull();
-                row.setField(i, scalar ? StringData.fromString(value.asText()) : null);
+                String text = scalar ? value.asText() : null;
+                if (timestamps[i]) {
+                    row.setField(i, text == null ? null : instant(text));
+                } else {
+                    row.setField(i, text == null ? null : StringData.fromString(text));
+                }
             }
         }
         return row;
+    }
+
+    /**
+     * An ISO-8601 text as the UTC instant it names, as polars reads it (engines.ingest): 'T' or a
+     * space, optional fractional seconds cut to milliseconds (Flink's time precision, so that an
+     * event just before a window end never rounds up into the next window), and 'Z', a UTC offset
+     * or none (UTC). Anything else is NULL (malformed): an impossible date, time or offset (February
+ * 30, 24:00, +25:00) and an instant outside the years 1 to 9999 included.
+     */
+    static TimestampData instant(String text) {
+        Matcher m = ISO_8601.matcher(text);
+        if (!m.matches()) {
+            return null;
+        }
+        String fraction = m.group(7) == null ? "" : m.group(7);
+        int millis = fraction.isEmpty() ? 0 : Integer.parseInt((fraction + "00").substring(0, 3));
+        try {
+            LocalDateTime local =
+                    LocalDateTime.of(
+                            Integer.parseInt(m.group(1)),
+                            Integer.parseInt(m.group(2)),
+                            Integer.parseInt(m.group(3)),
+                            Integer.parseInt(m.group(4)),
+                            Integer.parseInt(m.group(5)),
+                            Integer.parseInt(m.group(6)),
+                            millis * 1_000_000);
+            if (m.group(9) != null) {
+                int hours = Integer.parseInt(m.group(10));
+                int minutes = Integer.parseInt(m.group(11));
+                if (hours > 23 || minutes > 59) {
+                    return null;
+                }
+                int offset = (hours * 3600 + minutes * 60) * (m.group(9).equals("-") ? -1 : 1);
+                local = local.minusSeconds(offset);
+            }
+            return local.getYear() < 1 || local.getYear() > 9999 ? null : TimestampData.fromLocalDateTime(local);
+        } catch (DateTimeException impossible) {
+            return null;
+        }
     }
 
     @Override

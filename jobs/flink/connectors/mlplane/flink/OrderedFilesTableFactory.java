@@ -15,7 +15,9 @@ import org.apache.flink.table.data.RowData;
 import org.apache.flink.table.factories.DynamicTableSourceFactory;
 import org.apache.flink.table.factories.FactoryUtil;
 import org.apache.flink.table.types.DataType;
+import org.apache.flink.table.types.logical.LogicalType;
 import org.apache.flink.table.types.logical.LogicalTypeRoot;
+import org.apache.flink.table.types.logical.TimestampType;
 
 /**
  * connector 'ordered-files': a directory of text files, read a row per line (see LineRowFormat for
@@ -54,22 +56,28 @@ public final class OrderedFilesTableFactory implements DynamicTableSourceFactory
         List<DataType> types = DataType.getFieldDataTypes(row);
         for (int i = 0; i < names.size(); i++) {
             String name = names.get(i);
-            LogicalTypeRoot type = types.get(i).getLogicalType().getTypeRoot();
+            LogicalType type = types.get(i).getLogicalType();
             boolean known =
                     name.equals(LineRowFormat.IS_JSON_OBJECT)
-                            ? type == LogicalTypeRoot.BOOLEAN
-                            : type == LogicalTypeRoot.VARCHAR
-                                    && (name.equals(LineRowFormat.LINE) || name.startsWith(LineRowFormat.FIELD_PREFIX));
+                            ? type.getTypeRoot() == LogicalTypeRoot.BOOLEAN
+                            : name.equals(LineRowFormat.LINE)
+                                    ? type.getTypeRoot() == LogicalTypeRoot.VARCHAR
+                                    : name.startsWith(LineRowFormat.FIELD_PREFIX)
+                                            && (type.getTypeRoot() == LogicalTypeRoot.VARCHAR || isTimestamp(type));
             if (!known) {
                 throw new IllegalArgumentException(
                         "ordered-files: column `" + name + "` must be `line` STRING, `is_json_object` BOOLEAN"
-                                + " or `$.<field>` STRING");
+                                + " or `$.<field>` STRING or TIMESTAMP(3)");
             }
         }
         if (names.isEmpty()) {
             throw new IllegalArgumentException("ordered-files: the table needs a physical column");
         }
         return new Source(helper.getOptions().get(PATH), helper.getOptions().get(MONITOR_INTERVAL), row);
+    }
+
+    static boolean isTimestamp(LogicalType type) {
+        return type instanceof TimestampType && ((TimestampType) type).getPrecision() == 3;
     }
 
     static final class Source implements ScanTableSource {
@@ -90,7 +98,13 @@ public final class OrderedFilesTableFactory implements DynamicTableSourceFactory
 
         @Override
         public ScanRuntimeProvider getScanRuntimeProvider(ScanContext context) {
-            LineRowFormat format = new LineRowFormat(DataType.getFieldNames(row), context.createTypeInformation(row));
+            List<DataType> types = DataType.getFieldDataTypes(row);
+            boolean[] timestamps = new boolean[types.size()];
+            for (int i = 0; i < timestamps.length; i++) {
+                timestamps[i] = isTimestamp(types.get(i).getLogicalType());
+            }
+            LineRowFormat format =
+                    new LineRowFormat(DataType.getFieldNames(row), timestamps, context.createTypeInformation(row));
             FileSource.FileSourceBuilder<RowData> files =
                     FileSource.forRecordStreamFormat(format, new Path(path))
                             .setSplitAssigner(ArrivalOrderSplitAssigner::new);
