@@ -10,7 +10,7 @@ Two settings of the job run one after the other, on the same rates:
 - window-ends: values only at window ends, every 2 seconds, a checkpoint every second,
   files rolled every second, a 1 s watermark delay (the job before live rows);
 - live: a live row per event (an OVER aggregation) beside window ends every 60 s, a checkpoint
-  every 200 ms, files rolled every 100 ms, a 0.3 s watermark delay.
+  every 200 ms, files rolled every 100 ms, a 0.3 s watermark delay moved on every 50 ms.
 
 Events behind the watermark are dropped as late; the late share of each rate is printed beside
 its latencies (which cover only the events that count). Before the source read files in arrival
@@ -75,11 +75,12 @@ class JobSetting:
     checkpoint_interval_ms: int
     sink_roll_ms: int
     watermark_delay_seconds: float
+    watermark_interval_ms: int
 
 
 SETTINGS = {
-    "window-ends": JobSetting(False, 2, 1000, 1000, 1),
-    "live": JobSetting(True, 60, 200, 100, 0.3),
+    "window-ends": JobSetting(False, 2, 1000, 1000, 1, 200),
+    "live": JobSetting(True, 60, 200, 100, 0.3, 50),
 }
 
 
@@ -135,6 +136,7 @@ def flink_run(
             watermark_delay_seconds=setting.watermark_delay_seconds,
             checkpoint_interval_ms=setting.checkpoint_interval_ms,
             sink_roll_ms=setting.sink_roll_ms,
+            watermark_interval_ms=setting.watermark_interval_ms,
             live_rows=setting.live_rows,
         )
     )

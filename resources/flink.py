@@ -57,6 +57,8 @@ class FlinkResource(ConfigurableResource):
     sink_roll_ms: int = Field(
         default=1000, description="how often the sink closes a file (visible at the next checkpoint)"
     )
+    watermark_interval_ms: int = Field(default=200, description="how often the watermark moves on")
+    pusher_interval_seconds: float = Field(default=0.5, description="how often the pusher looks for committed results")
     live_rows: bool = Field(
         default=False,
         description="a row per event for views over a trailing window: fresh within a second, not a slide "
@@ -85,6 +87,7 @@ class FlinkResource(ConfigurableResource):
                 watermark_delay_seconds=self.watermark_delay_seconds,
                 checkpoint_interval_ms=self.checkpoint_interval_ms,
                 sink_roll_ms=self.sink_roll_ms,
+                watermark_interval_ms=self.watermark_interval_ms,
                 live_rows=self.live_rows,
                 flink_python=Path(self.flink_python),
                 rest=self._rest(),
@@ -125,7 +128,7 @@ class FlinkResource(ConfigurableResource):
         return job.health(), {**reported, "restored_from": str(checkpoint) if checkpoint else None}
 
     def start_pusher(self, source: str) -> int:
-        """The main-environment process that applies committed results with FeatureStore.push."""
+        """The main-environment process that applies committed results to the online store."""
         job = self.job(source)
         pid_file = job.state_dir / "pusher.pid"
         if pid_file.exists() and process_alive(int(pid_file.read_text())):
@@ -141,6 +144,7 @@ class FlinkResource(ConfigurableResource):
                 "redis_url": store.redis_url,
                 "registry_url": store.registry_url,
             },
+            interval_seconds=self.pusher_interval_seconds,
         )
         config.write(job.state_dir / "pusher.json")
         job.log_dir.mkdir(parents=True, exist_ok=True)

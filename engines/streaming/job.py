@@ -44,6 +44,9 @@ class StreamingJobSettings:
     watermark_delay_seconds: float = 5  # how late (event time) an event may arrive and still count
     checkpoint_interval_ms: int = 2000  # results become visible at the first checkpoint after their file is closed
     sink_roll_ms: int = 1000  # how often the sink closes its files
+    # how often the watermark moves on (Flink's pipeline.auto-watermark-interval): a window or a live
+    # row is emitted up to this much after its time has passed
+    watermark_interval_ms: int = 200
     # a row per event for the views over a trailing window (the value just after it), beside the
     # window ends: fresh within a second instead of a slide; training sets do not model them yet
     live_rows: bool = False
@@ -149,6 +152,8 @@ class FlinkJob:
             str(self.state_dir),
             "--checkpoint-interval-ms",
             str(self.settings.checkpoint_interval_ms),
+            "--watermark-interval-ms",
+            str(self.settings.watermark_interval_ms),
         ]
         if self.mode == "streaming" and self.settings.state_changelog:
             command.append("--state-changelog")

@@ -209,18 +209,19 @@ class PusherConfig:
 
     spec: Path  # the job's spec.json
     store: dict  # engines.feature_store.FeatureStoreSettings fields
+    interval_seconds: float = 0.5  # between polls
 
     def write(self, path: Path) -> Path:
-        path.write_text(json.dumps({"spec": str(self.spec), "store": self.store}))
+        path.write_text(json.dumps({"spec": str(self.spec), "store": self.store, "interval": self.interval_seconds}))
         return path
 
     @classmethod
     def read(cls, path: Path) -> PusherConfig:
         data = json.loads(path.read_text())
-        return cls(spec=Path(data["spec"]), store=data["store"])
+        return cls(spec=Path(data["spec"]), store=data["store"], interval_seconds=data["interval"])
 
 
-def run_pusher(config_path: Path, interval_seconds: float = 0.5) -> None:
+def run_pusher(config_path: Path) -> None:
     """The pusher process: apply committed results until terminated."""
     from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
 
@@ -238,4 +239,4 @@ def run_pusher(config_path: Path, interval_seconds: float = 0.5) -> None:
         pushed = pusher.poll()
         if pushed:
             print(json.dumps({"at": time.time(), "pushed": pushed}), flush=True)
-        time.sleep(interval_seconds)
+        time.sleep(config.interval_seconds)

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--restore", default=None, help="a retained checkpoint (chk-N folder) to resume from")
     parser.add_argument("--checkpoint-interval-ms", type=int, default=2000)
+    parser.add_argument("--watermark-interval-ms", type=int, default=200, help="how often the watermark moves on")
     parser.add_argument(
         "--rest",
         default=None,
@@ -114,6 +115,7 @@ def submit(spec: dict, args: argparse.Namespace):
     if spec["mode"] == "streaming":
         values |= {
             "execution.checkpointing.interval": f"{args.checkpoint_interval_ms}ms",
+            "pipeline.auto-watermark-interval": f"{args.watermark_interval_ms}ms",
             "execution.checkpointing.dir": checkpoints.as_uri(),
             "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
             "execution.checkpointing.num-retained": "2",
