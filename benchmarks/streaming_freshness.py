@@ -25,7 +25,7 @@ highest rate): re-read the last hour of event files with polars and push the rec
 whenever new files landed.
 
     .venv/bin/python benchmarks/streaming_freshness.py --rates 20 5000 20000 --seconds 10
-        [--settings window-ends live] [--repeats 2]
+        [--settings window-ends live] [--repeats 2] [--state-backend rocksdb]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -76,6 +76,7 @@ class JobSetting:
     sink_roll_ms: int
     watermark_delay_seconds: float
     watermark_interval_ms: int
+    state_backend: str = "hashmap"
 
 
 SETTINGS = {
@@ -137,6 +138,7 @@ def flink_run(
             checkpoint_interval_ms=setting.checkpoint_interval_ms,
             sink_roll_ms=setting.sink_roll_ms,
             watermark_interval_ms=setting.watermark_interval_ms,
+            state_backend=setting.state_backend,
             live_rows=setting.live_rows,
         )
     )
@@ -259,6 +261,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--state-backend", choices=["hashmap", "rocksdb"], default="hashmap")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mlplane-freshness-") as tmp:
         root = Path(tmp)
@@ -273,7 +276,7 @@ def main() -> None:
                 args.rates,
                 args.seconds,
                 args.repeats,
-                SETTINGS[name],
+                replace(SETTINGS[name], state_backend=args.state_backend),
             )
             for name in args.settings
         }

@@ -86,6 +86,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             source="kafka",
             kafka_bootstrap_servers=os.environ.get("MLPLANE_KAFKA_BOOTSTRAP_SERVERS", ""),
             rest_url=os.environ.get("MLPLANE_FLINK_REST_URL", ""),
+            state_backend="rocksdb",  # a cluster's jobs run for months: state beyond any heap
         )
         model_registry = ModelRegistryResource(
             tracking_uri=EnvVar("MLPLANE_MLFLOW_TRACKING_URI"), artifact_root=EnvVar("MLPLANE_MLFLOW_ARTIFACT_ROOT")

@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 from dagster import (
     ConfigurableResource,
@@ -58,6 +59,9 @@ class FlinkResource(ConfigurableResource):
         default=1000, description="how often the sink closes a file (visible at the next checkpoint)"
     )
     watermark_interval_ms: int = Field(default=200, description="how often the watermark moves on")
+    state_backend: Literal["hashmap", "rocksdb"] = Field(
+        default="hashmap", description="operator state on the JVM heap, or in RocksDB on local disk (beyond the heap)"
+    )
     pusher_interval_seconds: float = Field(default=0.5, description="how often the pusher looks for committed results")
     live_rows: bool = Field(
         default=False,
@@ -88,6 +92,7 @@ class FlinkResource(ConfigurableResource):
                 checkpoint_interval_ms=self.checkpoint_interval_ms,
                 sink_roll_ms=self.sink_roll_ms,
                 watermark_interval_ms=self.watermark_interval_ms,
+                state_backend=self.state_backend,
                 live_rows=self.live_rows,
                 flink_python=Path(self.flink_python),
                 rest=self._rest(),

@@ -55,6 +55,9 @@ class StreamingJobSettings:
     # checkpoint took most of the job's time at 5,000 events/s with live rows (jstack), and it grows
     # with the windows' state
     state_changelog: bool = True
+    # where operator state lives: "hashmap" (the JVM heap, fastest) or "rocksdb" (local disk, for
+    # state beyond the heap: live rows hold each entity's events of the window)
+    state_backend: str = "hashmap"
     flink_python: Path = DEFAULT_FLINK_PYTHON
     jvm_heap: str = "512m"
     # a local batch job (the backfill): one slot per core and room for its hash aggregations, which
@@ -157,6 +160,8 @@ class FlinkJob:
         ]
         if self.mode == "streaming" and self.settings.state_changelog:
             command.append("--state-changelog")
+        if self.mode == "streaming":
+            command += ["--state-backend", self.settings.state_backend]
         if self.mode == "batch" and not self.settings.rest:
             command += ["--parallelism", str(self.settings.batch_parallelism)]
             command += ["--managed-memory", self.settings.batch_managed_memory]

@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="streaming: log state changes to DIR/changelog, so a checkpoint uploads only what changed",
     )
+    parser.add_argument(
+        "--state-backend",
+        choices=["hashmap", "rocksdb"],
+        default="hashmap",
+        help="streaming: where operator state lives, the JVM heap or RocksDB on local disk (state beyond memory)",
+    )
     parser.add_argument("--parallelism", type=int, default=1, help="local mini-cluster: slots and parallelism")
     parser.add_argument("--managed-memory", default=None, help="local mini-cluster: managed memory, e.g. 1g")
     args = parser.parse_args(argv)
@@ -120,6 +126,7 @@ def submit(spec: dict, args: argparse.Namespace):
             "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
             "execution.checkpointing.num-retained": "2",
         }
+        values["state.backend.type"] = args.state_backend
         if args.state_changelog:
             values |= {
                 "state.changelog.enabled": "true",

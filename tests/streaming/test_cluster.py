@@ -68,6 +68,7 @@ def cluster_run(flink_cluster: StandaloneCluster, stream_days, tmp_path_factory)
             slide_seconds=SLIDE,
             watermark_delay_seconds=WATERMARK_DELAY,
             checkpoint_interval_ms=1000,
+            state_backend="rocksdb",  # as the prod profile runs it
             rest=flink_cluster.rest_address,
         )
     )
@@ -131,6 +132,8 @@ def test_the_job_runs_on_the_cluster_and_survives_a_lost_taskmanager(cluster_run
     assert health.checkpoint and "/chk-" in health.checkpoint
     assert flink_cluster.rest.overview()["taskmanagers"] == 1
     assert health.malformed == 0  # whatever the form of its time
+    config = flink_cluster.rest.get(f"/jobs/{cluster_run.job.status()['job_id']}/checkpoints/config")
+    assert "RocksDB" in config["state_backend"], config  # restored from RocksDB's checkpoint, with the changelog
 
 
 def test_a_backlog_after_downtime_is_caught_up_without_a_late_event(cluster_run):

@@ -20,6 +20,7 @@ def test_prod_profile_submits_to_a_cluster_reading_kafka(prod_env, monkeypatch):
     with build_resources(resources_for("prod")) as resources:
         job = resources.flink.job("interactions")
         assert isinstance(job, ClusterJob) and "--rest" in job.command()
+        assert job.command()[job.command().index("--state-backend") + 1] == "rocksdb"
         ddl = job.spec().statements[0]
         assert "'connector' = 'kafka'" in ddl and "kafka.internal:9092" in ddl and "mlplane.interactions" in ddl
 
