@@ -45,16 +45,20 @@ class OnlinePusher:
         spec: FlinkJobSpec,
         on_push: Callable[[str, list[dict], float], None] | None = None,  # view, rows written, when
         keep_seconds: float = 3600,
+        # live rows' files: a row per event, a file per roll (100 ms) and superseded within seconds;
+        # an hour of them would make every poll list tens of thousands of files per view
+        live_keep_seconds: float = MIN_KEEP_SECONDS,
     ):
         self.store = store  # a feast.FeatureStore
         self.spec = spec
         self.on_push = on_push
-        if keep_seconds < MIN_KEEP_SECONDS:
+        if min(keep_seconds, live_keep_seconds) < MIN_KEEP_SECONDS:
             raise ValueError(
-                f"keep_seconds must be at least {MIN_KEEP_SECONDS}: a restart from a checkpoint may "
-                "commit again the files of the last checkpoints"
+                f"keep_seconds and live_keep_seconds must be at least {MIN_KEEP_SECONDS}: a restart from "
+                "a checkpoint may commit again the files of the last checkpoints"
             )
         self.keep_seconds = keep_seconds
+        self.live_keep_seconds = live_keep_seconds
         self.pruned_at = time.time()
         state = Path(spec.sink_root).parent / "pusher.db"
         state.parent.mkdir(parents=True, exist_ok=True)
@@ -109,13 +113,15 @@ class OnlinePusher:
         return [row for path in files for row in read_rows(path)], files
 
     def prune(self, now: float | None = None) -> int:
-        """Deletes applied result files older than `keep_seconds` and folds older metric files into
-        the job's totals, so that a job running for weeks keeps a small sink and a fast poll (the
-        online store and `newest_window` hold what the deleted files said). Returns files deleted."""
+        """Deletes applied result files older than `keep_seconds` (live rows' after `live_keep_seconds`)
+        and folds older metric files into the job's totals, so that a job running for weeks keeps a
+        small sink and a fast poll (the online store and `newest_window` hold what the deleted files
+        said). Returns files deleted."""
         now = now or time.time()
-        cutoff = now - self.keep_seconds
+        live = {info.live for info in self.spec.views.values() if info.live}
         deleted = 0
         for folder, applied in self.applied.items():
+            cutoff = now - (self.live_keep_seconds if folder in live else self.keep_seconds)
             sink = Path(folder)
             old = [name for name in committed_names(sink) if name in applied and (sink / name).stat().st_mtime < cutoff]
             for name in old:
@@ -125,7 +131,7 @@ class OnlinePusher:
             applied.difference_update(old)
             deleted += len(old)
         self.pruned_at = now
-        return deleted + fold_metrics(Path(self.spec.sink_root) / METRICS, cutoff)
+        return deleted + fold_metrics(Path(self.spec.sink_root) / METRICS, now - self.keep_seconds)
 
     def _push(self, view: str, info: ViewSink, window_rows: list[dict], live_rows: list[dict]) -> int:
         newest: dict[str, dict] = {}

@@ -229,7 +229,7 @@ def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
             live_rows=True,
         )
     )
-    pusher = OnlinePusher(engine.store, job.spec())
+    pusher = OnlinePusher(engine.store, job.spec(), live_keep_seconds=3600)  # the tests read every live row
     day, tail = stream_days.day, stream_days.tail
     next_day = STREAM_DAY + timedelta(days=1)
     first_half = before(day, datetime.combine(STREAM_DAY, day_time(12), tzinfo=UTC))

@@ -107,7 +107,7 @@ def test_old_applied_files_are_pruned_and_the_job_counts_survive(online_store, t
     for old in (sink / "part-1", metrics / "part-1"):
         os.utime(old, (hour_ago, hour_ago))
 
-    with pytest.raises(ValueError, match="keep_seconds must be at least 60"):
+    with pytest.raises(ValueError, match="keep_seconds and live_keep_seconds must be at least 60"):
         OnlinePusher(online_store.store, spec, keep_seconds=5)
     pusher = OnlinePusher(online_store.store, spec, keep_seconds=60)
     try:
@@ -170,5 +170,10 @@ def test_live_rows_take_over_between_window_ends_and_never_empty_anyone(online_s
         commit(live, trending(1, "2026-01-02 10:07:30.5", 13, 4))  # replayed after a restart: older than W2
         pusher.poll()
         assert online(1) == (9, 4)
+
+        # applied live files go after a minute, window ends after keep_seconds (an hour)
+        for path in [*windows.iterdir(), *live.iterdir()]:
+            os.utime(path, (time.time() - 120,) * 2)
+        assert pusher.prune() == 3 and list(live.iterdir()) == [] and len(list(windows.iterdir())) == 2
     finally:
         pusher.close()
