@@ -6,7 +6,7 @@ column; for the SQLite store it runs one statement per feature of each row. For 
 which writes a few hundred rows many times a second, that was most of its time (250 rows: ~70 ms
 through `push`, ~43 ms through `write_to_online_store`). `OnlineWriter` resolves the view once; into
 Feast's SQLite store it writes the very rows Feast's `online_write_batch` writes (the same table,
-keys, serialized values, text and timestamps: tests/test_online_write.py compares the two tables) in
+keys, serialized values, text and timestamps: tests/engines/test_online_write.py compares the two tables) in
 one `executemany`; into any other store (Redis, ...) through `write_to_online_store`."""
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class OnlineWriter:
         self.keys = [(c.name, c.dtype.to_value_type()) for c in self.view.entity_columns]
         self.feature_types = [(f.name, f.dtype.to_value_type()) for f in self.view.features]
         self._encoders = [(name, _encoder(t)) for name, t in self.feature_types]
-        self.connection, self._upsert = self._sqlite_target()
+        # Feast's SQLite store in its plain layout: its connection, table and our upsert; else None
+        self.connection, self.table, self._upsert = self._sqlite_target()
 
     @property
     def writes_sqlite_directly(self) -> bool:
@@ -61,7 +62,7 @@ class OnlineWriter:
             self.connection.executemany(self._upsert, statements)
 
     def _sqlite_target(self):
-        """(connection, upsert) for Feast's SQLite store in its plain layout, else (None, None)."""
+        """(connection, table, upsert) for Feast's SQLite store in its plain layout, else Nones."""
         from feast.infra.online_stores import sqlite as feast_sqlite
 
         config = self.store.config
@@ -71,18 +72,18 @@ class OnlineWriter:
             or getattr(config.online_store, "enable_openai_compatible_store", False)
         )
         if type(online) is not feast_sqlite.SqliteOnlineStore or not plain:
-            return None, None
+            return None, None, None
         if config.entity_key_serialization_version != 3 or not all(e for _, e in self._encoders):
-            return None, None
+            return None, None, None
         versioned = config.registry.enable_online_feature_view_versioning
-        self.table = table = feast_sqlite._quote_id(feast_sqlite._table_id(config.project, self.view, versioned))
+        table = feast_sqlite._quote_id(feast_sqlite._table_id(config.project, self.view, versioned))
         sql = (
             f"INSERT INTO {table} (entity_key, feature_name, value, value_text, event_ts, created_ts) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(entity_key, feature_name) DO UPDATE SET "
             "value = excluded.value, value_text = excluded.value_text, event_ts = excluded.event_ts, "
             "created_ts = excluded.created_ts"
         )
-        return online._get_conn(config), sql
+        return online._get_conn(config), table, sql
 
 
 Encoder = Callable[[Any], tuple[bytes, str | None]]  # a value -> (its serialized ValueProto, value_text)
