@@ -87,6 +87,9 @@ WAYS = {
     ".venv/bin/python benchmarks/pusher_poll.py": Way(
         small={"pusher_poll.py": "pusher_poll.py --files 50 --repeats 2"}
     ),
+    ".venv/bin/python benchmarks/online_write.py": Way(
+        small={"online_write.py": "online_write.py --rows 10 --repeats 2"}
+    ),
     ".venv/bin/python benchmarks/streaming_freshness.py": Way(
         small={"streaming_freshness.py": "streaming_freshness.py --help"}
     ),
