@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from engines.online_write import OnlineWriter
 from engines.streaming.sink import committed_names, fold_metrics, read_rows
 from feature_defs.compile.flink import METRICS, WINDOW_END, FlinkJobSpec, ViewSink
 
@@ -78,7 +77,7 @@ class OnlinePusher:
             self.newest.setdefault(view, {})[entity] = end
         for view, entity in self.db.execute("SELECT view, entity FROM emptied"):
             self.emptied.setdefault(view, set()).add(entity)
-        self.writers: dict[str, OnlineWriter] = {}  # per view, made at its first push
+        self.writers: dict = {}  # view -> OnlineWriter, made at its first push
         folders = [folder for info in spec.views.values() for folder in (info.sink, info.live) if folder]
         self.applied = {  # file names applied, per sink folder
             folder: {
@@ -185,8 +184,10 @@ class OnlinePusher:
         else:
             self.emptied[view].difference_update(window_ends)
 
-    def _writer(self, view: str) -> OnlineWriter:
+    def _writer(self, view: str):
         if view not in self.writers:
+            from engines.online_write import OnlineWriter  # imports Feast: not when the CLI loads the profiles
+
             self.writers[view] = OnlineWriter(self.store, view)
         return self.writers[view]
 
