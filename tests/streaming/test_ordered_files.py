@@ -56,6 +56,22 @@ with env.execute_sql(query).collect() as rows:
 """
 
 
+def _read_in_flink(script: str, tmp_path: Path, folder: Path, argument: str) -> list[list]:
+    """Runs a read-back script (FOLDER, our connectors' JAR, ARGUMENT) in .venv-flink; its rows."""
+    path = tmp_path / "read_back.py"
+    path.write_text(textwrap.dedent(script))
+    jar = (Path(DEFAULT_FLINK_PYTHON).parents[1] / CONNECTORS_JAR).resolve().as_uri()
+    out = subprocess.run(
+        [str(DEFAULT_FLINK_PYTHON), str(path), str(folder), jar, argument],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JVM_ARGS": "-Xmx512m"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
+
+
 def test_files_in_arrival_order_and_fields_as_json_value_reads_them(tmp_path):
     folder = tmp_path / "events"
     folder.mkdir()
@@ -63,18 +79,7 @@ def test_files_in_arrival_order_and_fields_as_json_value_reads_them(tmp_path):
         path = folder / f"events-{len(LINES) - k:03d}.jsonl"
         path.write_text(line + "\n")
         os.utime(path, ns=(1_700_000_000_000_000_000 + k * 10**9,) * 2)
-    jar = Path(DEFAULT_FLINK_PYTHON).parents[1] / CONNECTORS_JAR
-    script = tmp_path / "read_back.py"
-    script.write_text(textwrap.dedent(READ_BACK))
-    out = subprocess.run(
-        [str(DEFAULT_FLINK_PYTHON), str(script), str(folder), jar.resolve().as_uri(), json.dumps(FIELDS)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "JVM_ARGS": "-Xmx512m"},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
+    rows = _read_in_flink(READ_BACK, tmp_path, folder, json.dumps(FIELDS))
     assert [r[0] for r in rows] == LINES  # arrival order
     n = len(FIELDS)
     for line, is_object, flink_is_object, *values in rows:
@@ -165,19 +170,7 @@ def test_timestamps_read_as_the_sql_and_polars_read_them(tmp_path):
     folder = tmp_path / "events"
     folder.mkdir()
     (folder / "events.jsonl").write_text("".join(json.dumps({"ts": t}) + "\n" for t in texts) + '{"ts": 17}\n')
-    script = tmp_path / "read_timestamps.py"
-    script.write_text(textwrap.dedent(READ_TIMESTAMPS))
-    jar = (Path(DEFAULT_FLINK_PYTHON).parents[1] / CONNECTORS_JAR).resolve().as_uri()
-    sql = _timestamp_of("JSON_VALUE(line, '$.ts')")
-    out = subprocess.run(
-        [str(DEFAULT_FLINK_PYTHON), str(script), str(folder), jar, sql],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "JVM_ARGS": "-Xmx512m"},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
+    rows = _read_in_flink(READ_TIMESTAMPS, tmp_path, folder, _timestamp_of("JSON_VALUE(line, '$.ts')"))
     assert len(rows) == len(texts) + 1
     ours = {json.loads(line)["ts"]: (our, sqls) for line, our, sqls in rows}
     assert ours[17] == (None, None)  # a number is no ISO-8601 text
