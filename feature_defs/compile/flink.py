@@ -362,8 +362,9 @@ def _live_aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
         return f"{_aggregate_sql(agg, plan)} OVER w"
     # the window's values in time order, newest first, each at its most recent time, n of them
     value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
-    element = LIST_ELEMENT[plan.output_types[agg.feature]]
-    values = f"ARRAY_REMOVE(ARRAY_AGG({value}) OVER w, CAST(NULL AS {element}))"
+    # nulls (the events the filter leaves out) are not kept: state and work per event follow the
+    # window's qualifying events, not all of its events
+    values = f"ARRAY_AGG({value} IGNORE NULLS) OVER w"
     return f"ARRAY_SLICE(ARRAY_DISTINCT(ARRAY_REVERSE({values})), 1, {int(agg.n)})"
 
 
