@@ -62,6 +62,9 @@ class FlinkResource(ConfigurableResource):
     state_backend: Literal["hashmap", "rocksdb"] = Field(
         default="hashmap", description="operator state on the JVM heap, or in RocksDB on local disk (beyond the heap)"
     )
+    jvm_heap: str = Field(
+        default="2g", description="local mode: the job's JVM heap (live rows keep the window's events there)"
+    )
     pusher_interval_seconds: float = Field(default=0.5, description="how often the pusher looks for committed results")
     live_rows: bool = Field(
         default=False,
@@ -94,6 +97,7 @@ class FlinkResource(ConfigurableResource):
                 watermark_interval_ms=self.watermark_interval_ms,
                 state_backend=self.state_backend,
                 live_rows=self.live_rows,
+                jvm_heap=self.jvm_heap,
                 flink_python=Path(self.flink_python),
                 rest=self._rest(),
             )
