@@ -133,11 +133,12 @@ class OnlinePusher:
         return deleted + fold_metrics(Path(self.spec.sink_root) / METRICS, now - self.keep_seconds)
 
     def _push(self, view: str, info: ViewSink, window_rows: list[dict], live_rows: list[dict]) -> int:
-        newest: dict[str, dict] = {}
+        by_key: dict[tuple, dict] = {}  # a row per event with live rows: keyed as JSON only once deduplicated
         for row in window_rows + live_rows:
-            entity = json.dumps([row[k] for k in info.keys])
-            if entity not in newest or newest[entity][WINDOW_END] <= row[WINDOW_END]:
-                newest[entity] = row
+            key = tuple(row[k] for k in info.keys)
+            if key not in by_key or by_key[key][WINDOW_END] <= row[WINDOW_END]:
+                by_key[key] = row
+        newest = {json.dumps(list(key)): row for key, row in by_key.items()}
         known = self.newest[view]
         fresh = {e: r for e, r in newest.items() if e not in known or known[e] <= r[WINDOW_END]}
         if fresh:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 import uuid
 
@@ -15,6 +16,7 @@ import pytest
 
 from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
 from engines.streaming import TOTALS_FILE, OnlinePusher, fold_metrics, job_metrics
+from engines.streaming.sink import read_rows
 from feature_defs import catalogue
 from feature_defs.compile.flink import SourceOptions, flink_job
 from feature_defs.compile.streaming import streaming_plans
@@ -177,3 +179,28 @@ def test_live_rows_take_over_between_window_ends_and_never_empty_anyone(online_s
         assert pusher.prune() == 3 and list(live.iterdir()) == [] and len(list(windows.iterdir())) == 2
     finally:
         pusher.close()
+
+
+def test_sink_rows_are_read_as_the_json_module_reads_them(tmp_path):
+    """read_rows parses with orjson and falls back to the json module for what orjson refuses: the
+    rows must be the json module's, whatever the line holds."""
+    rng = random.Random(5)
+    rows = [
+        {
+            "user_id": rng.randint(-(2**63), 2**63 - 1),
+            "window_end": f"2026-01-05 10:{rng.randint(0, 59):02d}:00.{rng.randint(0, 999):03d}",
+            "mean": rng.choice([None, rng.uniform(-1e300, 1e300), rng.random()]),
+            "items": rng.sample(range(10**6), rng.randint(0, 5)),
+            "name": rng.choice(["", "ünïcödé ✓", 'quote " and \\ slash']),
+        }
+        for _ in range(300)
+    ]
+    lines = [json.dumps(row) for row in rows]
+    lines += ['{"mean": NaN, "user_id": 1}', '{"x": -Infinity}', '{"user_id": 123456789012345678901234567890}']
+    lines += [json.dumps({"user_id": n}) for n in (-(2**63) - 1, 2**64 - 1, 2**64, -(2**63))]
+    path = tmp_path / "part-0"
+    path.write_text("\n".join(lines) + "\n\n")
+    got = read_rows(path)
+    want = [json.loads(line) for line in lines]
+    assert json.dumps(got) == json.dumps(want)  # NaN compares unequal to itself: compare the texts
+    assert [type(v) for row in got for v in row.values()] == [type(v) for row in want for v in row.values()]
