@@ -65,7 +65,11 @@ class FlinkResource(ConfigurableResource):
     jvm_heap: str = Field(
         default="2g", description="local mode: the job's JVM heap (live rows keep the window's events there)"
     )
-    pusher_interval_seconds: float = Field(default=0.5, description="how often the pusher looks for committed results")
+    pusher_interval_seconds: float | None = Field(
+        default=None,
+        description="how often the pusher looks for committed results; by default 0.1 s with live rows "
+        "(an idle poll lists a minute of their files: 1.7 ms at 600 per view), else 0.5 s",
+    )
     live_rows: bool = Field(
         default=False,
         description="a row per event for views over a trailing window: fresh within a second, not a slide "
@@ -102,6 +106,12 @@ class FlinkResource(ConfigurableResource):
                 rest=self._rest(),
             )
         )
+
+    @property
+    def pusher_interval(self) -> float:
+        if self.pusher_interval_seconds is not None:
+            return self.pusher_interval_seconds
+        return 0.1 if self.live_rows else 0.5  # a live row waits for the poll too
 
     def health(self, source: str) -> JobHealth:
         return self.job(source).health()
@@ -153,7 +163,7 @@ class FlinkResource(ConfigurableResource):
                 "redis_url": store.redis_url,
                 "registry_url": store.registry_url,
             },
-            interval_seconds=self.pusher_interval_seconds,
+            interval_seconds=self.pusher_interval,
         )
         config.write(job.state_dir / "pusher.json")
         job.log_dir.mkdir(parents=True, exist_ok=True)

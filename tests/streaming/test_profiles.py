@@ -43,3 +43,11 @@ def test_training_data_refuses_a_job_with_live_rows(tmp_path):
         assert live.job("interactions").spec().views["item_trending"].live
         with pytest.raises(ValueError, match="live_rows is on"):
             timing(live)
+
+
+def test_the_pusher_polls_faster_with_live_rows(tmp_path):
+    with build_resources(resources_for("local", data_dir=str(tmp_path))) as resources:
+        assert resources.flink.pusher_interval == 0.5
+        assert resources.flink.model_copy(update={"live_rows": True}).pusher_interval == 0.1
+        chosen = resources.flink.model_copy(update={"live_rows": True, "pusher_interval_seconds": 0.3})
+        assert chosen.pusher_interval == 0.3
