@@ -20,9 +20,9 @@ Each rate runs --seconds long, --repeats times; figures are medians over repeats
 P50/P99. With --warmup S, each job first takes S seconds of the highest rate, not measured: for its
 first minute a job spends a core or more compiling (the JIT), and a job runs for days. A rate is
 sustained when the job has read every event within 10 s of the producer stopping and P99 stays
-under 3x the first rate's P99. A job that fell behind reads the rest of a
-run (up to 240 s) before the next one starts, and its events' latencies count that wait ('>' marks
-figures of a run it had still not read by then). The baseline is the naive path (at the lowest and
+under 3x the first rate's P99. A job that fell behind reads the rest of a run (up to 240 s) before
+the next one starts, and its events' latencies count that wait ('>' marks figures of a run it had
+still not read by then). The baseline is the naive path (at the lowest and
 highest rate): re-read the last hour of event files with polars and push the recomputed view
 whenever new files landed.
 

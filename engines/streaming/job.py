@@ -60,7 +60,7 @@ class StreamingJobSettings:
     state_backend: str = "hashmap"
     flink_python: Path = DEFAULT_FLINK_PYTHON
     # the local mini-cluster's heap: live rows keep each entity's events of the window there; at
-    # 20,000 events/s a 512 MB heap spent most of a core in G1 (jstack) and the job lagged 3-6 s
+    # 20,000 events/s a 512 MB heap kept G1 busy more than half a core (top -H) and live rows lagged 3-6 s
     jvm_heap: str = "2g"
     # a local batch job (the backfill): one slot per core and room for its hash aggregations, which
     # otherwise spill; measured on the demo's 4 days at the 60 s slide: 293 s -> 137 s of Flink on 2 cores

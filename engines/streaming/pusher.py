@@ -16,9 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engines.streaming.sink import committed_names, fold_metrics, read_rows
 from feature_defs.compile.flink import METRICS, WINDOW_END, FlinkJobSpec, ViewSink
+
+if TYPE_CHECKING:  # imported at the first push: it imports Feast
+    from engines.online_write import OnlineWriter
 
 MIN_KEEP_SECONDS = 60  # result files are kept at least this long after their commit
 PRUNE_EVERY_SECONDS = 60
@@ -77,7 +81,7 @@ class OnlinePusher:
             self.newest.setdefault(view, {})[entity] = end
         for view, entity in self.db.execute("SELECT view, entity FROM emptied"):
             self.emptied.setdefault(view, set()).add(entity)
-        self.writers: dict = {}  # view -> OnlineWriter, made at its first push
+        self.writers: dict[str, OnlineWriter] = {}  # per view, made at its first push
         folders = [folder for info in spec.views.values() for folder in (info.sink, info.live) if folder]
         self.applied = {  # file names applied, per sink folder
             folder: {
@@ -185,7 +189,7 @@ class OnlinePusher:
         else:
             self.emptied[view].difference_update(window_ends)
 
-    def _writer(self, view: str):
+    def _writer(self, view: str) -> OnlineWriter:
         if view not in self.writers:
             from engines.online_write import OnlineWriter  # imports Feast: not when the CLI loads the profiles
 
