@@ -9,8 +9,9 @@ from the moment its file landed to the first push, for its user, of a value that
 Two settings of the job run one after the other, on the same rates:
 - window-ends: values only at window ends, every 2 seconds, a checkpoint every second,
   files rolled every second, a 1 s watermark delay (the job before live rows);
-- live: a live row per event (an OVER aggregation) beside window ends every 60 s, a checkpoint
-  every 200 ms, files rolled every 100 ms, a 0.3 s watermark delay moved on every 50 ms.
+- live: a live row per entity and millisecond with events (our LiveWindowFunction) beside window
+  ends every 60 s, a checkpoint every 200 ms, files rolled every 100 ms, a 0.3 s watermark delay
+  moved on every 50 ms.
 
 Events behind the watermark are dropped as late; the late share of each rate is printed beside
 its latencies (which cover only the events that count). Before the source read files in arrival

@@ -9,10 +9,12 @@ windows for running aggregations (the period = the feature's window, emitted eve
 window result is a complete value for (entity, window_end), written to a sink that the pusher
 applies to the online store as an idempotent upsert. The same statements run in batch mode for backfills.
 
-With `live_rows`, a streaming job's views over a trailing window also emit a row per event, once the
-watermark passes it: an OVER aggregation over the rows of the entity in (t - window, t], which
-is the view's value at window_end t + 1 ms. Window-end rows still come at every slide: they
-carry the values of entities whose events age out, and the empty values of those without any.
+With `live_rows`, a streaming job's views over a trailing window also emit a row per entity and
+millisecond with events, once the watermark passes it: the view over the entity's events in
+(t - window, t], its value at window_end t + 1 ms. Counts and last_n come from our
+LiveWindowFunction (jobs/flink/connectors), whose work per event does not grow with the window;
+other kinds from an OVER aggregation. Window-end rows still come at every slide: they carry the
+values of entities whose events age out, and the empty values of those without any.
 
 Semantics match the polars plan: a window ending at T covers events in [T - window, T); rows
 with a null entity key are skipped; `where` filters treat null as false; sums of nothing are 0,
@@ -151,7 +153,9 @@ def flink_job(
         if live_rows and mode == "streaming" and not any(a.running for a in plan.aggregates):
             live = f"{sink_root}/{plan.view}{LIVE_SUFFIX}"
             statements.append(_view_sink_ddl(f"{sink}{LIVE_SUFFIX}", plan, live, mode, roll_ms))
-            inserts.append(_live_insert(f"{sink}{LIVE_SUFFIX}", events, plan))
+            ddl, insert = _live_insert(f"{sink}{LIVE_SUFFIX}", events, plan)
+            statements += ([LIVE_FUNCTION_DDL] if ddl and LIVE_FUNCTION_DDL not in statements else []) + ddl
+            inserts.append(insert)
         views[plan.view] = ViewSink(
             keys=list(plan.keys),
             features=dict(plan.output_types),
@@ -243,7 +247,7 @@ def _parsed_view(name: str, raw: str, plan: StreamingPlan, keys: list[str], mode
     is_valid = "COALESCE(" + " AND ".join(checks) + ", FALSE)"
     columns = [f"{expr} AS `{c}`" for c, expr in typed.items()]
     # at or behind the watermark: dropped here and counted, not silently by a window or by the live
-    # rows' OVER aggregation (which drops an event at a time it has already emitted)
+    # rows (whose OVER aggregation or LiveWindowFunction has already emitted that time)
     if mode == "streaming":
         late, extra = f"COALESCE(`{ts}` <= CURRENT_WATERMARK(`{ts}`), FALSE)", ", proc_time"
     else:
@@ -340,10 +344,20 @@ def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str
     return _insert_outputs(sink, plan, rows)
 
 
-def _live_insert(sink: str, events: str, plan: StreamingPlan) -> str:
-    """A row per event at time t: the view over the entity's events in (t - window, t], its value at
-    window_end t + 1 ms (Flink keeps times to the millisecond). Events of an entity at the same
-    millisecond are aggregated together and each gets the same values."""
+LIVE_FUNCTION = "mlplane_live_window"  # jobs/flink/connectors: LiveWindowFunction
+LIVE_FUNCTION_DDL = (
+    f"CREATE TEMPORARY SYSTEM FUNCTION IF NOT EXISTS `{LIVE_FUNCTION}` "
+    "AS 'mlplane.flink.LiveWindowFunction' LANGUAGE JAVA"
+)
+LIVE_KINDS = {"count", "last_n"}  # what LiveWindowFunction computes; other views' live rows use OVER
+
+
+def _live_insert(sink: str, events: str, plan: StreamingPlan) -> tuple[list[str], str]:
+    """DDL and the insert of a view's live rows: a row per entity and millisecond t with events, the
+    view over the entity's events in (t - window, t], its value at window_end t + 1 ms (Flink keeps
+    times to the millisecond), emitted once the watermark passes t."""
+    if {a.kind for a in plan.aggregates} <= LIVE_KINDS:
+        return _live_function_insert(sink, events, plan)
     (window,) = {a.window_seconds for a in plan.aggregates}
     ts = f"`{plan.event_time}`"
     keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
@@ -354,18 +368,57 @@ def _live_insert(sink: str, events: str, plan: StreamingPlan) -> str:
         f"WINDOW w AS (PARTITION BY {partition} ORDER BY {ts} "
         f"RANGE BETWEEN {_interval(window - 0.001)} PRECEDING AND CURRENT ROW)"
     )
-    return _insert_outputs(sink, plan, rows)
+    return [], _insert_outputs(sink, plan, rows)
 
 
 def _live_aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
     if agg.kind != "last_n":
-        return f"{_aggregate_sql(agg, plan)} OVER w"
+        return _aggregate_sql(agg, plan, over=" OVER w")
     # the window's values in time order, newest first, each at its most recent time, n of them
     value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
     # nulls (the events the filter leaves out) are not kept: state and work per event follow the
     # window's qualifying events, not all of its events
     values = f"ARRAY_AGG({value} IGNORE NULLS) OVER w"
     return f"ARRAY_SLICE(ARRAY_DISTINCT(ARRAY_REVERSE({values})), 1, {int(agg.n)})"
+
+
+def _live_function_insert(sink: str, events: str, plan: StreamingPlan) -> tuple[list[str], str]:
+    """Counts and last_n through our LiveWindowFunction, whose work per event does not grow with
+    the window (Flink's OVER operator walks the entity's whole window at every row it emits)."""
+    (window,) = {a.window_seconds for a in plan.aggregates}
+    counts = [a for a in plan.aggregates if a.kind == "count"]
+    last_n = [a for a in plan.aggregates if a.kind == "last_n"]
+    if len(counts) > 63 or len(last_n) > 1:
+        raise FlinkCompileError(f"feature view {plan.view!r}: live rows take at most 63 counts and one last_n")
+    bits = " + ".join(
+        f"(CASE WHEN {a.where_sql} THEN {1 << i} ELSE 0 END)" if a.where_sql else str(1 << i)
+        for i, a in enumerate(counts)
+    )
+    listed, numeric = "CAST(NULL AS STRING)", "FALSE"
+    if last_n:
+        agg = last_n[0]
+        value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
+        listed = f"CAST({value} AS STRING)"
+        numeric = "TRUE" if plan.output_types[agg.feature] == "int64_list" else "FALSE"
+    keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
+    source = f"{sink}__input"
+    ddl = (
+        f"CREATE TEMPORARY VIEW `{source}` AS SELECT {keys}, `{plan.event_time}`, "
+        f"CAST({bits or '0'} AS BIGINT) AS counted, {listed} AS listed FROM `{events}`"
+    )
+    names = ", ".join(f"`{k}`" for k in plan.keys)
+    features = "".join(f", counts[{i + 1}] AS `{a.feature}`" for i, a in enumerate(counts))
+    if last_n:
+        element = LIST_ELEMENT[plan.output_types[last_n[0].feature]]
+        features += f", CAST(latest AS ARRAY<{element}>) AS `{last_n[0].feature}`"
+    rows = (
+        f"SELECT {names}, window_end{features} FROM TABLE(`{LIVE_FUNCTION}`(input => TABLE `{source}` "
+        f"PARTITION BY {names}, on_time => DESCRIPTOR(`{plan.event_time}`), "
+        f"window_millis => CAST({window * 1000} AS BIGINT), counts => {len(counts)}, "
+        f"n => {int(last_n[0].n) if last_n else 0}, numeric_values => {numeric}, "
+        f"uid => '{plan.view}{LIVE_SUFFIX}'))"
+    )
+    return [ddl], _insert_outputs(sink, plan, rows)
 
 
 def _insert_outputs(sink: str, plan: StreamingPlan, rows: str) -> str:
@@ -384,23 +437,25 @@ def empty_values(plan: StreamingPlan) -> dict:
     return {f: float(v) if v == 0 and plan.output_types[f] == "float64" else v for f, v in values.items()}
 
 
-def _aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
+def _aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan, over: str = "") -> str:
+    """The aggregate of a window group; with `over` (" OVER w"), of an OVER window."""
+
     def when(value: str) -> str:
         return f"CASE WHEN {agg.where_sql} THEN {value} END" if agg.where_sql else value
 
     match agg.kind:
         case "count":
-            return f"COUNT({when('1')})"
+            return f"COUNT({when('1')}){over}"
         case "sum":
-            return f"COALESCE(SUM({when(agg.value_sql)}), 0)"
+            return f"COALESCE(SUM({when(agg.value_sql)}){over}, 0)"
         case "mean":
-            return f"AVG(CAST({when(agg.value_sql)} AS DOUBLE))"
+            return f"AVG(CAST({when(agg.value_sql)} AS DOUBLE)){over}"
         case "max":
-            return f"MAX({when(agg.value_sql)})"
+            return f"MAX({when(agg.value_sql)}){over}"
         case "min":
-            return f"MIN({when(agg.value_sql)})"
+            return f"MIN({when(agg.value_sql)}){over}"
         case "distinct_count":
-            return f"COUNT(DISTINCT {when(agg.value_sql)})"
+            return f"COUNT(DISTINCT {when(agg.value_sql)}){over}"
     raise FlinkCompileError(f"feature view {plan.view!r}, feature {agg.feature!r}: {agg.kind} has no Flink form")
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from feature_defs import catalogue
-from feature_defs.compile.flink import FlinkCompileError, SourceOptions, flink_job
+from feature_defs.compile.flink import LIVE_FUNCTION, LIVE_FUNCTION_DDL, FlinkCompileError, SourceOptions, flink_job
 from feature_defs.compile.streaming import streaming_plan, streaming_plans
-from feature_defs.dsl import Feature, FeatureView, count
+from feature_defs.dsl import Feature, FeatureView, count, sum_
 from feature_defs.entities import user
 from feature_defs.sources import chat_messages, interactions
 
@@ -32,7 +32,7 @@ def test_one_job_computes_every_streaming_view_of_a_source():
     assert spec.views["item_trending"].push_source == "item_trending_push"
 
 
-def test_live_rows_are_one_over_aggregation_per_view_over_a_trailing_window():
+def test_live_rows_of_counts_and_last_n_come_from_our_live_window_function():
     spec = flink_job("j", streaming_plans(catalogue), FILES, "/sink", live_rows=True)
     live = {view: info.live for view, info in spec.views.items()}
     assert live == {
@@ -40,9 +40,11 @@ def test_live_rows_are_one_over_aggregation_per_view_over_a_trailing_window():
         "item_trending": "/sink/item_trending__live",
         "item_sales_today": None,  # running totals: window ends only
     }
-    over = [i for i in spec.inserts if "OVER w" in i]
-    assert len(over) == 2 and all("RANGE BETWEEN INTERVAL '0 00:59:59.999'" in i for i in over)
-    assert "ARRAY_AGG" in over[0]  # last_played_items_1h
+    calls = [i for i in spec.inserts if f"`{LIVE_FUNCTION}`(input => TABLE" in i]
+    assert len(calls) == 2 and all("window_millis => CAST(3600000 AS BIGINT)" in i for i in calls)
+    assert "n => 5, numeric_values => TRUE" in calls[0]  # last_played_items_1h: item ids, compared as numbers
+    assert "CAST(latest AS ARRAY<BIGINT>)" in calls[0]
+    assert spec.statements.count(LIVE_FUNCTION_DDL) == 1
     assert "<= CURRENT_WATERMARK" in " ".join(spec.statements)  # an event at the watermark is late for both
     assert (
         flink_job("j", streaming_plans(catalogue), FILES, "/sink", mode="batch", live_rows=True)
@@ -50,6 +52,16 @@ def test_live_rows_are_one_over_aggregation_per_view_over_a_trailing_window():
         .live
         is None
     )
+
+
+def test_live_rows_of_other_kinds_are_an_over_aggregation():
+    spend = FeatureView(
+        "spend", [user], interactions, streaming=True, features=[Feature("spend_1h", sum_("amount", "1h"))]
+    )
+    spec = flink_job("j", [streaming_plan(spend)], FILES, "/sink", live_rows=True)
+    (over,) = [i for i in spec.inserts if "OVER w" in i]
+    assert "RANGE BETWEEN INTERVAL '0 00:59:59.999'" in over
+    assert LIVE_FUNCTION_DDL not in spec.statements
 
 
 def test_batch_mode_has_no_watermark_and_no_directory_monitoring():
