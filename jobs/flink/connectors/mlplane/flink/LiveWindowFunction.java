@@ -41,7 +41,7 @@ public class LiveWindowFunction extends ProcessTableFunction<Row> {
     /** The events of one entity at one millisecond. */
     public static class Slice {
         public long[] counts;
-        public String[] values; // distinct qualifying last_n values; null once emitted
+        public String[] values; // distinct qualifying last_n values; emptied once emitted
     }
 
     /** The window's totals for one entity, and the settings the timers need. */
@@ -49,7 +49,6 @@ public class LiveWindowFunction extends ProcessTableFunction<Row> {
         public long windowMillis;
         public boolean numeric;
         public int n;
-        public long slices; // slices held, to clear an idle entity's state
         public long[] counts;
         public String[] latest; // the n most recent distinct values, newest first
         public long[] latestAt; // each one's latest time
@@ -57,10 +56,10 @@ public class LiveWindowFunction extends ProcessTableFunction<Row> {
 
     public void eval(
             Context ctx,
-            @StateHint(name = "slices") MapView<Long, Slice> slices,
+            @StateHint(name = "slices", ttl = "0 ms") MapView<Long, Slice> slices,
             // one entry, not a POJO value state: the value state's updates from onTimer were lost in
             // a restore from the changelog (rows after a crash missed events joined before it)
-            @StateHint(name = "totals") MapView<Integer, Totals> totalsState,
+            @StateHint(name = "totals", ttl = "0 ms") MapView<Integer, Totals> totalsState,
             @ArgumentHint(value = {SET_SEMANTIC_TABLE, REQUIRE_ON_TIME}, name = "input") Row input,
             @ArgumentHint(name = "window_millis") Long windowMillis,
             @ArgumentHint(name = "counts") Integer counts,
@@ -70,7 +69,7 @@ public class LiveWindowFunction extends ProcessTableFunction<Row> {
         TimeContext<Long> time = ctx.timeContext(Long.class);
         long t = time.time();
         Totals totals = totalsState.get(0);
-        if (totals == null) {
+        if (totals == null) { // written here only when new: a put per event was a third of the work
             totals = new Totals();
             totals.windowMillis = windowMillis;
             totals.numeric = numeric;
@@ -78,13 +77,13 @@ public class LiveWindowFunction extends ProcessTableFunction<Row> {
             totals.counts = new long[counts];
             totals.latest = new String[0];
             totals.latestAt = new long[0];
+            totalsState.put(0, totals);
         }
         Slice slice = slices.get(t);
         if (slice == null) {
             slice = new Slice();
             slice.counts = new long[counts];
             slice.values = new String[0];
-            totals.slices++;
             time.registerOnTime(t);
             time.registerOnTime(t + totals.windowMillis);
         }
@@ -100,7 +99,6 @@ public class LiveWindowFunction extends ProcessTableFunction<Row> {
             slice.values[slice.values.length - 1] = listed;
         }
         slices.put(t, slice);
-        totalsState.put(0, totals);
     }
 
     public void onTimer(OnTimerContext ctx, MapView<Long, Slice> slices, MapView<Integer, Totals> totalsState)
@@ -117,19 +115,20 @@ public class LiveWindowFunction extends ProcessTableFunction<Row> {
                 totals.counts[i] -= leaving.counts[i];
             }
             slices.remove(now - totals.windowMillis);
-            totals.slices--;
         }
         Slice joining = slices.get(now);
-        if (joining != null && joining.values != null) {
+        if (joining != null) { // each time's timer fires once: for its slice, and for the one leaving
             for (int i = 0; i < totals.counts.length; i++) {
                 totals.counts[i] += joining.counts[i];
             }
             keepLatest(totals, joining.values, now);
-            joining.values = null; // emitted: only its counts are needed, when it leaves
-            slices.put(now, joining);
+            if (joining.values.length > 0) { // only its counts are needed, when it leaves
+                joining.values = new String[0];
+                slices.put(now, joining);
+            }
             collect(Row.of(at(now + 1), boxed(totals.counts), inWindow(totals, now)));
         }
-        if (totals.slices == 0) { // an idle entity: nothing left, no timers pending
+        if (slices.isEmpty()) { // an idle entity: nothing left, no timers pending
             // not ctx.clearAll(): clearing timers from onTimer lost other entities' timers (rows
             // went missing, tests/streaming/test_live_rows.py has the rare users that show it)
             totalsState.remove(0);
