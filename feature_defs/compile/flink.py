@@ -9,12 +9,9 @@ windows for running aggregations (the period = the feature's window, emitted eve
 window result is a complete value for (entity, window_end), written to a sink that the pusher
 applies to the online store as an idempotent upsert. The same statements run in batch mode for backfills.
 
-With `live_rows`, a streaming job's views over a trailing window also emit a row per entity and
-millisecond with events, once the watermark passes it: the view over the entity's events in
-(t - window, t], its value at window_end t + 1 ms. Counts and last_n come from our
-LiveWindowFunction (jobs/flink/connectors), whose work per event does not grow with the window;
-other kinds from an OVER aggregation. Window-end rows still come at every slide: they carry the
-values of entities whose events age out, and the empty values of those without any.
+With `live_rows`, views over a trailing window also emit a row per entity and millisecond with
+events (flink_live.py). Window-end rows still come at every slide: they carry the values of
+entities whose events age out, and the empty values of those without any.
 
 Semantics match the polars plan: a window ending at T covers events in [T - window, T); rows
 with a null entity key are skipped; `where` filters treat null as false; sums of nothing are 0,
@@ -26,17 +23,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from feature_defs.compile.flink_live import LIVE_FUNCTION_DDL, LIVE_SUFFIX, live_insert
+from feature_defs.compile.flink_sql import (
+    LIST_ELEMENT,
+    SQL_TYPES,
+    WINDOW_END,
+    FlinkCompileError,
+    aggregate_sql,
+    insert_outputs,
+    interval,
+)
 from feature_defs.compile.streaming import StreamingPlan, WindowedAggregate
 
-SQL_TYPES = {"int64": "BIGINT", "float64": "DOUBLE", "string": "STRING", "bool": "BOOLEAN"}
-LIST_ELEMENT = {"int64_list": "BIGINT", "string_list": "STRING"}
-WINDOW_END = "window_end"  # the sink column with the end of the window (exclusive), UTC
-LIVE_SUFFIX = "__live"  # the sink folder of a view's per-event rows: {view}__live
 METRICS = "_metrics"  # the sink folder of the job's own counts
-
-
-class FlinkCompileError(ValueError):
-    """A streaming plan that the Flink compiler cannot express; the message names the view."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ def flink_job(
         if live_rows and mode == "streaming" and not any(a.running for a in plan.aggregates):
             live = f"{sink_root}/{plan.view}{LIVE_SUFFIX}"
             statements.append(_view_sink_ddl(f"{sink}{LIVE_SUFFIX}", plan, live, mode, roll_ms))
-            ddl, insert = _live_insert(f"{sink}{LIVE_SUFFIX}", events, plan)
+            ddl, insert = live_insert(f"{sink}{LIVE_SUFFIX}", events, plan)
             statements += ([LIVE_FUNCTION_DDL] if ddl and LIVE_FUNCTION_DDL not in statements else []) + ddl
             inserts.append(insert)
         views[plan.view] = ViewSink(
@@ -229,7 +228,7 @@ def _source_ddl(table: str, plan: StreamingPlan, source: SourceOptions, mode: st
         f"`{ts}` AS COALESCE({line.typed(ts, 'timestamp')}, TIMESTAMP '1970-01-01 00:00:00')",
     ]
     if mode == "streaming":
-        columns += ["proc_time AS PROCTIME()", f"WATERMARK FOR `{ts}` AS `{ts}` - {_interval(delay)}"]
+        columns += ["proc_time AS PROCTIME()", f"WATERMARK FOR `{ts}` AS `{ts}` - {interval(delay)}"]
     return f"CREATE TABLE `{table}` (\n  " + ",\n  ".join(columns) + f"\n) {source.with_clause(mode)}"
 
 
@@ -303,7 +302,7 @@ def _metrics_insert(parsed: str, ts: str, mode: str) -> str:
         return f"INSERT INTO `sink__metrics` SELECT CAST(LOCALTIMESTAMP AS TIMESTAMP(3)), {counts} FROM `{parsed}`"
     return (
         f"INSERT INTO `sink__metrics` SELECT CAST(window_end AS TIMESTAMP(3)), {counts} "
-        f"FROM TABLE(TUMBLE(TABLE `{parsed}`, DESCRIPTOR(proc_time), {_interval(1)})) "
+        f"FROM TABLE(TUMBLE(TABLE `{parsed}`, DESCRIPTOR(proc_time), {interval(1)})) "
         "GROUP BY window_start, window_end"
     )
 
@@ -323,16 +322,16 @@ def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str
         raise FlinkCompileError(f"feature view {plan.view!r}: window {window}s is not a multiple of the slide {slide}s")
     time_column = f"DESCRIPTOR(`{plan.event_time}`)"
     tvf = (
-        f"TABLE(CUMULATE(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))"
+        f"TABLE(CUMULATE(TABLE `{events}`, {time_column}, {interval(step)}, {interval(window)}))"
         if running
-        else f"TABLE(HOP(TABLE `{events}`, {time_column}, {_interval(step)}, {_interval(window)}))"
+        else f"TABLE(HOP(TABLE `{events}`, {time_column}, {interval(step)}, {interval(window)}))"
     )
     last_n = [a for a in plan.aggregates if a.kind == "last_n"]
     if len(last_n) > 1:
         raise FlinkCompileError(f"feature view {plan.view!r}: at most one last_n feature per streaming view")
     keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
     group = "window_start, window_end, " + ", ".join(f"`{c}`" for c in plan.keys.values())
-    aggs = "".join(f", {_aggregate_sql(a, plan)} AS `{a.feature}`" for a in plan.aggregates if a.kind != "last_n")
+    aggs = "".join(f", {aggregate_sql(a, plan)} AS `{a.feature}`" for a in plan.aggregates if a.kind != "last_n")
     rows = f"SELECT {keys}, window_start, window_end{aggs} FROM {tvf} GROUP BY {group}"
     if last_n:  # LEFT window join: an entity with events but none that qualify gets an empty list
         on = " AND ".join(f"m.`{k}` = l.`{k}`" for k in plan.keys)
@@ -341,91 +340,7 @@ def _view_insert(sink: str, events: str, plan: StreamingPlan, slide: int) -> str
             f"SELECT m.*, l.`{last_n[0].feature}` FROM ({rows}) m LEFT JOIN ({latest}) l "
             f"ON {on} AND m.window_start = l.window_start AND m.window_end = l.window_end"
         )
-    return _insert_outputs(sink, plan, rows)
-
-
-LIVE_FUNCTION = "mlplane_live_window"  # jobs/flink/connectors: LiveWindowFunction
-LIVE_FUNCTION_DDL = (
-    f"CREATE TEMPORARY SYSTEM FUNCTION IF NOT EXISTS `{LIVE_FUNCTION}` "
-    "AS 'mlplane.flink.LiveWindowFunction' LANGUAGE JAVA"
-)
-LIVE_KINDS = {"count", "last_n"}  # what LiveWindowFunction computes; other views' live rows use OVER
-
-
-def _live_insert(sink: str, events: str, plan: StreamingPlan) -> tuple[list[str], str]:
-    """DDL and the insert of a view's live rows: a row per entity and millisecond t with events, the
-    view over the entity's events in (t - window, t], its value at window_end t + 1 ms (Flink keeps
-    times to the millisecond), emitted once the watermark passes t."""
-    if {a.kind for a in plan.aggregates} <= LIVE_KINDS:
-        return _live_function_insert(sink, events, plan)
-    (window,) = {a.window_seconds for a in plan.aggregates}
-    ts = f"`{plan.event_time}`"
-    keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
-    partition = ", ".join(f"`{c}`" for c in plan.keys.values())
-    aggs = "".join(f", {_live_aggregate_sql(a, plan)} AS `{a.feature}`" for a in plan.aggregates)
-    rows = (
-        f"SELECT {keys}, {ts} + INTERVAL '0.001' SECOND AS window_end{aggs} FROM `{events}` "
-        f"WINDOW w AS (PARTITION BY {partition} ORDER BY {ts} "
-        f"RANGE BETWEEN {_interval(window - 0.001)} PRECEDING AND CURRENT ROW)"
-    )
-    return [], _insert_outputs(sink, plan, rows)
-
-
-def _live_aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
-    if agg.kind != "last_n":
-        return _aggregate_sql(agg, plan, over=" OVER w")
-    # the window's values in time order, newest first, each at its most recent time, n of them
-    value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
-    # nulls (the events the filter leaves out) are not kept: state and work per event follow the
-    # window's qualifying events, not all of its events
-    values = f"ARRAY_AGG({value} IGNORE NULLS) OVER w"
-    return f"ARRAY_SLICE(ARRAY_DISTINCT(ARRAY_REVERSE({values})), 1, {int(agg.n)})"
-
-
-def _live_function_insert(sink: str, events: str, plan: StreamingPlan) -> tuple[list[str], str]:
-    """Counts and last_n through our LiveWindowFunction, whose work per event does not grow with
-    the window (Flink's OVER operator walks the entity's whole window at every row it emits)."""
-    (window,) = {a.window_seconds for a in plan.aggregates}
-    counts = [a for a in plan.aggregates if a.kind == "count"]
-    last_n = [a for a in plan.aggregates if a.kind == "last_n"]
-    if len(counts) > 63 or len(last_n) > 1:
-        raise FlinkCompileError(f"feature view {plan.view!r}: live rows take at most 63 counts and one last_n")
-    bits = " + ".join(
-        f"(CASE WHEN {a.where_sql} THEN {1 << i} ELSE 0 END)" if a.where_sql else str(1 << i)
-        for i, a in enumerate(counts)
-    )
-    listed, numeric = "CAST(NULL AS STRING)", "FALSE"
-    if last_n:
-        agg = last_n[0]
-        value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
-        listed = f"CAST({value} AS STRING)"
-        numeric = "TRUE" if plan.output_types[agg.feature] == "int64_list" else "FALSE"
-    keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
-    source = f"{sink}__input"
-    ddl = (
-        f"CREATE TEMPORARY VIEW `{source}` AS SELECT {keys}, `{plan.event_time}`, "
-        f"CAST({bits or '0'} AS BIGINT) AS counted, {listed} AS listed FROM `{events}`"
-    )
-    names = ", ".join(f"`{k}`" for k in plan.keys)
-    features = "".join(f", counts[{i + 1}] AS `{a.feature}`" for i, a in enumerate(counts))
-    if last_n:
-        element = LIST_ELEMENT[plan.output_types[last_n[0].feature]]
-        features += f", CAST(latest AS ARRAY<{element}>) AS `{last_n[0].feature}`"
-    rows = (
-        f"SELECT {names}, window_end{features} FROM TABLE(`{LIVE_FUNCTION}`(input => TABLE `{source}` "
-        f"PARTITION BY {names}, on_time => DESCRIPTOR(`{plan.event_time}`), "
-        f"window_millis => CAST({window * 1000} AS BIGINT), counts => {len(counts)}, "
-        f"n => {int(last_n[0].n) if last_n else 0}, numeric_values => {numeric}, "
-        f"uid => '{plan.view}{LIVE_SUFFIX}'))"
-    )
-    return [ddl], _insert_outputs(sink, plan, rows)
-
-
-def _insert_outputs(sink: str, plan: StreamingPlan, rows: str) -> str:
-    derived = {d.feature: d.sql for d in plan.derived}
-    outer = [f"`{k}`" for k in plan.keys] + [f"CAST(window_end AS TIMESTAMP(3)) AS `{WINDOW_END}`"]
-    outer += [f"{derived[f]} AS `{f}`" if f in derived else f"`{f}`" for f in plan.output_types]
-    return f"INSERT INTO `{sink}` SELECT {', '.join(outer)} FROM ({rows})"
+    return insert_outputs(sink, plan, rows)
 
 
 def empty_values(plan: StreamingPlan) -> dict:
@@ -435,28 +350,6 @@ def empty_values(plan: StreamingPlan) -> dict:
     kinds = {a.feature: a.kind for a in plan.aggregates}
     values = {f: zero.get(kinds.get(f)) for f in plan.output_types}
     return {f: float(v) if v == 0 and plan.output_types[f] == "float64" else v for f, v in values.items()}
-
-
-def _aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan, over: str = "") -> str:
-    """The aggregate of a window group; with `over` (" OVER w"), of an OVER window."""
-
-    def when(value: str) -> str:
-        return f"CASE WHEN {agg.where_sql} THEN {value} END" if agg.where_sql else value
-
-    match agg.kind:
-        case "count":
-            return f"COUNT({when('1')}){over}"
-        case "sum":
-            return f"COALESCE(SUM({when(agg.value_sql)}){over}, 0)"
-        case "mean":
-            return f"AVG(CAST({when(agg.value_sql)} AS DOUBLE)){over}"
-        case "max":
-            return f"MAX({when(agg.value_sql)}){over}"
-        case "min":
-            return f"MIN({when(agg.value_sql)}){over}"
-        case "distinct_count":
-            return f"COUNT(DISTINCT {when(agg.value_sql)}){over}"
-    raise FlinkCompileError(f"feature view {plan.view!r}, feature {agg.feature!r}: {agg.kind} has no Flink form")
 
 
 def _last_n_sql(agg: WindowedAggregate, plan: StreamingPlan, tvf: str) -> str:
@@ -480,15 +373,6 @@ def _last_n_sql(agg: WindowedAggregate, plan: StreamingPlan, tvf: str) -> str:
         f"SELECT {names}, window_start, window_end, ARRAY_REMOVE(ARRAY[{slots}], CAST(NULL AS {element})) "
         f"AS `{agg.feature}` FROM ({ranked}) GROUP BY window_start, window_end, {names}"
     )
-
-
-def _interval(seconds: float) -> str:
-    millis = round(seconds * 1000)
-    days, rest = divmod(millis // 1000, 86400)
-    clock = f"{days} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    if millis % 1000:
-        return f"INTERVAL '{clock}.{millis % 1000:03d}' DAY(3) TO SECOND(3)"
-    return f"INTERVAL '{clock}' DAY(3) TO SECOND"
 
 
 def _quote(text: str) -> str:

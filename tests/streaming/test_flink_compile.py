@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from feature_defs import catalogue
-from feature_defs.compile.flink import LIVE_FUNCTION, LIVE_FUNCTION_DDL, FlinkCompileError, SourceOptions, flink_job
+from feature_defs.compile.flink import FlinkCompileError, SourceOptions, flink_job
+from feature_defs.compile.flink_live import LIVE_FUNCTION, LIVE_FUNCTION_DDL
 from feature_defs.compile.streaming import streaming_plan, streaming_plans
 from feature_defs.dsl import Feature, FeatureView, count, sum_
 from feature_defs.entities import user

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from engines.streaming import FlinkJob, SourceOptions, StreamingJobSettings
-from feature_defs.compile.flink import LIVE_FUNCTION, LIVE_SUFFIX
+from feature_defs.compile.flink_live import LIVE_FUNCTION, LIVE_SUFFIX
 from feature_defs.compile.polars import TIMESTAMP, build_rows_at
 from feature_defs.dsl import (
     Catalogue,
