@@ -7,10 +7,17 @@ at every row it emits."""
 
 from __future__ import annotations
 
-from feature_defs.compile.flink_sql import LIST_ELEMENT, FlinkCompileError, aggregate_sql, insert_outputs, interval
+from feature_defs.compile.flink_sql import (
+    LIST_ELEMENT,
+    FlinkCompileError,
+    aggregate_sql,
+    insert_outputs,
+    interval,
+    qualifying,
+)
 from feature_defs.compile.streaming import StreamingPlan, WindowedAggregate
 
-LIVE_SUFFIX = "__live"  # the sink folder of a view's per-event rows: {view}__live
+LIVE_SUFFIX = "__live"  # the sink folder of a view's live rows: {view}__live
 LIVE_FUNCTION = "mlplane_live_window"  # jobs/flink/connectors: LiveWindowFunction
 LIVE_FUNCTION_DDL = (
     f"CREATE TEMPORARY SYSTEM FUNCTION IF NOT EXISTS `{LIVE_FUNCTION}` "
@@ -23,9 +30,9 @@ def live_insert(sink: str, events: str, plan: StreamingPlan) -> tuple[list[str],
     """DDL and the insert of a view's live rows: a row per entity and millisecond t with events, the
     view over the entity's events in (t - window, t], its value at window_end t + 1 ms (Flink keeps
     times to the millisecond), emitted once the watermark passes t."""
-    if {a.kind for a in plan.aggregates} <= LIVE_KINDS:
-        return _live_function_insert(sink, events, plan)
     (window,) = {a.window_seconds for a in plan.aggregates}
+    if {a.kind for a in plan.aggregates} <= LIVE_KINDS:
+        return _live_function_insert(sink, events, plan, window)
     ts = f"`{plan.event_time}`"
     keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
     partition = ", ".join(f"`{c}`" for c in plan.keys.values())
@@ -42,17 +49,16 @@ def _over_aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan) -> str:
     if agg.kind != "last_n":
         return aggregate_sql(agg, plan, over=" OVER w")
     # the window's values in time order, newest first, each at its most recent time, n of them
-    value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
+    value = qualifying(agg, agg.value_sql)
     # nulls (the events the filter leaves out) are not kept: state and work per event follow the
     # window's qualifying events, not all of its events
     values = f"ARRAY_AGG({value} IGNORE NULLS) OVER w"
     return f"ARRAY_SLICE(ARRAY_DISTINCT(ARRAY_REVERSE({values})), 1, {int(agg.n)})"
 
 
-def _live_function_insert(sink: str, events: str, plan: StreamingPlan) -> tuple[list[str], str]:
+def _live_function_insert(sink: str, events: str, plan: StreamingPlan, window: int) -> tuple[list[str], str]:
     """Counts and last_n through our LiveWindowFunction, whose work per event does not grow with
     the window (Flink's OVER operator walks the entity's whole window at every row it emits)."""
-    (window,) = {a.window_seconds for a in plan.aggregates}
     counts = [a for a in plan.aggregates if a.kind == "count"]
     last_n = [a for a in plan.aggregates if a.kind == "last_n"]
     if len(counts) > 63 or len(last_n) > 1:
@@ -64,8 +70,7 @@ def _live_function_insert(sink: str, events: str, plan: StreamingPlan) -> tuple[
     listed, numeric = "CAST(NULL AS STRING)", "FALSE"
     if last_n:
         agg = last_n[0]
-        value = f"CASE WHEN {agg.where_sql} THEN {agg.value_sql} END" if agg.where_sql else agg.value_sql
-        listed = f"CAST({value} AS STRING)"
+        listed = f"CAST({qualifying(agg, agg.value_sql)} AS STRING)"
         numeric = "TRUE" if plan.output_types[agg.feature] == "int64_list" else "FALSE"
     keys = ", ".join(f"`{c}` AS `{k}`" for k, c in plan.keys.items())
     source = f"{sink}__input"

@@ -20,25 +20,27 @@ def insert_outputs(sink: str, plan: StreamingPlan, rows: str) -> str:
     return f"INSERT INTO `{sink}` SELECT {', '.join(outer)} FROM ({rows})"
 
 
+def qualifying(agg: WindowedAggregate, value: str) -> str:
+    """`value` where the aggregate's filter holds, else NULL (a NULL filter counts as false)."""
+    return f"CASE WHEN {agg.where_sql} THEN {value} END" if agg.where_sql else value
+
+
 def aggregate_sql(agg: WindowedAggregate, plan: StreamingPlan, over: str = "") -> str:
     """The aggregate of a window group; with `over` (" OVER w"), of an OVER window."""
 
-    def when(value: str) -> str:
-        return f"CASE WHEN {agg.where_sql} THEN {value} END" if agg.where_sql else value
-
     match agg.kind:
         case "count":
-            return f"COUNT({when('1')}){over}"
+            return f"COUNT({qualifying(agg, '1')}){over}"
         case "sum":
-            return f"COALESCE(SUM({when(agg.value_sql)}){over}, 0)"
+            return f"COALESCE(SUM({qualifying(agg, agg.value_sql)}){over}, 0)"
         case "mean":
-            return f"AVG(CAST({when(agg.value_sql)} AS DOUBLE)){over}"
+            return f"AVG(CAST({qualifying(agg, agg.value_sql)} AS DOUBLE)){over}"
         case "max":
-            return f"MAX({when(agg.value_sql)}){over}"
+            return f"MAX({qualifying(agg, agg.value_sql)}){over}"
         case "min":
-            return f"MIN({when(agg.value_sql)}){over}"
+            return f"MIN({qualifying(agg, agg.value_sql)}){over}"
         case "distinct_count":
-            return f"COUNT(DISTINCT {when(agg.value_sql)}){over}"
+            return f"COUNT(DISTINCT {qualifying(agg, agg.value_sql)}){over}"
     raise FlinkCompileError(f"feature view {plan.view!r}, feature {agg.feature!r}: {agg.kind} has no Flink form")
 
 
