@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import Counter
 
 import httpx
@@ -62,6 +63,10 @@ def server_over(tower_registry, tmp_path, raw: dict) -> ModelServer:
     server.repository.refresh()
     assert server.experiments.reload(), server.experiments.reason
     return server
+
+
+def experiments_in_use(url: str) -> dict:
+    return httpx.get(f"{url}/v2/experiments", timeout=30).json()
 
 
 def test_twenty_experiments_assign_stickily_by_traffic_and_independently(tower_registry, tmp_path):
@@ -137,6 +142,7 @@ def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_t
         user = 0
         while not stop.is_set():
             user += 1
+            time.sleep(0.0005)  # lets the GIL go: four spinning threads starved the server's loop past 5 s (CI)
             try:
                 route = server.experiments.choose(user, {})
                 seen.add((route.experiment, route.variant, server.repository.get(route.model).version))
@@ -164,19 +170,19 @@ def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_t
         )
         path.write_text(yaml.safe_dump(two))
         wait_for(lambda: ("pinned", "v2", "2") in seen)
-        described = httpx.get(f"{running.url}/v2/experiments").json()
+        described = experiments_in_use(running.url)
         assert [e["name"] for e in described["experiments"]] == ["pinned", "ab"] and described["reason"] == ""
         digest = described["digest"]
 
         bad = yaml.safe_load(yaml.safe_dump(two))
         bad["experiments"][1]["variants"][0]["traffic"] = 0.7  # sums to 1.2
         path.write_text(yaml.safe_dump(bad))
-        wait_for(lambda: "sums to" in httpx.get(f"{running.url}/v2/experiments").json()["reason"])
+        wait_for(lambda: "sums to" in experiments_in_use(running.url)["reason"])
         missing = yaml.safe_load(yaml.safe_dump(two))
         missing["experiments"][0]["variants"][1]["model_version"] = 99  # not in the registry
         path.write_text(yaml.safe_dump(missing))
-        wait_for(lambda: "'pinned' variant 'v2'" in httpx.get(f"{running.url}/v2/experiments").json()["reason"])
-        described = httpx.get(f"{running.url}/v2/experiments").json()
+        wait_for(lambda: "'pinned' variant 'v2'" in experiments_in_use(running.url)["reason"])
+        described = experiments_in_use(running.url)
         assert described["digest"] == digest  # the valid configuration kept serving throughout
         assert "personalization@v99" not in server.repository.states
         assert httpx.get(f"{running.url}/v2/health/ready").status_code == 200
