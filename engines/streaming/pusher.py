@@ -48,7 +48,7 @@ class OnlinePusher:
         spec: FlinkJobSpec,
         on_push: Callable[[str, list[dict], float], None] | None = None,  # view, rows written, when
         keep_seconds: float = 3600,
-        # live rows' files: a row per event, a file per roll (100 ms) and superseded within seconds;
+        # live rows' files: a row per event, a file per roll (50 ms for fresh ones) and superseded within seconds;
         # an hour of them would make every poll list tens of thousands of files per view
         live_keep_seconds: float = MIN_KEEP_SECONDS,
     ):

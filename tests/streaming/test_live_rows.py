@@ -56,12 +56,14 @@ VIEWS = (
         streaming=True,
         features=[Feature("plays_10m", count("10m", where=play)), Feature("devices_10m", last_n("device", 2, "10m"))],
     ),
-    FeatureView(  # Flink's OVER aggregation
+    FeatureView(  # Flink's OVER aggregation, for its counts and last_n too (a view is computed one way)
         "live_test_other_kinds",
         [user],
         interactions,
         streaming=True,
         features=[
+            Feature("purchases_10m", count("10m", where=col("event_type") == "purchase")),
+            Feature("last_devices_10m", last_n("device", 2, "10m")),
             Feature("spend_10m", sum_("amount", "10m")),
             Feature("mean_play_10m", mean("play_seconds", "10m", where=play)),
             Feature("max_amount_10m", max_("amount", "10m")),

@@ -24,7 +24,7 @@ def wait_for(predicate, timeout: float = 60.0) -> None:
 
 
 def served_version(url: str) -> str:
-    return httpx.get(f"{url}/v2/models/personalization").json()["versions"][0]
+    return httpx.get(f"{url}/v2/models/personalization", timeout=30).json()["versions"][0]
 
 
 def tamper(registry: ModelRegistry, version: str) -> None:
