@@ -7,11 +7,21 @@ join the Definitions without a list to edit, so a new module cannot be forgotten
 import importlib
 import pkgutil
 import sys
+import warnings
 
-from dagster import AssetChecksDefinition, load_asset_checks_from_package_module, load_assets_from_package_module
+from dagster import (
+    AssetChecksDefinition,
+    BetaWarning,
+    load_asset_checks_from_package_module,
+    load_assets_from_package_module,
+)
 
-from assets.notebooks import NotebookPipeline
-from assets.pipelines import TrainingPipeline
+# backfill_policy and allow_nonexistent_upstream_partitions are beta and chosen knowingly; Dagster said
+# so in every process that loads these modules, 47 times in the demo's terminal
+warnings.filterwarnings("ignore", category=BetaWarning)
+
+from assets.notebooks import NotebookPipeline  # noqa: E402 - after the filter
+from assets.pipelines import TrainingPipeline  # noqa: E402
 
 _package = sys.modules[__name__]
 _modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")]

@@ -125,7 +125,6 @@ def notebook_pipeline(
     job = define_asset_job(
         f"notebook_{name}",
         selection=[key],
-        partitions_def=partitions_def,
         tags=tags,
         description=f"Run notebook {path.name} for a day.",
     )

@@ -326,7 +326,6 @@ def training_pipeline(
         job = define_asset_job(
             f"train_{model_name}",
             selection=AssetSelection.assets(model_key, champion_key),
-            partitions_def=partitions_def,
             tags=tags,
             description=f"Train {model_name}, register it and promote it if it beats the champion.",
         )

@@ -164,17 +164,13 @@ def by_model(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
 def by_experiment(answers: pl.DataFrame, controls: dict[str, str], settings: AccuracySettings) -> pl.DataFrame:
     """Each experiment's variants against its control on CTR@k (live answers, intent to treat)."""
     live = answers.filter(pl.col("role") == LIVE)
-    assigned = (
-        live.with_columns(pl.col("assignments").map_elements(json.loads, return_dtype=pl.Object).alias("_a"))
-        if live.height
-        else live
-    )
-    names = sorted({e for a in (assigned["_a"].to_list() if live.height else []) for e in a})
+    assignments = [json.loads(a) for a in live["assignments"].to_list()]  # experiment -> variant, per answer
+    names = sorted({e for a in assignments for e in a})
     rows = []
     for experiment in names:
-        arm = live.with_columns(
-            pl.Series("arm", [a.get(experiment) for a in assigned["_a"].to_list()], dtype=pl.String)
-        ).drop_nulls("arm")
+        arm = live.with_columns(pl.Series("arm", [a.get(experiment) for a in assignments], dtype=pl.String)).drop_nulls(
+            "arm"
+        )
         arms = {v: arm.filter(pl.col("arm") == v) for v in sorted(set(arm["arm"].to_list()))}
         control = controls.get(experiment) or ("control" if "control" in arms else min(arms))
         if control not in arms:

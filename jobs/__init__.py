@@ -4,8 +4,6 @@ here is loaded by orchestration/definitions.py; pipelines' jobs come with their 
 
 from dagster import AssetSelection, define_asset_job
 
-from assets.partitions import daily_partitions, serving_partitions
-
 # Run tags that the production instance's queued run coordinator limits per pool.
 CPU_POOL = {"mlplane/pool": "cpu"}
 GPU_POOL = {"mlplane/pool": "gpu"}
@@ -18,7 +16,6 @@ training_data_assets = AssetSelection.groups("streaming_history", "datasets")
 daily_pipeline = define_asset_job(
     "daily_pipeline",
     selection=daily_assets,
-    partitions_def=daily_partitions,
     description="Ingest a day from landing, measure its new and changed items' meshes (Ray), build its feature "
     "tables and load the online store.",
     tags=CPU_POOL,
@@ -27,7 +24,6 @@ daily_pipeline = define_asset_job(
 training_data = define_asset_job(
     "training_data",
     selection=training_data_assets,
-    partitions_def=daily_partitions,
     description="The streaming views' history (Flink batch) and the labelled training set of a day, once the "
     "next day's interactions are ingested (the label horizon reaches past midnight).",
     tags=CPU_POOL,
@@ -48,7 +44,6 @@ item_embeddings_daily = define_asset_job(
         ["vectors", "items"],
         ["monitoring", "violation_accuracy"],
     ),
-    partitions_def=daily_partitions,
     description="Embed the day's new and changed items with CLIP (Ray Data), flag likely content violations, "
     "measure the flags against the newest ground-truth release and sync the Qdrant collection. Needs the "
     "clip_model asset.",
@@ -58,7 +53,6 @@ item_embeddings_daily = define_asset_job(
 batch_inference = define_asset_job(
     "batch_inference",
     selection=AssetSelection.groups("inference", "experiments"),
-    partitions_def=daily_partitions,
     description="The champion model's daily recommendations for every active user (Ray Data, vector database) "
     "and the offline reports of the A/B experiments.",
     tags=CPU_POOL,
@@ -67,7 +61,6 @@ batch_inference = define_asset_job(
 streaming_backfill = define_asset_job(
     "streaming_backfill",
     selection=AssetSelection.groups("streaming_history"),
-    partitions_def=daily_partitions,
     description="Every window of the streaming views over historical days: the streaming jobs' SQL in Flink "
     "batch mode over landing, checked against the offline feature tables. A partition range "
     "runs as one Flink job.",
@@ -85,7 +78,6 @@ gateway_llm_training = define_asset_job(
 llm_batch_daily = define_asset_job(
     "llm_batch_daily",
     selection=AssetSelection.assets(["llm", "item_descriptions"]),
-    partitions_def=daily_partitions,
     description="Batch LLM inference: descriptions for the day's items whose description is empty, through the "
     "ML gateway (service key MLPLANE_GATEWAY_KEY).",
     tags=CPU_POOL,
@@ -96,7 +88,6 @@ ground_truth_queues = define_asset_job(
     selection=AssetSelection.assets(
         ["ground_truth", "content_violation", "queue"], ["ground_truth", "recommendation_relevance", "queue"]
     ),
-    partitions_def=daily_partitions,
     description="Fill the labeling queues with the day's flagged items, detector-vs-reports disagreements, "
     "champion-vs-challenger disagreements and a random audit sample (idempotent).",
     tags=CPU_POOL,
@@ -113,7 +104,6 @@ model_export = define_asset_job(
 online_monitoring = define_asset_job(
     "online_monitoring",
     selection=AssetSelection.assets(["serving", "prediction_logs"], ["monitoring", "online_accuracy"]),
-    partitions_def=serving_partitions,
     description="Take the model server's prediction log of a day in and score every served version and variant "
     "on the clicks and plays that followed (online accuracy, A/B comparisons, shadows). Today's partition "
     "can run before midnight (what has been served and clicked so far).",
