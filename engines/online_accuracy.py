@@ -168,9 +168,8 @@ def by_experiment(answers: pl.DataFrame, controls: dict[str, str], settings: Acc
     names = sorted({e for a in assignments for e in a})
     rows = []
     for experiment in names:
-        arm = live.with_columns(pl.Series("arm", [a.get(experiment) for a in assignments], dtype=pl.String)).drop_nulls(
-            "arm"
-        )
+        variant_of = pl.Series("arm", [a.get(experiment) for a in assignments], dtype=pl.String)
+        arm = live.with_columns(variant_of).drop_nulls("arm")
         arms = {v: arm.filter(pl.col("arm") == v) for v in sorted(set(arm["arm"].to_list()))}
         control = controls.get(experiment) or ("control" if "control" in arms else min(arms))
         if control not in arms:
