@@ -127,7 +127,7 @@ class HistoryConfig(Config):
 
 
 def streaming_history_asset(source: str) -> AssetsDefinition:
-    views = [v for v in catalogue.views if v.streaming and v.source.name == source]
+    all_views = [v for v in catalogue.views if v.streaming and v.source.name == source]
     ingested = AssetDep(
         warehouse_key(next(s for s in catalogue.sources if s.name == source)),
         partition_mapping=TimeWindowPartitionMapping(
@@ -145,7 +145,7 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
             kinds={"flink", "parquet"},
             owners=["team:ml-platform"],
         )
-        for v in views
+        for v in all_views
     ]
     checks = [
         AssetCheckSpec(
@@ -155,7 +155,7 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
             description="At each day's end the windows equal the view's offline row of that day "
             "(the polars plan): one definition, one meaning in batch and streaming.",
         )
-        for v in views
+        for v in all_views
     ]
 
     @multi_asset(
@@ -164,8 +164,10 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
         check_specs=checks,
         partitions_def=daily_partitions,
         backfill_policy=BackfillPolicy.single_run(),
+        can_subset=True,  # the views selected are the views the Flink job computes
     )
     def _history(context, config: HistoryConfig, lake: LakeResource, flink: FlinkResource):
+        views = [v for v in all_views if history_key(v.name) in context.selected_asset_keys]
         slide = config.slide_seconds or flink.slide_seconds
         if 86400 % slide:
             raise Failure(
@@ -181,7 +183,7 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
                     "materialize it first, the history is checked against it"
                 )
         settings = replace(flink.job(source).settings, slide_seconds=slide)
-        job, counts = backfill(settings, the_lake, days)
+        job, counts = backfill(settings, the_lake, days, replace(catalogue, views=tuple(views), services=()))
         context.log.info(f"Flink batch job over {counts['days_staged']} landing days: {counts}")
         per_view = {v.name: rows_by_day(window_rows(job, v), days) for v in views}
         failed = []

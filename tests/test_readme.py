@@ -218,7 +218,7 @@ def check_demo(out: str, checkout: Path) -> None:
         for t, p, r in re.findall(r"^\s+(\w+/\w+)\s+(\d+) partitions\s+([\d,]+) rows$", out, re.M)
     }
     # four days, and the outcomes of the A/B test on the day after
-    assert produced["warehouse/interactions"][0] == 5 and produced["streaming_history/item_sales_today"][0] == 4
+    assert produced["warehouse/interactions"][0] == 5 and produced["streaming_history/item_trending"][0] == 4
     # the last day's training set waits for the next day's interactions (its labels look past midnight)
     partitions, rows = produced["datasets/personalization_training"]
     assert partitions == 3 and rows > 100

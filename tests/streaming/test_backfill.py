@@ -5,6 +5,7 @@ idempotently, and writes nothing when its check fails."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from datetime import timedelta
 
@@ -147,6 +148,25 @@ def test_rerunning_a_day_is_idempotent_and_a_failed_check_writes_nothing(first_r
         ("clicks_today", f'{{"item_id": {busiest}}}')
     ]
     assert lake.partition_path(HISTORY_ZONE, view.name, last).stat().st_mtime_ns == written
+
+
+def test_a_selected_view_alone_is_computed_checked_and_written(first_run, lake_dir):
+    """The demo selects the histories its training set reads: the Flink job then computes those views
+    only, and the others' partitions stay as they were."""
+    day, one = DAYS_RANGE[1], history_key("user_activity_realtime")
+    before = {v.name: history(lake_dir, v) for v in STREAMING_VIEWS}
+    written = {
+        v.name: Lake(lake_dir).partition_path(HISTORY_ZONE, v.name, day).stat().st_mtime_ns for v in STREAMING_VIEWS
+    }
+    result = run_pipeline(lake_dir, day, day, selection=AssetSelection.assets(one))
+    assert {e.asset_key for e in result.get_asset_materialization_events()} == {one}
+    assert {c.asset_key for c in result.get_asset_check_evaluations()} == {one}
+    spec = json.loads((lake_dir / "streaming" / "interactions" / "backfill" / f"{day}_{day}" / "spec.json").read_text())
+    assert list(spec["views"]) == ["user_activity_realtime"]
+    for view in STREAMING_VIEWS:
+        assert history(lake_dir, view).equals(before[view.name])
+        path = Lake(lake_dir).partition_path(HISTORY_ZONE, view.name, day)
+        assert (path.stat().st_mtime_ns != written[view.name]) == (view.name == "user_activity_realtime")
 
 
 def test_a_day_without_offline_features_is_refused_before_flink_runs(first_run, lake_dir):
