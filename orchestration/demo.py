@@ -243,12 +243,13 @@ def materialize_data(first: date, last: date) -> None:
     the training set reads over the same days (one Flink batch job), the training sets of the days whose
     next day is there (a day's labels look past its midnight; the last day's waits for the next day's
     interactions), then the data-quality report."""
+    from assets.streaming import history_key
     from feature_defs.services import personalization_ranking
 
     days, labelled = day_range(first, last), day_range(first, last - timedelta(days=1))
     # the histories the training set reads; item_sales_today's (a running total: every item of the day at
     # every slide, two thirds of the backfill's rows and time) waits for a user to select it in the UI
-    histories = [f"streaming_history/{v.name}" for v in personalization_ranking.views if v.streaming]
+    histories = [history_key(v.name).to_user_string() for v in personalization_ranking.views if v.streaming]
     steps = [
         ("feature_store_refresh", ["feature_registry"], {}),
         ("daily_pipeline", None, days),
