@@ -103,6 +103,7 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
                 learning_rate=config.learning_rate,
                 num_workers=config.num_workers,
                 use_gpu=use_gpu,
+                cpus_per_worker=ray.cpus_per_worker(config.num_workers),
                 placement_strategy=config.placement_strategy,
             ),
             output,

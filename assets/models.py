@@ -78,7 +78,9 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     train_rows, held_out = evaluation.split_held_out(frame)
     # candidates of the held-out day are ranked with the embeddings known when it began
     embeddings = clip_image_vectors(run.lake, day_end(days[-2]))
-    config = model_code.TrainConfig(num_workers=run.num_workers, use_gpu=run.use_gpu)
+    config = model_code.TrainConfig(
+        num_workers=run.num_workers, use_gpu=run.use_gpu, cpus_per_worker=run.cpus_per_worker
+    )
     run.log(
         f"training on {train_rows.height} rows ({days[0]}..{days[-2]}), holding out {held_out.height} of {days[-1]}"
     )

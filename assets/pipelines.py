@@ -57,6 +57,7 @@ class TrainingRun:
     use_gpu: bool
     training_days: int
     log: Callable[[str], None] = print
+    cpus_per_worker: int = 1  # each worker reserves them and runs as many torch threads
 
 
 @dataclass
@@ -209,6 +210,7 @@ def training_pipeline(
                     config.use_gpu or gpus > 0,
                     config.training_days,
                     context.log.info,
+                    resources.ray.cpus_per_worker(config.num_workers),
                 )
                 trained = fn(run)
                 lineage = {

@@ -144,7 +144,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     num_workers: int = 1
     use_gpu: bool = False
-    torch_threads: int = 1
+    cpus_per_worker: int = 1  # reserved on Ray and run as torch threads
     seed: int = 0
     placement_strategy: str = "PACK"  # of the workers over the cluster's nodes; STRICT_SPREAD: one per node
 
@@ -180,7 +180,10 @@ def train_clip(
             _train_loop,
             train_loop_config={"spec": spec, "config": config},
             scaling_config=ScalingConfig(
-                num_workers=config.num_workers, use_gpu=config.use_gpu, placement_strategy=config.placement_strategy
+                num_workers=config.num_workers,
+                use_gpu=config.use_gpu,
+                resources_per_worker={"CPU": config.cpus_per_worker},
+                placement_strategy=config.placement_strategy,
             ),
             # checkpoints go to `storage`, which every node must reach (shared storage on a cluster)
             run_config=RunConfig(name="clip", storage_path=str(storage or scratch)),
@@ -209,7 +212,7 @@ def _train_loop(loop_config: dict) -> None:
     spec: ClipSpec = loop_config["spec"]
     config: TrainConfig = loop_config["config"]
     torch.manual_seed(config.seed)
-    torch.set_num_threads(config.torch_threads)
+    torch.set_num_threads(config.cpus_per_worker)
     context = ray.train.get_context()
     model = prepare_model(load_model(spec, device="cpu").train())
     device = next(model.parameters()).device

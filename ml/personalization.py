@@ -74,6 +74,7 @@ class TrainConfig:
     unseen_share: float = 0.05
     num_workers: int = 1
     use_gpu: bool = False
+    cpus_per_worker: int = 1  # reserved on Ray and run as torch threads
 
 
 @dataclass
@@ -427,7 +428,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     spec: ModelSpec = loop_config["spec"]
     torch.manual_seed(spec.config.seed)
-    torch.set_num_threads(1)
+    torch.set_num_threads(spec.config.cpus_per_worker)
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     network = TwoTower(spec)
@@ -468,7 +469,9 @@ def train(
         train_loop_per_worker,
         train_loop_config={"spec": spec, "train": frame},
         scaling_config=ScalingConfig(
-            num_workers=config.num_workers, use_gpu=config.use_gpu, resources_per_worker={"CPU": 1}
+            num_workers=config.num_workers,
+            use_gpu=config.use_gpu,
+            resources_per_worker={"CPU": config.cpus_per_worker},
         ),
         run_config=RunConfig(storage_path=str(storage_path), name="personalization"),
     )

@@ -36,6 +36,7 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
 
     step(f"1/8 simulating {days} days ({first} .. {last}) into {data_dir}/landing")
     simulate()
+    start_ray_quietly(data_dir)
     step("2/8 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
     materialize_data(first, last)
     remember_landed_days(data_dir, first, last)
@@ -57,6 +58,21 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
         step("6/8 to 8/8 skipped: no champion to serve (the gate kept the version a challenger)")
     click.echo(f"done in {time.monotonic() - started:.0f} s\n")
     print_summary(data_dir, first, last)
+
+
+def start_ray_quietly(data_dir: Path) -> None:
+    """The runs' in-process Ray, started before them without its workers' output in this terminal (Ray
+    Train's and Ray Data's progress, hundreds of lines); it stays in Ray's session folder."""
+    import logging
+
+    import ray.data  # configures its loggers on import: quieten them after
+
+    from orchestration.profiles import open_resource
+
+    with open_resource("ray", str(data_dir)) as resource:
+        resource.model_copy(update={"log_to_driver": False}).ensure_started()
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False
 
 
 def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:

@@ -12,6 +12,7 @@ from dagster import AssetKey
 from engines.registry import CorruptArtifactError
 from ml.personalization import PersonalizationModel
 from orchestration.cli import main
+from resources.ray import RayResource
 from tests.conftest import LAST_DAY
 from tests.models.conftest import train
 
@@ -69,6 +70,17 @@ def test_registry_round_trip_loads_the_trained_model(trained, pipeline_dir, tmp_
     rows = Lake(pipeline_dir).read_partition("datasets", "personalization_training", LAST_DAY).head(50)
     scores = model.score(rows)
     assert scores.shape == (50,) and len(set(scores.round(6).tolist())) > 1
+
+
+def test_a_lone_worker_takes_every_cpu_of_the_in_process_ray(trained, ray_compute, tmp_path):
+    """The worker reserves its share of the run's own Ray and runs that many torch threads (its spec
+    records them); a cluster, shared with other jobs, gives one unless configured."""
+    registry, _, _ = trained
+    spec = PersonalizationModel.load(registry.load(MODEL, "1", tmp_path / "v1")).spec
+    assert spec.config.num_workers == 1 and spec.config.cpus_per_worker == ray_compute.num_cpus == 2
+    assert ray_compute.cpus_per_worker(2) == 1 and ray_compute.cpus_per_worker(3) == 1
+    assert RayResource(address="ray://head:10001").cpus_per_worker(1) == 1
+    assert RayResource(address="ray://head:10001", train_cpus_per_worker=8).cpus_per_worker(1) == 8
 
 
 def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, pipeline_dir, ray_compute):
