@@ -54,8 +54,10 @@ class RayResource(ConfigurableResource):
         so one worker on an idle in-process Ray uses every core instead of one."""
         import ray
 
-        if self.train_cpus_per_worker or self.address:
-            return self.train_cpus_per_worker or 1
+        if self.train_cpus_per_worker:
+            return self.train_cpus_per_worker
+        if self.address:
+            return 1
         self.ensure_started()
         return max(1, int(ray.cluster_resources().get("CPU", 1)) // max(1, workers))
 
