@@ -57,6 +57,11 @@ class ClipModelConfig(Config):
     batch_size: int = 64
     learning_rate: float = 2e-3
     num_workers: int = Field(default=1, description="Ray Train workers")
+    cpus_per_worker: int | None = Field(
+        default=None,
+        description="CPUs each worker reserves and runs torch threads on; None: its even share of the in-process "
+        "Ray (RayResource.cpus_per_worker). Fewer leave room for runs alongside",
+    )
     placement_strategy: str = Field(
         default="PACK", description="Ray Train workers over the nodes: PACK, SPREAD or STRICT_SPREAD (one per node)"
     )
@@ -103,7 +108,7 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
                 learning_rate=config.learning_rate,
                 num_workers=config.num_workers,
                 use_gpu=use_gpu,
-                cpus_per_worker=ray.cpus_per_worker(config.num_workers),
+                cpus_per_worker=config.cpus_per_worker or ray.cpus_per_worker(config.num_workers),
                 placement_strategy=config.placement_strategy,
             ),
             output,

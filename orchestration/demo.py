@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -25,6 +26,7 @@ CLIP_EPOCHS = 5  # the asset's default is 30: each epoch of the compact model ta
 # the queues hold few violations, and agreement falls fast with errors at low prevalence: annotators this
 # accurate clear the release's minimum Krippendorff's alpha (tests/ground_truth/conftest.py)
 ANNOTATOR_ACCURACY = 0.99
+NO_CAPTURE_MODULE = "dagster._core.storage.noop_compute_log_manager"
 
 
 def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], object]) -> None:
@@ -38,10 +40,17 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     simulate()
     start_ray_quietly(data_dir)
     step("2/8 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
-    materialize_data(first, last)
-    remember_landed_days(data_dir, first, last)
-    step("3/8 the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
-    embeddings_and_search(data_dir, first, last)
+    # the CLIP lane needs only the catalogue: it runs beside the rest of step 2, whose runs are mostly
+    # single-threaded (one core of two idle), on a thread of its own
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="clip-lane") as lane:
+
+        def start_clip_lane() -> Future:
+            step("3/8 alongside: the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
+            return lane.submit(embeddings_and_search, data_dir, first, last)
+
+        clip_lane = materialize_data(first, last, once_catalogue_is_in=start_clip_lane)
+        remember_landed_days(data_dir, first, last)
+        clip_lane.result()  # its failure, if any, raised here
     step("4/8 a labeling round: queues, simulated annotators in the labeling app, a release, flags from it")
     labeling_round(data_dir, first, last)
     step(f"5/8 training {MODEL} (Ray Train), gating it against popularity, promoting it")
@@ -78,8 +87,10 @@ def start_ray_quietly(data_dir: Path) -> None:
 def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:
     """Train the compact CLIP model, embed the days' items into the vector store, and search for one
     catalogue item's title."""
-    ops = {"clip_model": {"config": {"epochs": CLIP_EPOCHS}}}
-    result = run_job(None, ["clip_model"], ops=ops)
+    # one CPU: the other core is step 2's (a Ray Data step of the daily pipeline needs one of Ray's two)
+    ops = {"clip_model": {"config": {"epochs": CLIP_EPOCHS, "cpus_per_worker": 1}}}
+    # beside step 2's runs: see run_job's capture_output
+    result = run_job(None, ["clip_model"], ops=ops, capture_output=False)
     if not result.success:
         raise click.ClickException("the clip_model run failed; see `mlplane ui`")
     recall = materialized(result, "clip_model")
@@ -88,7 +99,7 @@ def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:
         f"(random {recall['random_recall@10']:.2f})"
     )
     embeddings = [EMBEDDINGS, VIOLATION_FLAGS, "vectors/items"]
-    if not run_job("item_embeddings_daily", embeddings, tags=day_range(first, last)).success:
+    if not run_job("item_embeddings_daily", embeddings, tags=day_range(first, last), capture_output=False).success:
         raise click.ClickException("the item embeddings run failed; see `mlplane ui`")
     search_for_an_item(data_dir)
 
@@ -254,28 +265,40 @@ def online_experiment(data_dir: Path, last: date, requests: int = 300) -> None:
     click.echo(table_text(result.comparisons, COMPARISON_COLUMNS))
 
 
-def materialize_data(first: date, last: date) -> None:
-    """The registry, then every daily asset over the range in one run, the windows of the streaming views
-    the training set reads over the same days (one Flink batch job), the training sets of the days whose
-    next day is there (a day's labels look past its midnight; the last day's waits for the next day's
-    interactions), then the data-quality report."""
+def materialize_data(first: date, last: date, once_catalogue_is_in: Callable[[], Future]) -> Future:
+    """The registry, the catalogue (`once_catalogue_is_in` is called then; what it returns is returned),
+    every other daily asset over the range in one run, the windows of the streaming views the training
+    set reads over the same days (one Flink batch job), the training sets of the days whose next day is
+    there (a day's labels look past its midnight; the last day's waits for the next day's interactions),
+    then the data-quality report."""
+    from dagster import AssetSelection
+
+    from assets.embeddings import WAREHOUSE_ITEMS
     from assets.streaming import history_key
     from feature_defs.services import personalization_ranking
+    from jobs import daily_assets
+    from orchestration.definitions import defs
 
     days, labelled = day_range(first, last), day_range(first, last - timedelta(days=1))
+    catalogue = [WAREHOUSE_ITEMS.to_user_string()]
+    rest = (daily_assets - AssetSelection.assets(WAREHOUSE_ITEMS)).resolve(defs.resolve_asset_graph())
     # the histories the training set reads; item_sales_today's (a running total: every item of the day at
     # every slide, two thirds of the backfill's rows and time) waits for a user to select it in the UI
     histories = [history_key(v.name).to_user_string() for v in personalization_ranking.views if v.streaming]
-    steps = [
-        ("feature_store_refresh", ["feature_registry"], {}),
-        ("daily_pipeline", None, days),
-        ("streaming_backfill", histories, days),
-        *([("training_data", ["datasets/personalization_training"], labelled)] if last > first else []),
-        ("feature_store_refresh", ["data_quality_report"], {}),
-    ]
-    for job_name, selection, tags in steps:
-        if not run_job(job_name, selection, tags=tags).success:
-            raise click.ClickException(f"the run of {job_name} failed; see `mlplane ui`")
+    run_or_fail("feature_store_refresh", ["feature_registry"])
+    run_or_fail("daily_pipeline", catalogue, days)
+    started = once_catalogue_is_in()
+    run_or_fail("daily_pipeline", sorted(k.to_user_string() for k in rest), days, shown="the rest")
+    run_or_fail("streaming_backfill", histories, days)
+    if last > first:
+        run_or_fail("training_data", ["datasets/personalization_training"], labelled)
+    run_or_fail("feature_store_refresh", ["data_quality_report"])
+    return started
+
+
+def run_or_fail(job_name: str, selection: list[str], tags: dict | None = None, shown: str | None = None) -> None:
+    if not run_job(job_name, selection, tags=tags, shown=shown).success:
+        raise click.ClickException(f"the run of {job_name} failed; see `mlplane ui`")
 
 
 def run_job(
@@ -284,18 +307,31 @@ def run_job(
     tags: dict | None = None,
     partition: date | None = None,
     ops: dict | None = None,
+    shown: str | None = None,
+    capture_output: bool = True,
 ):
     """One run of a definitions job (None: the assets' implicit job, as `dagster asset materialize`) in
-    this process, recorded in the instance (the UI shows it); `ops` is the run config of its ops."""
+    this process, recorded in the instance (the UI shows it); `ops` is the run config of its ops, `shown`
+    what the terminal calls the selection (default: its keys). Without `capture_output` the UI shows the
+    run's logs but not its steps' stdout and stderr: Dagster's local capture redirects the process's
+    file descriptors, so only one run at a time in a process may capture (a second one's cleanup waits
+    twice 30 s for its `tail` process, then fails)."""
     from dagster import AssetKey, DagsterInstance
+    from dagster._serdes import ConfigurableClassData
 
     from orchestration.definitions import defs
 
+    instance = DagsterInstance.get()
+    if not capture_output:
+        no_capture = ConfigurableClassData(NO_CAPTURE_MODULE, "NoOpComputeLogManager", "{}")
+        instance = DagsterInstance.from_ref(instance.get_ref()._replace(compute_logs_data=no_capture))
+
     keys = [AssetKey(k.split("/")) for k in selection] if selection else None
-    click.echo(f"   running {job_name or 'materialize'}{' ' + ', '.join(selection) if selection else ''} ...")
+    shown = shown or (", ".join(selection) if selection else None)
+    click.echo(f"   running {job_name or 'materialize'}{' ' + shown if shown else ''} ...")
     job = defs.resolve_job_def(job_name) if job_name else defs.resolve_implicit_global_asset_job_def()
     return job.execute_in_process(
-        instance=DagsterInstance.get(),
+        instance=instance,
         tags=tags or {},
         asset_selection=keys,
         raise_on_error=False,
