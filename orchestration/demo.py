@@ -4,9 +4,9 @@ came out and where to look."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -40,17 +40,16 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     simulate()
     start_ray_quietly(data_dir)
     step("2/8 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
+
     # the CLIP lane needs only the catalogue: it runs beside the rest of step 2, whose runs are mostly
-    # single-threaded (one core of two idle), on a thread of its own
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="clip-lane") as lane:
+    # single-threaded (one core of two idle)
+    def start_clip_lane() -> Background:
+        step("3/8 alongside: the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
+        return Background(embeddings_and_search, data_dir, first, last)
 
-        def start_clip_lane() -> Future:
-            step("3/8 alongside: the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
-            return lane.submit(embeddings_and_search, data_dir, first, last)
-
-        clip_lane = materialize_data(first, last, once_catalogue_is_in=start_clip_lane)
-        remember_landed_days(data_dir, first, last)
-        clip_lane.result()  # its failure, if any, raised here
+    clip_lane = materialize_data(first, last, once_catalogue_is_in=start_clip_lane)
+    remember_landed_days(data_dir, first, last)
+    clip_lane.wait()
     step("4/8 a labeling round: queues, simulated annotators in the labeling app, a release, flags from it")
     labeling_round(data_dir, first, last)
     step(f"5/8 training {MODEL} (Ray Train), gating it against popularity, promoting it")
@@ -67,6 +66,26 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
         step("6/8 to 8/8 skipped: no champion to serve (the gate kept the version a challenger)")
     click.echo(f"done in {time.monotonic() - started:.0f} s\n")
     print_summary(data_dir, first, last)
+
+
+class Background:
+    """A call on a daemon thread: a demo stopped by an error or Ctrl-C exits without waiting for it."""
+
+    def __init__(self, call: Callable[..., object], *args: object) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(call, *args), name=call.__name__, daemon=True)
+        self.thread.start()
+
+    def _run(self, call: Callable[..., object], *args: object) -> None:
+        try:
+            call(*args)
+        except BaseException as error:  # raised again in the caller's thread by wait()
+            self.error = error
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def start_ray_quietly(data_dir: Path) -> None:
@@ -265,7 +284,7 @@ def online_experiment(data_dir: Path, last: date, requests: int = 300) -> None:
     click.echo(table_text(result.comparisons, COMPARISON_COLUMNS))
 
 
-def materialize_data(first: date, last: date, once_catalogue_is_in: Callable[[], Future]) -> Future:
+def materialize_data(first: date, last: date, once_catalogue_is_in: Callable[[], Background]) -> Background:
     """The registry, the catalogue (`once_catalogue_is_in` is called then; what it returns is returned),
     every other daily asset over the range in one run, the windows of the streaming views the training
     set reads over the same days (one Flink batch job), the training sets of the days whose next day is
