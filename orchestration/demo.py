@@ -39,6 +39,7 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     step(f"1/8 simulating {days} days ({first} .. {last}) into {data_dir}/landing")
     simulate()
     start_ray_quietly(data_dir)
+    hide_libraries_deprecations()
     step("2/8 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
 
     # the CLIP lane needs only the catalogue: it runs beside the rest of step 2, whose runs are mostly
@@ -101,6 +102,19 @@ def start_ray_quietly(data_dir: Path) -> None:
         resource.model_copy(update={"log_to_driver": False}).ensure_started()
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def hide_libraries_deprecations() -> None:
+    """Python's default again: DeprecationWarnings shown for __main__ only. Importing Feast shows every one
+    of the process (`warnings.simplefilter("once", DeprecationWarning)` in feast/feature_view.py): Dagster's
+    calls of its own deprecated APIs, ibis', SQLAlchemy's and Ray's, twenty lines of a new user's terminal.
+    The tests still show them."""
+    import warnings
+
+    import feast  # noqa: F401 - its filter now, not in the middle of a run, ahead of these
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
 
 
 def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:
