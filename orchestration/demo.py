@@ -39,16 +39,14 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     step(f"1/8 simulating {days} days ({first} .. {last}) into {data_dir}/landing")
     simulate()
     start_ray_quietly(data_dir)
-    hide_libraries_deprecations()
+    hide_library_deprecations()
     step("2/8 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
-
+    materialize_catalogue(first, last)
     # the CLIP lane needs only the catalogue: it runs beside the rest of step 2, whose runs are mostly
     # single-threaded (one core of two idle)
-    def start_clip_lane() -> Background:
-        step("3/8 alongside: the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
-        return Background(embeddings_and_search, data_dir, first, last)
-
-    clip_lane = materialize_data(first, last, once_catalogue_is_in=start_clip_lane)
+    step("3/8 alongside: the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
+    clip_lane = Background(embeddings_and_search, data_dir, first, last)
+    materialize_data(first, last)
     remember_landed_days(data_dir, first, last)
     clip_lane.wait()
     step("4/8 a labeling round: queues, simulated annotators in the labeling app, a release, flags from it")
@@ -104,7 +102,7 @@ def start_ray_quietly(data_dir: Path) -> None:
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
-def hide_libraries_deprecations() -> None:
+def hide_library_deprecations() -> None:
     """Python's default again: DeprecationWarnings shown for __main__ only. Importing Feast shows every one
     of the process (`warnings.simplefilter("once", DeprecationWarning)` in feast/feature_view.py): Dagster's
     calls of its own deprecated APIs, ibis', SQLAlchemy's and Ray's, twenty lines of a new user's terminal.
@@ -298,12 +296,19 @@ def online_experiment(data_dir: Path, last: date, requests: int = 300) -> None:
     click.echo(table_text(result.comparisons, COMPARISON_COLUMNS))
 
 
-def materialize_data(first: date, last: date, once_catalogue_is_in: Callable[[], Background]) -> Background:
-    """The registry, the catalogue (`once_catalogue_is_in` is called then; what it returns is returned),
-    every other daily asset over the range in one run, the windows of the streaming views the training
-    set reads over the same days (one Flink batch job), the training sets of the days whose next day is
-    there (a day's labels look past its midnight; the last day's waits for the next day's interactions),
-    then the data-quality report."""
+def materialize_catalogue(first: date, last: date) -> None:
+    """The feature registry, then the catalogue (`warehouse/items`) over the range: all the CLIP lane needs."""
+    from assets.embeddings import WAREHOUSE_ITEMS
+
+    run_or_fail("feature_store_refresh", ["feature_registry"])
+    run_or_fail("daily_pipeline", [WAREHOUSE_ITEMS.to_user_string()], day_range(first, last))
+
+
+def materialize_data(first: date, last: date) -> None:
+    """After the catalogue: every other daily asset over the range in one run, the windows of the streaming
+    views the training set reads over the same days (one Flink batch job), the training sets of the days
+    whose next day is there (a day's labels look past its midnight; the last day's waits for the next
+    day's interactions), then the data-quality report."""
     from dagster import AssetSelection
 
     from assets.embeddings import WAREHOUSE_ITEMS
@@ -313,20 +318,15 @@ def materialize_data(first: date, last: date, once_catalogue_is_in: Callable[[],
     from orchestration.definitions import defs
 
     days, labelled = day_range(first, last), day_range(first, last - timedelta(days=1))
-    catalogue = [WAREHOUSE_ITEMS.to_user_string()]
     rest = (daily_assets - AssetSelection.assets(WAREHOUSE_ITEMS)).resolve(defs.resolve_asset_graph())
     # the histories the training set reads; item_sales_today's (a running total: every item of the day at
     # every slide, two thirds of the backfill's rows and time) waits for a user to select it in the UI
     histories = [history_key(v.name).to_user_string() for v in personalization_ranking.views if v.streaming]
-    run_or_fail("feature_store_refresh", ["feature_registry"])
-    run_or_fail("daily_pipeline", catalogue, days)
-    started = once_catalogue_is_in()
     run_or_fail("daily_pipeline", sorted(k.to_user_string() for k in rest), days, shown="the rest")
     run_or_fail("streaming_backfill", histories, days)
     if last > first:
         run_or_fail("training_data", ["datasets/personalization_training"], labelled)
     run_or_fail("feature_store_refresh", ["data_quality_report"])
-    return started
 
 
 def run_or_fail(job_name: str, selection: list[str], tags: dict | None = None, shown: str | None = None) -> None:
