@@ -86,6 +86,11 @@ class TrainingConfig(Config):
     num_workers: int = Field(default=1, description="Ray Train workers")
     use_gpu: bool = Field(default=False, description="One GPU per worker")
     training_days: int = Field(default=7, description="Newest partitions of training data to use")
+    cpus_per_worker: int | None = Field(
+        default=None,
+        description="CPUs each worker reserves and runs torch threads on; None: its even share of the in-process "
+        "Ray (RayResource.cpus_per_worker). Fewer leave room for runs alongside",
+    )
 
 
 @dataclass
@@ -210,7 +215,7 @@ def training_pipeline(
                     config.use_gpu or gpus > 0,
                     config.training_days,
                     context.log.info,
-                    resources.ray.cpus_per_worker(config.num_workers),
+                    config.cpus_per_worker or resources.ray.cpus_per_worker(config.num_workers),
                 )
                 trained = fn(run)
                 lineage = {

@@ -27,9 +27,15 @@ def ray_compute(tmp_path_factory):
 
 
 def train(
-    data_dir: Path, ray_compute: RayResource, registry_root: Path, margin: float = 0.0, raise_on_error: bool = True
+    data_dir: Path,
+    ray_compute: RayResource,
+    registry_root: Path,
+    margin: float = 0.0,
+    raise_on_error: bool = True,
+    cpus_per_worker: int | None = None,
 ):
-    """The training job's assets for the newest simulated day."""
+    """The training job's assets for the newest simulated day (the worker on `cpus_per_worker` CPUs of
+    Ray's, None: its share)."""
     resources = {
         **resources_for("local", data_dir=str(data_dir)),
         "ray": ray_compute,
@@ -42,6 +48,7 @@ def train(
         partition_key=LAST_DAY.isoformat(),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=raise_on_error,
+        run_config={"ops": {"models__personalization": {"config": {"cpus_per_worker": cpus_per_worker}}}},
     )
 
 

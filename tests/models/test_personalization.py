@@ -83,11 +83,13 @@ def test_a_lone_worker_takes_every_cpu_of_the_in_process_ray(trained, ray_comput
     assert RayResource(address="ray://head:10001", train_cpus_per_worker=8).cpus_per_worker(1) == 8
 
 
-def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, pipeline_dir, ray_compute):
+def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, pipeline_dir, ray_compute, tmp_path):
     registry, _, root = trained
-    # a margin no challenger can meet: the blocking check fails, the champion stays
-    blocked = train(pipeline_dir, ray_compute, root, margin=1.0, raise_on_error=False)
+    # a margin no challenger can meet: the blocking check fails, the champion stays; its worker took one
+    # of Ray's two CPUs, as configured, leaving the other to runs alongside
+    blocked = train(pipeline_dir, ray_compute, root, margin=1.0, raise_on_error=False, cpus_per_worker=1)
     assert not blocked.success
+    assert PersonalizationModel.load(registry.load(MODEL, "2", tmp_path / "v2")).spec.config.cpus_per_worker == 1
     checks = {
         e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
         for e in blocked.all_events

@@ -7,10 +7,11 @@ import pytest
 from orchestration.demo import Background
 
 
-def test_a_background_call_runs_and_its_error_is_raised_by_wait():
+def test_a_background_call_runs_and_wait_returns_its_result_or_raises_its_error():
     done = threading.Event()
     Background(done.set).wait()
     assert done.is_set()
+    assert Background(lambda a, b: a + b, 40, 2).wait() == 42
 
     def fails(text: str) -> None:
         raise RuntimeError(text)
