@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from orchestration.lanes import Background, allow_runs_on_threads
+
 # Days whose training sets exist before the held-out one: the demo's last day waits for the next day's
 # interactions, so four days give two training days and a held-out one; the personalization gate needs
 # that much history for the model to beat popularity (benchmarks/model_quality.py shows the margin).
@@ -42,6 +44,7 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     simulate()
     start_ray_quietly(data_dir)
     hide_library_deprecations()
+    allow_runs_on_threads()
     step("2/8 the daily pipeline, the streaming backfill and the training sets (Dagster runs, in the UI)")
     materialize_catalogue(first, last)
     # the CLIP lane needs only the catalogue: it runs beside the rest of step 2, whose runs are mostly
@@ -76,29 +79,6 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
         step("6/8 to 8/8 skipped: no champion to serve (the gate kept the version a challenger)")
     click.echo(f"done in {time.monotonic() - started:.0f} s\n")
     print_summary(data_dir, first, last)
-
-
-class Background:
-    """A call on a daemon thread: a demo stopped by an error or Ctrl-C exits without waiting for it."""
-
-    def __init__(self, call: Callable[..., object], *args: object) -> None:
-        self.error: BaseException | None = None
-        self.result: object = None
-        self.thread = threading.Thread(target=self._run, args=(call, *args), name=call.__name__, daemon=True)
-        self.thread.start()
-
-    def _run(self, call: Callable[..., object], *args: object) -> None:
-        try:
-            self.result = call(*args)
-        except BaseException as error:  # raised again in the caller's thread by wait()
-            self.error = error
-
-    def wait(self) -> object:
-        """The call's result, once it returned; its error, raised here."""
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def start_ray_quietly(data_dir: Path) -> None:
