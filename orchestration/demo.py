@@ -54,7 +54,7 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     materialize_data(first, last)
     remember_landed_days(data_dir, first, last)
     clip_lane.wait()
-    open_model_registry(data_dir)
+    create_registry_store(data_dir)
     # the tail's parts that share no data run in pairs: each of them alone leaves a core mostly idle
     step("4/8 beside step 5, a labeling round: queues, simulated annotators in the labeling app, a release, flags")
     labeling = Background(labeling_round, data_dir, first, last)
@@ -62,12 +62,13 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     champion = train_and_gate(data_dir, last)
     labeling.wait()
     if champion:
-        # the newest three days: one training day, the held-out one and the last (no labels yet)
         step(
             f"6/8 batch inference: v{champion}'s lists for every active user, into the online store; beside it and "
             "step 7, a second version trained on one day (on one CPU) for step 8's A/B test"
         )
-        second = Background(train_and_gate, data_dir, last, 3, 1)  # Ray's other CPU: batch inference's
+        # the newest three days: one training day, the held-out one and the last (no labels yet); one of
+        # Ray's two CPUs, the other is batch inference's
+        second = Background(train_and_gate, data_dir, last, 3, 1)
         if not run_job("batch_inference", [RECOMMENDATIONS], partition=last).success:
             raise click.ClickException("the batch inference run failed; see `mlplane ui`")
         step("7/8 a live recommendation from the model server (`mlplane serve models`, for a moment)")
@@ -234,11 +235,14 @@ def train_and_gate(data_dir: Path, last: date, training_days: int = 7, cpus: int
     return champion.version if champion else None
 
 
-def open_model_registry(data_dir: Path):
-    """The MLflow registry, its SQLite store created on this thread before runs on two threads use it."""
+def create_registry_store(data_dir: Path) -> None:
+    """The MLflow registry's SQLite store, created on the main thread before the runs of two threads start.
+    Created by the first training while the labeling round ran, MLflow's schema creation failed once ("SQLite
+    objects created in a thread can only be used in that same thread", then "table
+    _alembic_tmp_experiments already exists"); created here first, it has not failed since."""
     from engines.registry import ModelRegistry
 
-    return ModelRegistry.local(data_dir / "registry")
+    ModelRegistry.local(data_dir / "registry")
 
 
 def live_recommendation(data_dir: Path) -> None:
