@@ -121,6 +121,25 @@ def _validate_new_suites(root: str, prefix: str) -> None:
         engine.validate(Suite(f"{prefix}_{n}", [gxe.ExpectColumnValuesToNotBeNull(column="x")]), frame, f"{prefix} {n}")
 
 
+def test_an_engine_opens_the_project_once_for_its_own_changes_and_again_after_another_engines(tmp_path, monkeypatch):
+    import engines.quality as quality
+
+    opened = []
+    get_context = quality.gx.get_context
+    monkeypatch.setattr(quality.gx, "get_context", lambda **kw: opened.append(kw) or get_context(**kw))
+    frame = pd.DataFrame({"x": [1, 2, 3]})
+    engine = QualityEngine(tmp_path)
+    for n in range(3):  # each new suite registers its data asset: our own rewrite of the project file
+        engine.validate(Suite(f"own_{n}", [gxe.ExpectColumnValuesToNotBeNull(column="x")]), frame, f"run {n}")
+    assert len(opened) == 1
+    other = QualityEngine(tmp_path)  # as another process would: its own context, its own rewrite
+    other.validate(Suite("other", [gxe.ExpectColumnValuesToNotBeNull(column="x")]), frame, "other")
+    assert len(opened) == 2
+    engine.validate(Suite("own_0", [gxe.ExpectColumnValuesToNotBeNull(column="x")]), frame, "after")
+    assert len(opened) == 3  # reopened: the other engine's asset is kept
+    assert "other" in (tmp_path / "gx" / "great_expectations.yml").read_text()
+
+
 @pytest.mark.services  # two processes
 def test_two_processes_registering_suites_at_once_lose_nothing(tmp_path):
     import multiprocessing
