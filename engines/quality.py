@@ -145,8 +145,7 @@ class QualityEngine:
             # In memory only, so opening a project never rewrites great_expectations.yml.
             context.variables.progress_bars = ProgressBarsConfig(globally=False)
             self._gx_context = context
-        self._config_stamp = _mtime(self._config_path)
-        return self._gx_context
+        return self._gx_context  # _locked records the file's stamp when it lets go
 
     @property
     def _config_path(self) -> Path:
