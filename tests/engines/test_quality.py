@@ -140,6 +140,31 @@ def test_an_engine_opens_the_project_once_for_its_own_changes_and_again_after_an
     assert "other" in (tmp_path / "gx" / "great_expectations.yml").read_text()
 
 
+def test_an_unchanged_suite_is_registered_once_and_a_suite_another_engine_changed_again(tmp_path, monkeypatch):
+    engine = QualityEngine(tmp_path)
+    context = engine._context()
+    registered = []
+    add_or_update = type(context.suites).add_or_update
+    monkeypatch.setattr(
+        type(context.suites),
+        "add_or_update",
+        lambda self, suite: registered.append(suite.name) or add_or_update(self, suite),
+    )
+    assert engine.validate(_suite(), _frame([1, 2, 3, 4]), run_name="interactions 2026-01-01").success
+    first = len(registered)  # the suite, through its validation definition too
+    for day in ("2026-01-02", "2026-01-03"):
+        assert engine.validate(_suite(), _frame([1, 2, 3, 4]), run_name=f"interactions {day}").success
+    assert first and len(registered) == first
+    stricter = _suite(gxe.ExpectTableRowCountToBeBetween(min_value=10))
+    assert not QualityEngine(tmp_path).validate(stricter, _frame([1, 2, 3, 4]), run_name="other").success
+    # the stored suite is now the other engine's: ours is registered again, and its expectations decide
+    before = len(registered)
+    again = engine.validate(_suite(), _frame([1, 2, 3, 4]), run_name="interactions 2026-01-04")
+    assert again.success and again.statistics["evaluated_expectations"] == 4
+    assert len(registered) > before
+    assert not engine.validate(stricter, _frame([1, 2, 3, 4]), run_name="stricter").success  # a changed suite too
+
+
 @pytest.mark.services  # two processes
 def test_two_processes_registering_suites_at_once_lose_nothing(tmp_path):
     import multiprocessing
