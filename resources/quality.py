@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,13 @@ class QualityResource(ConfigurableResource):
     lake: LakeResource
 
     def get_client(self) -> QualityEngine:
-        from engines.quality import QualityEngine
+        return _engine(Path(self.lake.root).resolve() / "quality")
 
-        return QualityEngine(Path(self.lake.root) / "quality")
+
+@functools.lru_cache(maxsize=8)
+def _engine(root: Path) -> QualityEngine:
+    """One engine per project in a process, shared by its runs: its GX context stays open and its suites
+    registered (an engine serializes its threads' validations on the project's lock)."""
+    from engines.quality import QualityEngine
+
+    return QualityEngine(root)

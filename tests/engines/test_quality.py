@@ -208,3 +208,24 @@ def test_every_declared_expectation_names_a_gx_class() -> None:
     assert sorted(n for n in named if not hasattr(gx_expectations, n)) == []
     with pytest.raises(ValueError, match="ExpectNoSuchThing"):
         getattr(gxe, "ExpectNoSuchThing")(column="a").build()  # noqa: B009 (the scan above skips it)
+
+
+def test_runs_of_a_process_share_one_engine_whose_threads_validate_one_at_a_time(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from resources.lake import LakeResource
+    from resources.quality import QualityResource
+
+    engine = QualityResource(lake=LakeResource(root=str(tmp_path))).get_client()
+    assert QualityResource(lake=LakeResource(root=str(tmp_path / "."))).get_client() is engine
+    assert QualityResource(lake=LakeResource(root=str(tmp_path / "other"))).get_client() is not engine
+
+    def validate(n: int) -> bool:
+        suite = Suite(f"suite_{n % 3}", [gxe.ExpectColumnValuesToNotBeNull(column="x")])
+        return engine.validate(suite, pd.DataFrame({"x": [1, 2, 3]}), f"run {n}").success
+
+    with ThreadPoolExecutor(2) as pool:
+        assert all(pool.map(validate, range(8)))
+    assert sorted(r["suite"] for r in engine.latest_results()) == ["suite_0", "suite_1", "suite_2"]
+    stored = list((engine.root_dir / "gx" / "uncommitted" / "validations").glob("*/*/*/*.json"))
+    assert len(stored) == 8
