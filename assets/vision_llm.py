@@ -79,8 +79,9 @@ def catalogue_thumbnails(landing: Path, catalogue) -> tuple[list[int], list[np.n
     ],
 )
 def vision_captioner(context, config: VisionCaptionerConfig, lake: LakeResource, model_registry: ModelRegistryResource):
-    import open_clip
+    from ml.clip import import_open_clip
 
+    open_clip = import_open_clip()
     store = lake.get_client()
     catalogue = current_catalogue(store)
     rows, images = catalogue_thumbnails(store.root / "landing", catalogue)

@@ -232,6 +232,9 @@ class _Encoder:
         import ray
         import torch
 
+        from ml.clip import import_open_clip
+
+        import_open_clip()  # before the model's unpickling imports it
         torch.set_num_threads(config.torch_threads)
         self.model = ray.get(model.ref).to(config.device)
         self.config = config

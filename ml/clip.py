@@ -23,10 +23,36 @@ MODEL_CONFIGS = Path(__file__).parent / "model_configs"
 RECALL_KS = (1, 5, 10)
 
 
-def register_model_configs() -> None:
-    """Make the project's model configs known to open_clip (idempotent)."""
+def import_open_clip():
+    """open_clip, imported without Hugging Face transformers unless something imported it already:
+    open_clip's model module imports it (3 s of a process's start, with its dependency checks) for Hugging
+    Face text towers only, which the compact config has not; `load_model` brings it back for one that has.
+    Ray workers call this before they unpickle a model."""
+    import sys
+
+    if "open_clip" not in sys.modules and "transformers" not in sys.modules:
+        sys.modules["transformers"] = None  # an ImportError for open_clip's optional import
+        try:
+            import open_clip
+        finally:
+            if sys.modules.get("transformers") is None:
+                del sys.modules["transformers"]
     import open_clip
 
+    return open_clip
+
+
+def enable_hf_text_towers(open_clip) -> None:
+    """open_clip's Hugging Face text towers, after `import_open_clip` left them without transformers."""
+    import importlib
+
+    if open_clip.hf_model.transformers is None:
+        importlib.reload(open_clip.hf_model)  # its classes see transformers now: they share its globals
+
+
+def register_model_configs() -> None:
+    """Make the project's model configs known to open_clip (idempotent)."""
+    open_clip = import_open_clip()
     if COMPACT_MODEL not in open_clip.list_models():
         open_clip.add_model_config(MODEL_CONFIGS)
 
@@ -52,11 +78,12 @@ class ClipSpec:
 
 def load_model(spec: ClipSpec, device: str = "cpu"):
     """The model in eval mode on `device`; a missing checkpoint file is an error naming it."""
-    import open_clip
-
+    open_clip = import_open_clip()
     register_model_configs()
     if spec.model_name not in open_clip.list_models():
         raise ValueError(f"unknown open_clip model config {spec.model_name!r}")
+    if open_clip.get_model_config(spec.model_name).get("text_cfg", {}).get("hf_model_name"):
+        enable_hf_text_towers(open_clip)
     if spec.checkpoint and not Path(spec.checkpoint).is_file():
         raise FileNotFoundError(f"CLIP checkpoint {spec.checkpoint} does not exist")
     model = open_clip.create_model(spec.model_name, pretrained=spec.checkpoint or None, device=device)
@@ -69,8 +96,7 @@ def image_size(model) -> int:
 
 
 def image_size_of_config(model_name: str) -> int:
-    import open_clip
-
+    open_clip = import_open_clip()
     register_model_configs()
     config = open_clip.get_model_config(model_name)
     if config is None:
@@ -80,14 +106,14 @@ def image_size_of_config(model_name: str) -> int:
 
 @functools.lru_cache(maxsize=4)
 def tokenizer(spec: ClipSpec):
-    import open_clip
-
+    open_clip = import_open_clip()
     register_model_configs()
     return open_clip.get_tokenizer(spec.model_name)
 
 
 def preprocess_image(data: bytes, size: int) -> np.ndarray:
     """PNG/JPEG bytes -> normalized float32 CHW array at the model's size. Raises on a corrupt image."""
+    import_open_clip()
     from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
     from PIL import Image
 
@@ -204,11 +230,11 @@ def train_clip(
 
 def _train_loop(loop_config: dict) -> None:
     """One Ray Train worker: DDP-wrapped model, its shard of the catalogue, ClipLoss across workers."""
-    import open_clip
     import ray.train
     import torch
     from ray.train.torch import prepare_model
 
+    open_clip = import_open_clip()
     spec: ClipSpec = loop_config["spec"]
     config: TrainConfig = loop_config["config"]
     torch.manual_seed(config.seed)
