@@ -1,0 +1,72 @@
+"""One training step of the compact CLIP model (forward, ClipLoss, backward, optimizer step) on one CPU
+thread, as a Ray Train worker of the demo runs it: with torch's default AdamW (the training loop's until
+2026-12-05; on a CPU it updates tensor by tensor) and with mlplane's (`ml.clip.clip_optimizer`: fused), in
+turn on the same random batch, --repeats steps each after two warm-up steps. Figures are the median and
+P99 per step and the ratio.
+
+    .venv/bin/python benchmarks/clip_training.py --repeats 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from ml.clip import ClipSpec, TrainConfig, clip_optimizer, import_open_clip, load_model  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def step_times(make_optimizer, repeats: int, batch: tuple) -> list[float]:
+    torch.manual_seed(0)
+    model = load_model(ClipSpec()).train()
+    optimizer = make_optimizer(model)
+    loss_fn = import_open_clip().ClipLoss()
+    times = []
+    for n in range(repeats + 2):
+        started = time.perf_counter()
+        image_features, text_features, logit_scale = model(*batch)[:3]
+        loss = loss_fn(image_features, text_features, logit_scale)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if n >= 2:
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    config = TrainConfig()
+    size = load_model(ClipSpec()).visual.image_size
+    size = size[0] if isinstance(size, tuple | list) else size
+    batch = (torch.randn(config.batch_size, 3, size, size), torch.randint(0, 49408, (config.batch_size, 24)))
+    optimizers = {
+        "torch's default AdamW": lambda m: torch.optim.AdamW(
+            m.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+        ),
+        "mlplane (fused AdamW)": lambda m: clip_optimizer(m, config, "cpu"),
+    }
+    results = {name: step_times(make, args.repeats, batch) for name, make in optimizers.items()}
+    print(f"{'optimizer':>24} {'median ms':>10} {'P99 ms':>8}  (one step, batch {config.batch_size}, one thread)")
+    for name, values in results.items():
+        print(f"{name:>24} {statistics.median(values):>10.1f} {percentile(values, 0.99):>8.1f}")
+    peer, ours = (statistics.median(v) for v in results.values())
+    print(f"{'default / ours':>24} {peer / ours:>10.2f}x")
+
+
+if __name__ == "__main__":
+    main()
