@@ -102,6 +102,7 @@ WAYS = {
     ".venv/bin/mlplane serve models": Way(serves=8500),
     ".venv/bin/python benchmarks/online_serving.py": Way(small={"online_serving.py": "online_serving.py --help"}),
     ".venv/bin/mlplane gateway rollout": Way(covered_by="tests/serving/llm/test_llm_rollout.py"),
+    ".venv/bin/python benchmarks/clip_training.py": Way(small={"--repeats 30": "--repeats 1"}),
     ".venv/bin/python benchmarks/speculative.py": Way(
         small={"speculative.py --requests 16 --max-tokens 64 --repeats 3": "speculative.py --help"}
     ),
