@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from ml.clip import ClipSpec, TrainConfig, clip_optimizer, import_open_clip, load_model  # noqa: E402
+from ml.clip import ClipSpec, TrainConfig, clip_optimizer, image_size, import_open_clip, load_model  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -51,9 +51,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     config = TrainConfig()
-    size = load_model(ClipSpec()).visual.image_size
-    size = size[0] if isinstance(size, tuple | list) else size
-    batch = (torch.randn(config.batch_size, 3, size, size), torch.randint(0, 49408, (config.batch_size, 24)))
+    spec = ClipSpec()
+    size = image_size(load_model(spec))
+    text = import_open_clip().get_model_config(spec.model_name)["text_cfg"]
+    tokens = torch.randint(0, text["vocab_size"], (config.batch_size, text["context_length"]))
+    batch = (torch.randn(config.batch_size, 3, size, size), tokens)
     optimizers = {
         "torch's default AdamW": lambda m: torch.optim.AdamW(
             m.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
