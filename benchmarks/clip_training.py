@@ -1,7 +1,7 @@
 """One training step of the compact CLIP model (forward, ClipLoss, backward, optimizer step) on one CPU
 thread, as a Ray Train worker of the demo runs it: with torch's default AdamW (the training loop's until
-2026-12-05; on a CPU it updates tensor by tensor) and with mlplane's (`ml.clip.clip_optimizer`: fused), in
-turn on the same random batch, --repeats steps each after two warm-up steps. Figures are the median and
+2026-12-05; on a CPU it updates tensor by tensor) and with mlplane's (`ml.clip.clip_optimizer`: fused), alternating
+step by step on the same random batch, --repeats steps each after two warm-up steps. Figures are the median and
 P99 per step and the ratio.
 
     .venv/bin/python benchmarks/clip_training.py --repeats 30
@@ -27,22 +27,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def step_times(make_optimizer, repeats: int, batch: tuple) -> list[float]:
-    torch.manual_seed(0)
-    model = load_model(ClipSpec()).train()
-    optimizer = make_optimizer(model)
-    loss_fn = import_open_clip().ClipLoss()
-    times = []
-    for n in range(repeats + 2):
+class Trainer:
+    """One model with its optimizer, stepped on the same batch."""
+
+    def __init__(self, make_optimizer):
+        torch.manual_seed(0)
+        self.model = load_model(ClipSpec()).train()
+        self.optimizer = make_optimizer(self.model)
+        self.loss_fn = import_open_clip().ClipLoss()
+
+    def step(self, batch: tuple) -> float:
         started = time.perf_counter()
-        image_features, text_features, logit_scale = model(*batch)[:3]
-        loss = loss_fn(image_features, text_features, logit_scale)
-        optimizer.zero_grad()
+        image_features, text_features, logit_scale = self.model(*batch)[:3]
+        loss = self.loss_fn(image_features, text_features, logit_scale)
+        self.optimizer.zero_grad()
         loss.backward()
-        optimizer.step()
-        if n >= 2:
-            times.append((time.perf_counter() - started) * 1000)
-    return times
+        self.optimizer.step()
+        return (time.perf_counter() - started) * 1000
 
 
 def main() -> None:
@@ -62,7 +63,13 @@ def main() -> None:
         ),
         "mlplane (fused AdamW)": lambda m: clip_optimizer(m, config, "cpu"),
     }
-    results = {name: step_times(make, args.repeats, batch) for name, make in optimizers.items()}
+    trainers = {name: Trainer(make) for name, make in optimizers.items()}
+    results: dict[str, list[float]] = {name: [] for name in trainers}
+    for n in range(args.repeats + 2):  # alternating, so the machine's drift falls on both
+        for name in list(trainers)[:: 1 if n % 2 else -1]:
+            took = trainers[name].step(batch)
+            if n >= 2:
+                results[name].append(took)
     print(f"{'optimizer':>24} {'median ms':>10} {'P99 ms':>8}  (one step, batch {config.batch_size}, one thread)")
     for name, values in results.items():
         print(f"{name:>24} {statistics.median(values):>10.1f} {percentile(values, 0.99):>8.1f}")
