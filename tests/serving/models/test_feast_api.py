@@ -288,7 +288,7 @@ def test_entity_keys_are_serialized_as_feast_serializes_them():
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
 
-    from engines.feature_store import _key_serializer
+    from engines.entity_keys import key_serializer
 
     def proto(value, kind):
         return Value(int64_val=value) if kind == ValueType.INT64 else Value(string_val=value)
@@ -305,7 +305,7 @@ def test_entity_keys_are_serialized_as_feast_serializes_them():
             EntityKey(join_keys=[k for k, _ in keys], entity_values=[proto(v, t) for v, (_, t) in zip(values, keys)]),
             entity_key_serialization_version=3,
         )
-        assert _key_serializer(tuple(keys))(values) == expected, (keys, values)
+        assert key_serializer(tuple(keys))(values) == expected, (keys, values)
 
 
 def test_read_path_returns_what_feasts_online_read_returns(platform_server, lake_ids):
