@@ -90,6 +90,9 @@ WAYS = {
     ".venv/bin/python benchmarks/online_write.py": Way(
         small={"online_write.py": "online_write.py --rows 10 --repeats 2"}
     ),
+    ".venv/bin/python benchmarks/materialize.py": Way(
+        small={"--pairs 40000 --days 2 --repeats 5": "--pairs 200 --days 2 --repeats 1"}, prints=r"feast / ours"
+    ),
     ".venv/bin/python benchmarks/streaming_freshness.py": Way(
         small={"streaming_freshness.py": "streaming_freshness.py --help"}
     ),
