@@ -14,6 +14,7 @@ from dagster import (
     AssetCheckSpec,
     AssetDep,
     AssetKey,
+    BackfillPolicy,
     Config,
     Failure,
     MaterializeResult,
@@ -121,6 +122,7 @@ def rounded(frame: pl.DataFrame) -> list[dict]:
     "intervals), per experiment (difference, significance, users still needed), shadows scored "
     "counterfactually against the live answers of the same requests, latency percentiles per model.",
     partitions_def=serving_partitions,
+    backfill_policy=BackfillPolicy.multi_run(1),  # a day per run: each day is checked against the ones before
     deps=[
         PREDICTION_LOGS,
         AssetDep(

@@ -69,7 +69,8 @@ def latency_table(frame: pl.DataFrame) -> list[dict]:
     "experiment and variant, model version, hash of the inputs (the inputs where the model card allows), "
     "outputs and latency, taken in from the server's files behind a great-expectations check.",
     partitions_def=serving_partitions,
-    backfill_policy=BackfillPolicy.single_run(),
+    # a day per run, as monitoring/online_accuracy's in the online_monitoring job (one policy per job)
+    backfill_policy=BackfillPolicy.multi_run(1),
     kinds={"parquet", "greatexpectations"},
     owners=["team:ml-platform"],
     tags={"domain": "serving"},

@@ -29,6 +29,23 @@ def test_definitions_validate():
     assert "Validation successful" in out.stdout + out.stderr
 
 
+def test_every_job_has_one_backfill_policy():
+    """Dagster runs a job's range by one policy: with several it warns and takes the smallest, so a range
+    of an asset that loads ranges in one run would silently run a day at a time (or the reverse)."""
+    import warnings
+
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+    graph = defs.resolve_asset_graph()
+    jobs = [job for job in defs.jobs if isinstance(job, UnresolvedAssetJobDefinition)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for job in jobs:  # resolved afresh: the repository's own resolution warns once per process
+            job.resolve(asset_graph=graph)
+    varying = [str(w.message).splitlines()[0] for w in caught if "varying BackfillPolicies" in str(w.message)]
+    assert "online_monitoring" in [job.name for job in jobs] and not varying, varying
+
+
 def test_every_asset_reads_well_in_the_ui():
     graph = defs.resolve_asset_graph()
     for key in graph.get_all_asset_keys():
