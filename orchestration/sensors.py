@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from datetime import date
 
 from dagster import (
@@ -14,6 +15,7 @@ from dagster import (
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    SupersessionWarning,
     build_sensor_for_freshness_checks,
     run_failure_sensor,
     sensor,
@@ -107,9 +109,12 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
         context.log.warning(f"run {run.run_id} failed; no webhook configured (set MLPLANE_WEBHOOK_URL)")
 
 
-freshness_sensor = build_sensor_for_freshness_checks(
-    freshness_checks=all_asset_checks, minimum_interval_seconds=600, default_status=DefaultSensorStatus.RUNNING
-)
+# evaluates the time-partition freshness checks (why they stay: assets/__init__.py)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", SupersessionWarning)
+    freshness_sensor = build_sensor_for_freshness_checks(
+        freshness_checks=all_asset_checks, minimum_interval_seconds=600, default_status=DefaultSensorStatus.RUNNING
+    )
 
 
 @sensor(

@@ -29,6 +29,21 @@ def test_definitions_validate():
     assert "Validation successful" in out.stdout + out.stderr
 
 
+@pytest.mark.services  # a fresh process: warnings are shown once per process
+def test_loading_the_definitions_warns_of_nothing_chosen_knowingly():
+    """Beta APIs and the time-partition freshness checks are chosen knowingly (assets/__init__.py says why):
+    Dagster's warnings about them filled every command's terminal, the demo's and the UI's."""
+    out = subprocess.run(
+        [sys.executable, "-W", "default", "-c", "import orchestration.definitions"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "SupersessionWarning" not in out.stderr and "BetaWarning" not in out.stderr, out.stderr
+
+
 def test_every_job_has_one_backfill_policy():
     """Dagster runs a job's range by one policy: with several it warns and takes the smallest, so a range
     of an asset that loads ranges in one run would silently run a day at a time (or the reverse)."""
