@@ -56,7 +56,9 @@ class ClipModelConfig(Config):
     epochs: int = 30
     batch_size: int = 64
     learning_rate: float = 2e-3
-    num_workers: int = Field(default=1, description="Ray Train workers")
+    num_workers: int = Field(
+        default=1, ge=0, description="Ray Train workers; 0: in the run's own process (Ray Train's local mode)"
+    )
     cpus_per_worker: int | None = Field(
         default=None,
         description="CPUs each worker reserves and runs torch threads on; None: its even share of the in-process "

@@ -83,7 +83,9 @@ class TrainedModel:
 
 
 class TrainingConfig(Config):
-    num_workers: int = Field(default=1, description="Ray Train workers")
+    num_workers: int = Field(
+        default=1, ge=0, description="Ray Train workers; 0: in the run's own process (Ray Train's local mode)"
+    )
     use_gpu: bool = Field(default=False, description="One GPU per worker")
     training_days: int = Field(default=7, description="Newest partitions of training data to use")
     cpus_per_worker: int | None = Field(

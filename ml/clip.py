@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ml.ray_train import fit_trainer, staging_folder
+
 COMPACT_MODEL = "mlplane-clip-compact"
 MODEL_CONFIGS = Path(__file__).parent / "model_configs"
 RECALL_KS = (1, 5, 10)
@@ -168,7 +170,7 @@ class TrainConfig:
     batch_size: int = 64
     learning_rate: float = 2e-3
     weight_decay: float = 0.1
-    num_workers: int = 1
+    num_workers: int = 1  # 0: Ray Train's local mode, in this process (ml/ray_train.py)
     use_gpu: bool = False
     cpus_per_worker: int = 1  # reserved on Ray and run as torch threads
     seed: int = 0
@@ -201,10 +203,10 @@ def train_clip(
     tokens = tokenizer(spec)(list(titles)).numpy()
     dataset = ray.data.from_items([{"image": im, "tokens": tok} for im, tok in zip(images, tokens)])
     history: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="clip-train-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="clip-train-") as scratch, staging_folder(storage or scratch) as staging:
         trainer = TorchTrainer(
             _train_loop,
-            train_loop_config={"spec": spec, "config": config},
+            train_loop_config={"spec": spec, "config": config, "staging": str(staging)},
             scaling_config=ScalingConfig(
                 num_workers=config.num_workers,
                 use_gpu=config.use_gpu,
@@ -215,7 +217,7 @@ def train_clip(
             run_config=RunConfig(name="clip", storage_path=str(storage or scratch)),
             datasets={"train": dataset},
         )
-        result = trainer.fit()
+        result = fit_trainer(trainer, config.num_workers)
         if result.error:
             raise RuntimeError(f"CLIP training failed: {result.error}") from result.error
         with result.checkpoint.as_directory() as folder:
@@ -278,11 +280,12 @@ def _train_loop(loop_config: dict) -> None:
         if last:
             history[-1]["worker_nodes"] = _worker_nodes(context.get_world_size())
         if last and context.get_world_rank() == 0:
-            with tempfile.TemporaryDirectory() as folder:
-                unwrapped = model.module if hasattr(model, "module") else model
-                torch.save(unwrapped.state_dict(), Path(folder) / "model.pt")
-                torch.save(history, Path(folder) / "history.pt")
-                ray.train.report(history[-1], checkpoint=ray.train.Checkpoint.from_directory(folder))
+            unwrapped = model.module if hasattr(model, "module") else model
+            folder = Path(loop_config["staging"])  # outlives the report (ml/ray_train.py)
+            folder.mkdir(parents=True)
+            torch.save(unwrapped.state_dict(), folder / "model.pt")
+            torch.save(history, folder / "history.pt")
+            ray.train.report(history[-1], checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
         else:
             ray.train.report(history[-1])
 

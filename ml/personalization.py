@@ -15,14 +15,14 @@ uniformly from that day's catalogue: the user's taste, learnt from every impress
 is clicked overall. (A separate head for `P(click | shown)`, trained on the impressions' labels,
 learnt from so few clicks that its guesses for items a user was never shown lowered the ranking.)
 
-Training runs on Ray Train (`TorchTrainer`): data-parallel, each worker takes its shard of the rows.
+Training runs on Ray Train (`TorchTrainer`): data-parallel, each worker takes its shard of the rows;
+with no workers (`num_workers=0`), in the calling process (ml/ray_train.py).
 Plain Python, no Dagster.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,8 @@ import numpy as np
 import polars as pl
 import torch
 from torch import nn
+
+from ml.ray_train import fit_trainer, staging_folder
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class TrainConfig:
     # share of training ids replaced by the unseen bucket, so that new users and items get a learnt
     # vector (the average newcomer) rather than an untrained one
     unseen_share: float = 0.05
-    num_workers: int = 1
+    num_workers: int = 1  # 0: Ray Train's local mode, in this process (ml/ray_train.py)
     use_gpu: bool = False
     cpus_per_worker: int = 1  # reserved on Ray and run as torch threads
 
@@ -438,10 +440,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
     def report(epoch: int, losses: list[float]) -> None:
         metrics = {"epoch": epoch, "train_loss": losses[-1], "loss_curve": list(losses)}
         if epoch == spec.config.epochs - 1 and rank == 0:
-            with tempfile.TemporaryDirectory() as folder:
-                inner = objective.module if hasattr(objective, "module") else objective
-                torch.save(inner.network.state_dict(), Path(folder) / MODEL_FILE)
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+            inner = objective.module if hasattr(objective, "module") else objective
+            folder = Path(loop_config["staging"])  # outlives the report (ml/ray_train.py)
+            folder.mkdir(parents=True)
+            torch.save(inner.network.state_dict(), folder / MODEL_FILE)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
         else:
             ray.train.report(metrics)
 
@@ -465,18 +468,19 @@ def train(
         raise ValueError("no training rows")
     frame = labelled(with_item_embeddings(train_frame, item_embeddings))
     spec = build_spec(frame, config, item_embeddings)
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"spec": spec, "train": frame},
-        scaling_config=ScalingConfig(
-            num_workers=config.num_workers,
-            use_gpu=config.use_gpu,
-            resources_per_worker={"CPU": config.cpus_per_worker},
-        ),
-        run_config=RunConfig(storage_path=str(storage_path), name="personalization"),
-    )
-    result = trainer.fit()
     network = TwoTower(spec)
-    with result.checkpoint.as_directory() as folder:
-        network.load_state_dict(torch.load(Path(folder) / MODEL_FILE, map_location="cpu", weights_only=True))
+    with staging_folder(storage_path) as staging:
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={"spec": spec, "train": frame, "staging": str(staging)},
+            scaling_config=ScalingConfig(
+                num_workers=config.num_workers,
+                use_gpu=config.use_gpu,
+                resources_per_worker={"CPU": config.cpus_per_worker},
+            ),
+            run_config=RunConfig(storage_path=str(storage_path), name="personalization"),
+        )
+        result = fit_trainer(trainer, config.num_workers)
+        with result.checkpoint.as_directory() as folder:
+            network.load_state_dict(torch.load(Path(folder) / MODEL_FILE, map_location="cpu", weights_only=True))
     return TrainResult(PersonalizationModel(network), list(result.metrics["loss_curve"]))

@@ -30,6 +30,9 @@ CLIP_EPOCHS = 3
 # the queues hold few violations, and agreement falls fast with errors at low prevalence: annotators this
 # accurate clear the release's minimum Krippendorff's alpha (tests/ground_truth/conftest.py)
 ANNOTATOR_ACCURACY = 0.99
+# the trainings run in the demo's process (Ray Train's local mode, ml/ray_train.py): a Ray Train worker and
+# its helper actors cost each training about 18 s and 17 CPU-seconds of two cores before it trained
+TRAIN_WORKERS = 0
 NO_CAPTURE_MODULE = "dagster._core.storage.noop_compute_log_manager"
 
 
@@ -49,7 +52,7 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     materialize_catalogue(first, last)
     # the CLIP lane needs only the catalogue: it runs beside the rest of step 2, whose runs are mostly
     # single-threaded (one core of two idle)
-    step("3/8 alongside: the CLIP model (Ray Train), item embeddings (Ray Data) into Qdrant, a search")
+    step("3/8 alongside: the CLIP model (Ray Train, in this process), item embeddings (Ray Data) into Qdrant, a search")
     clip_lane = Background(embeddings_and_search, data_dir, first, last)
     materialize_data(first, last)
     remember_landed_days(data_dir, first, last)
@@ -58,7 +61,7 @@ def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], obje
     # the tail's parts that share no data run in pairs: each of them alone leaves a core mostly idle
     step("4/8 beside step 5, a labeling round: queues, simulated annotators in the labeling app, a release, flags")
     labeling = Background(labeling_round, data_dir, first, last)
-    step(f"5/8 training {MODEL} (Ray Train), gating it against popularity, promoting it")
+    step(f"5/8 training {MODEL} (Ray Train, in this process), gating it against popularity, promoting it")
     champion = train_and_gate(data_dir, last)
     labeling.wait()
     if champion:
@@ -113,8 +116,8 @@ def hide_library_deprecations() -> None:
 def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:
     """Train the compact CLIP model, embed the days' items into the vector store, and search for one
     catalogue item's title."""
-    # one CPU: the other core is step 2's (a Ray Data step of the daily pipeline needs one of Ray's two)
-    ops = {"clip_model": {"config": {"epochs": CLIP_EPOCHS, "cpus_per_worker": 1}}}
+    # one CPU: the other core is step 2's; in this process (TRAIN_WORKERS)
+    ops = {"clip_model": {"config": {"epochs": CLIP_EPOCHS, "cpus_per_worker": 1, "num_workers": TRAIN_WORKERS}}}
     result = run_job(None, ["clip_model"], ops=ops)
     if not result.success:
         raise click.ClickException("the clip_model run failed; see `mlplane ui`")
@@ -225,7 +228,8 @@ def train_and_gate(data_dir: Path, last: date, training_days: int = 7, cpus: int
     of Ray's CPUs, None: all); the champion's version afterwards, if any."""
     from engines.registry import ModelRegistry
 
-    ops = {f"models__{MODEL}": {"config": {"training_days": training_days, "cpus_per_worker": cpus}}}
+    config = {"training_days": training_days, "cpus_per_worker": cpus, "num_workers": TRAIN_WORKERS}
+    ops = {f"models__{MODEL}": {"config": config}}
     run_job(f"train_{MODEL}", None, partition=last, ops=ops)  # a refused gate fails the run: it stays a challenger
     registry = ModelRegistry.local(data_dir / "registry")
     for version in registry.versions(MODEL):

@@ -93,6 +93,9 @@ WAYS = {
     ".venv/bin/python benchmarks/materialize.py": Way(
         small={"--pairs 40000 --days 2 --repeats 5": "--pairs 200 --days 2 --repeats 1"}, prints=r"feast / ours"
     ),
+    ".venv/bin/python benchmarks/ray_train_local.py": Way(
+        small={"--steps 200 --repeats 5": "--steps 5 --repeats 1"}, prints=r"worker / local"
+    ),
     ".venv/bin/python benchmarks/streaming_freshness.py": Way(
         small={"streaming_freshness.py": "streaming_freshness.py --help"}
     ),

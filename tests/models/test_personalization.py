@@ -3,6 +3,7 @@ the promotion gate, rollback through the CLI, and checksums that refuse a corrup
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -81,6 +82,30 @@ def test_a_lone_worker_takes_every_cpu_of_the_in_process_ray(trained, ray_comput
     assert ray_compute.cpus_per_worker(2) == 1 and ray_compute.cpus_per_worker(3) == 1
     assert RayResource(address="ray://head:10001").cpus_per_worker(1) == 1
     assert RayResource(address="ray://head:10001", train_cpus_per_worker=8).cpus_per_worker(1) == 8
+
+
+def test_training_in_the_runs_own_process_learns_what_a_worker_learns(pipeline_dir, ray_compute, tmp_path):
+    """Ray Train's local mode (num_workers=0, ml/ray_train.py) runs the same loop in this process: same seed,
+    rows and threads, same weights and losses as one Ray Train worker; no checkpoint is left behind, and
+    this process keeps its torch threads."""
+    import torch
+
+    from engines.lake import Lake
+    from ml.personalization import TrainConfig
+    from ml.personalization import train as train_model
+
+    rows = Lake(pipeline_dir).read_partition("datasets", "personalization_training", LAST_DAY)
+    config = TrainConfig(epochs=2, cpus_per_worker=1)
+    threads = torch.get_num_threads()
+    worker = train_model(rows, config, tmp_path / "worker")
+    local = train_model(rows, dataclasses.replace(config, num_workers=0), tmp_path / "local")
+    assert torch.get_num_threads() == threads
+    assert local.loss_curve == pytest.approx(worker.loss_curve, rel=1e-6) and len(local.loss_curve) == 2
+    trained = local.model.network.state_dict()
+    for name, tensor in worker.model.network.state_dict().items():
+        torch.testing.assert_close(trained[name], tensor)
+    assert not list((tmp_path / "local" / "staging").iterdir())
+    assert not list((tmp_path / "worker" / "staging").iterdir())
 
 
 def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, pipeline_dir, ray_compute, tmp_path):
