@@ -96,10 +96,8 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
         ray.ensure_started()
         use_gpu = ray.cluster_gpus() > 0 if config.use_gpu is None else config.use_gpu
         output = store.root / "models" / "clip" / f"{config.model_name}.pt"
-        context.log.info(
-            f"training {config.model_name} on {int((~held_out).sum())} items, "
-            f"{config.num_workers} Ray Train worker(s), gpu={use_gpu}"
-        )
+        workers = f"{config.num_workers} Ray Train worker(s)" if config.num_workers else "Ray Train in this process"
+        context.log.info(f"training {config.model_name} on {int((~held_out).sum())} items, {workers}, gpu={use_gpu}")
         history = train_clip(
             spec,
             pixels[~held_out],

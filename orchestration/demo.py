@@ -96,7 +96,9 @@ def start_ray_quietly(data_dir: Path) -> None:
 
     with open_resource("ray", str(data_dir)) as resource:
         resource.model_copy(update={"log_to_driver": False}).ensure_started()
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # and Ray Train's lines of a training in this process (a worker's went to its log file)
+    for name in ("ray.data", "ray.train"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
