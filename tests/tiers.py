@@ -24,7 +24,8 @@ SERVICE_FIXTURES = frozenset(
         "lake_dir",
         "stream_days",
         "flink_cluster",
-        "cluster_run",  # Flink
+        "cluster_run",
+        "live_run",  # Flink
         "gateway_llm_lake",
         "gateway_llm_path",
         "gateway_llm_draft_path",  # LLMs trained by their assets

@@ -72,6 +72,7 @@ def _read_in_flink(script: str, tmp_path: Path, folder: Path, argument: str) -> 
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
 
 
+@pytest.mark.services  # a Flink job in .venv-flink
 def test_files_in_arrival_order_and_fields_as_json_value_reads_them(tmp_path):
     folder = tmp_path / "events"
     folder.mkdir()
@@ -165,6 +166,7 @@ def _polars_instant(text: str) -> str | None:
     return value.replace(tzinfo=None, microsecond=value.microsecond // 1000 * 1000).isoformat(" ", "milliseconds")
 
 
+@pytest.mark.services  # a Flink job in .venv-flink
 def test_timestamps_read_as_the_sql_and_polars_read_them(tmp_path):
     texts = IMPOSSIBLE + POLARS_ONLY + [BEYOND_9999] + POSSIBLE + _random_timestamps(300, random.Random(17))
     folder = tmp_path / "events"
