@@ -31,7 +31,7 @@ CLIP_EPOCHS = 3
 # accurate clear the release's minimum Krippendorff's alpha (tests/ground_truth/conftest.py)
 ANNOTATOR_ACCURACY = 0.99
 # the trainings run in the demo's process (Ray Train's local mode, ml/ray_train.py): a Ray Train worker and
-# its helper actors cost each training about 18 s and 17 CPU-seconds of two cores before it trained
+# its helper actors cost each training about 9 s and 13 CPU-seconds of two cores before it trained
 TRAIN_WORKERS = 0
 NO_CAPTURE_MODULE = "dagster._core.storage.noop_compute_log_manager"
 
