@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ml.ray_train import fit_trainer  # noqa: E402
+from ml.ray_train import fitted  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -53,18 +53,13 @@ def train_loop(config: dict) -> None:
     ray.train.report({"loss": float(loss.detach())})
 
 
-def one_training(workers: int, steps: int, storage: str) -> tuple[float, float]:
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+def one_training(workers: int, steps: int, storage: Path) -> tuple[float, float]:
+    from ray.train import ScalingConfig
 
     cpu, started = busy_cpu_seconds(), time.perf_counter()
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={"steps": steps},
-        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(storage_path=storage, name=f"bench-{workers}"),
-    )
-    fit_trainer(trainer, workers)
+    scaling = ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1})
+    with fitted(train_loop, {"steps": steps}, scaling, storage, f"bench-{workers}"):
+        pass
     return time.perf_counter() - started, busy_cpu_seconds() - cpu
 
 
@@ -87,7 +82,7 @@ def main() -> None:
         cpu: dict[str, list[float]] = {name: [] for name in ways}
         for repeat in range(args.repeats):
             for name, workers in ways.items():  # alternating, so that drift hits both alike
-                seconds, busy = one_training(workers, args.steps, str(Path(tmp) / "storage"))
+                seconds, busy = one_training(workers, args.steps, Path(tmp) / "storage")
                 wall[name].append(seconds)
                 cpu[name].append(busy)
             print(f"repeat {repeat + 1}/{args.repeats}: " + ", ".join(f"{n} {wall[n][-1]:.2f} s" for n in ways))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ml.ray_train import fit_trainer, staging_folder
+from ml.ray_train import checkpoint_folder, fitted
 
 COMPACT_MODEL = "mlplane-clip-compact"
 MODEL_CONFIGS = Path(__file__).parent / "model_configs"
@@ -193,8 +193,7 @@ def train_clip(
     Ray must be started (resources.ray.RayResource.ensure_started)."""
     import ray
     import torch
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train import ScalingConfig
 
     if len(images) != len(titles) or len(images) < 2:
         raise ValueError(
@@ -202,22 +201,19 @@ def train_clip(
         )
     tokens = tokenizer(spec)(list(titles)).numpy()
     dataset = ray.data.from_items([{"image": im, "tokens": tok} for im, tok in zip(images, tokens)])
-    history: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="clip-train-") as scratch, staging_folder(storage or scratch) as staging:
-        trainer = TorchTrainer(
-            _train_loop,
-            train_loop_config={"spec": spec, "config": config, "staging": str(staging)},
-            scaling_config=ScalingConfig(
-                num_workers=config.num_workers,
-                use_gpu=config.use_gpu,
-                resources_per_worker={"CPU": config.cpus_per_worker},
-                placement_strategy=config.placement_strategy,
-            ),
-            # checkpoints go to `storage`, which every node must reach (shared storage on a cluster)
-            run_config=RunConfig(name="clip", storage_path=str(storage or scratch)),
-            datasets={"train": dataset},
-        )
-        result = fit_trainer(trainer, config.num_workers)
+    scaling = ScalingConfig(
+        num_workers=config.num_workers,
+        use_gpu=config.use_gpu,
+        resources_per_worker={"CPU": config.cpus_per_worker},
+        placement_strategy=config.placement_strategy,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="clip-train-") as scratch,
+        # checkpoints go to `storage`, which every node must reach (shared storage on a cluster)
+        fitted(
+            _train_loop, {"spec": spec, "config": config}, scaling, storage or scratch, "clip", {"train": dataset}
+        ) as result,
+    ):
         if result.error:
             raise RuntimeError(f"CLIP training failed: {result.error}") from result.error
         with result.checkpoint.as_directory() as folder:
@@ -281,8 +277,7 @@ def _train_loop(loop_config: dict) -> None:
             history[-1]["worker_nodes"] = _worker_nodes(context.get_world_size())
         if last and context.get_world_rank() == 0:
             unwrapped = model.module if hasattr(model, "module") else model
-            folder = Path(loop_config["staging"])  # outlives the report (ml/ray_train.py)
-            folder.mkdir(parents=True)
+            folder = checkpoint_folder(loop_config)
             torch.save(unwrapped.state_dict(), folder / "model.pt")
             torch.save(history, folder / "history.pt")
             ray.train.report(history[-1], checkpoint=ray.train.Checkpoint.from_directory(str(folder)))

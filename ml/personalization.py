@@ -31,7 +31,7 @@ import polars as pl
 import torch
 from torch import nn
 
-from ml.ray_train import fit_trainer, staging_folder
+from ml.ray_train import checkpoint_folder, fitted
 
 
 @dataclass(frozen=True)
@@ -441,8 +441,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics = {"epoch": epoch, "train_loss": losses[-1], "loss_curve": list(losses)}
         if epoch == spec.config.epochs - 1 and rank == 0:
             inner = objective.module if hasattr(objective, "module") else objective
-            folder = Path(loop_config["staging"])  # outlives the report (ml/ray_train.py)
-            folder.mkdir(parents=True)
+            folder = checkpoint_folder(loop_config)
             torch.save(inner.network.state_dict(), folder / MODEL_FILE)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
         else:
@@ -461,26 +460,18 @@ def train(
     train_frame: pl.DataFrame, config: TrainConfig, storage_path: Path, item_embeddings: pl.DataFrame | None = None
 ) -> TrainResult:
     """Train on Ray Train (Ray must be initialised: in-process or a cluster)."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train import ScalingConfig
 
     if train_frame.is_empty():
         raise ValueError("no training rows")
     frame = labelled(with_item_embeddings(train_frame, item_embeddings))
     spec = build_spec(frame, config, item_embeddings)
     network = TwoTower(spec)
-    with staging_folder(storage_path) as staging:
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={"spec": spec, "train": frame, "staging": str(staging)},
-            scaling_config=ScalingConfig(
-                num_workers=config.num_workers,
-                use_gpu=config.use_gpu,
-                resources_per_worker={"CPU": config.cpus_per_worker},
-            ),
-            run_config=RunConfig(storage_path=str(storage_path), name="personalization"),
-        )
-        result = fit_trainer(trainer, config.num_workers)
+    scaling = ScalingConfig(
+        num_workers=config.num_workers, use_gpu=config.use_gpu, resources_per_worker={"CPU": config.cpus_per_worker}
+    )
+    loop_config = {"spec": spec, "train": frame}
+    with fitted(train_loop_per_worker, loop_config, scaling, storage_path, "personalization") as result:
         with result.checkpoint.as_directory() as folder:
             network.load_state_dict(torch.load(Path(folder) / MODEL_FILE, map_location="cpu", weights_only=True))
     return TrainResult(PersonalizationModel(network), list(result.metrics["loss_curve"]))

@@ -21,7 +21,36 @@ from pathlib import Path
 _LOCAL_RUNS = threading.Lock()
 
 
-def fit_trainer(trainer, num_workers: int):
+@contextmanager
+def fitted(loop, loop_config: dict, scaling, storage: Path, name: str, datasets: dict | None = None) -> Iterator:
+    """A `TorchTrainer` run of `loop` on `scaling` (a ScalingConfig; no workers: in this process), its
+    checkpoints under `storage`, which every worker must reach; its Result while the block runs, the
+    checkpoint readable until the block ends. The loop writes its checkpoint in `checkpoint_folder`."""
+    from ray.train import RunConfig
+    from ray.train.torch import TorchTrainer
+
+    staging = Path(storage) / "staging" / uuid.uuid4().hex
+    try:
+        trainer = TorchTrainer(
+            loop,
+            train_loop_config={**loop_config, "staging": str(staging)},
+            scaling_config=scaling,
+            run_config=RunConfig(name=name, storage_path=str(storage)),
+            datasets=datasets,
+        )
+        yield _fit(trainer, scaling.num_workers)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def checkpoint_folder(loop_config: dict) -> Path:
+    """Where the training function writes the checkpoint it reports: a folder that outlives the report."""
+    folder = Path(loop_config["staging"])
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _fit(trainer, num_workers: int):
     """`trainer.fit()`; a local run takes its turn, and this process gets back its torch threads, which the
     training function sets to the worker's CPUs."""
     if num_workers:
@@ -34,14 +63,3 @@ def fit_trainer(trainer, num_workers: int):
             return trainer.fit()
         finally:
             torch.set_num_threads(threads)
-
-
-@contextmanager
-def staging_folder(storage: Path) -> Iterator[Path]:
-    """A fresh folder under the run's storage (which every worker reaches) where the training function writes
-    its checkpoint (created by it); removed, with whatever it holds, when the block ends."""
-    folder = Path(storage) / "staging" / uuid.uuid4().hex
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
