@@ -4,6 +4,7 @@ the job body (jobs/flink/run_job.py) only runs the generated SQL."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from feature_defs.dsl import Catalogue
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 JOB_BODY = PROJECT_ROOT / "jobs" / "flink" / "run_job.py"
+JOB_LOG_CONFIG = PROJECT_ROOT / "jobs" / "flink" / "log4j.properties"  # keeps a crashed run's log
 DEFAULT_FLINK_PYTHON = PROJECT_ROOT / ".venv-flink" / "bin" / "python"
 CONNECTORS_JAR = "mlplane-connectors.jar"  # in the Flink environment; built by scripts/setup-flink
 
@@ -172,7 +174,12 @@ class FlinkJob:
     def env(self) -> dict[str, str]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         heap = self.settings.batch_jvm_heap if self.mode == "batch" else self.settings.jvm_heap
-        return {**os.environ, "JVM_ARGS": f"-Xmx{heap}", "FLINK_LOG_DIR": str(self.log_dir)}
+        return {
+            **os.environ,
+            "JVM_ARGS": f"-Xmx{heap}",
+            "FLINK_LOG_DIR": str(self.log_dir),
+            "LOG4J_PROPERTIES": str(JOB_LOG_CONFIG),
+        }
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self, restore: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -242,9 +249,17 @@ class FlinkJob:
 
     def latest_checkpoint(self) -> Path | None:
         """The newest complete retained checkpoint of any earlier run of this job."""
-        root = self.state_dir / "checkpoints"
-        done = [p.parent for p in root.glob("*/chk-*/_metadata")] if root.exists() else []
-        return max(done, key=lambda p: p.stat().st_mtime, default=None)
+        written = self._checkpoints_written()
+        return max(written, key=written.__getitem__, default=None)
+
+    def _checkpoints_written(self) -> dict[Path, tuple[int, int]]:
+        """Complete checkpoints: when their metadata was written (once, last; a folder's own time
+        changes while Flink writes or deletes in it), then their id."""
+        written = {}
+        for metadata in (self.state_dir / "checkpoints").glob("*/chk-*/_metadata"):
+            with contextlib.suppress(FileNotFoundError):  # a running job deletes the ones it subsumes
+                written[metadata.parent] = (metadata.stat().st_mtime_ns, int(metadata.parent.name[4:]))
+        return written
 
     def metrics(self) -> dict:
         """The job's own counts: lines read, malformed, late; the newest event time processed."""
@@ -264,7 +279,8 @@ class FlinkJob:
         pid = status.get("pid")
         if state not in ("FINISHED", "FAILED", "CANCELED", "NOT_STARTED") and not (pid and process_alive(pid)):
             state = "DIED"  # killed, or crashed before it could say so
-        checkpoint = self.latest_checkpoint()
+        written = self._checkpoints_written()
+        checkpoint = max(written, key=written.__getitem__, default=None)
         healthy = state == "RUNNING" if self.mode == "streaming" else state == "FINISHED"
         return JobHealth(
             name=self.settings.name,
@@ -273,7 +289,7 @@ class FlinkJob:
             pid=pid,
             job_id=status.get("job_id"),
             checkpoint=str(checkpoint) if checkpoint else None,
-            checkpoint_age_seconds=round(now - checkpoint.stat().st_mtime, 1) if checkpoint else None,
+            checkpoint_age_seconds=round(now - written[checkpoint][0] / 1e9, 1) if checkpoint else None,
             error=status.get("error") or (f"the job process {pid} is gone" if state == "DIED" else None),
             log_dir=str(self.log_dir),
             **self.progress(now),

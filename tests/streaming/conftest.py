@@ -28,6 +28,7 @@ from engines.simulator import Simulator
 from engines.simulator.stream import EventStream, malformed_lines
 from engines.streaming import (
     WINDOW_END,
+    ClusterJob,
     ClusterSettings,
     FlinkJob,
     JobHealth,
@@ -70,6 +71,38 @@ def wait_until(condition, what: str, timeout: float = TIMEOUT, pusher: OnlinePus
             return value
         time.sleep(1.0)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_for_records(job: FlinkJob | ClusterJob, total: int, what: str, pusher: OnlinePusher | None = None) -> None:
+    """Waits until the job's committed counts say `total` lines were read. Fails at once when the
+    job is no longer healthy or counts more (lines read twice); every failure says where the job stood and
+    ends with its Flink log's warnings, so a hang on a loaded CI machine names its cause."""
+
+    def all_read() -> bool:
+        health = job.health()
+        if not health.healthy or health.records > total:
+            raise AssertionError(f"{what}: {total} lines expected; {job_report(job, health)}")
+        return health.records == total
+
+    try:
+        wait_until(all_read, what, pusher=pusher)
+    except AssertionError as failure:
+        if "lines expected" in str(failure):
+            raise
+        raise AssertionError(f"{failure}; {job_report(job, job.health())}") from None
+
+
+def job_report(job: FlinkJob | ClusterJob, health: JobHealth) -> str:
+    fields = ("status", "error", "records", "late", "malformed", "checkpoint", "checkpoint_age_seconds")
+    lines = [
+        line
+        for log in sorted(job.log_dir.glob("flink-*.log*"), reverse=True)  # .1 is the run before the newest
+        for line in log.read_text(errors="replace").splitlines()
+    ]
+    completed = [line for line in lines if "Completed checkpoint" in line][-2:]
+    warnings = [line for line in lines if " WARN " in line or " ERROR " in line][-25:]
+    state = ", ".join(f"{f}={getattr(health, f)}" for f in fields)
+    return state + "\nFlink log (" + str(job.log_dir) + "):\n" + "\n".join(completed + warnings)
 
 
 def polars_at(view, events: pl.DataFrame, end: datetime) -> pl.DataFrame:
@@ -132,7 +165,7 @@ def append_in_chunks(
     for start in range(0, table.num_rows, size):
         chunk = table.slice(start, size)
         stream.append_lines(render(chunk)) if render else stream.append(chunk)
-    wait_until(lambda: job.metrics()["records"] == expected, "the job to read the files")
+    wait_for_records(job, expected, "the job to read the files")
     return table.num_rows
 
 
@@ -253,7 +286,7 @@ def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
         malformed = malformed_lines(day)
         stream.append_lines(malformed)
         lines = appended + late.num_rows + len(malformed)
-        wait_until(lambda: job.metrics()["records"] == lines, "every line to be read and checkpointed", pusher=pusher)
+        wait_for_records(job, lines, "every line to be read and checkpointed", pusher=pusher)
         end_of_day = datetime.combine(next_day, day_time(), tzinfo=UTC)
         wait_until(
             lambda: any(

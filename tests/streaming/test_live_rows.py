@@ -33,7 +33,7 @@ from feature_defs.dsl import (
 from feature_defs.entities import item, user
 from feature_defs.expr import col
 from feature_defs.sources import interactions
-from tests.streaming.conftest import TIMEOUT, normalised, sink_frame, wait_until
+from tests.streaming.conftest import TIMEOUT, normalised, sink_frame, wait_for_records, wait_until
 
 click, play = col("event_type") == "click", col("event_type") == "play"
 VIEWS = (
@@ -127,7 +127,7 @@ def live_run(tmp_path_factory):
             lines = [json.dumps({**e, "event_timestamp": e["event_timestamp"].isoformat()}) for e in files[n]]
             (events_dir / f"events-{n:09d}.jsonl").write_text("".join(line + "\n" for line in lines))
         total = sum(map(len, files[:last]))
-        wait_until(lambda: job.metrics()["records"] == total, "every event to be read and checkpointed")
+        wait_for_records(job, total, "every event to be read and checkpointed")
 
     try:
         job.start()

@@ -7,6 +7,7 @@ side."""
 from __future__ import annotations
 
 import random
+import re
 from datetime import UTC, datetime, time, timedelta
 
 import polars as pl
@@ -85,6 +86,17 @@ def test_a_killed_job_is_detected_and_resumes_from_its_checkpoint(streaming_run)
     assert streaming_run.health_at_end.records == streaming_run.lines_appended
     # the state was restored from the changelog the checkpoints point into, not from full snapshots
     assert any(f.is_file() for f in (streaming_run.job.state_dir / "changelog").rglob("*"))
+
+
+def test_the_restart_keeps_the_killed_runs_log_and_resumes_from_its_newest_checkpoint(streaming_run):
+    job = streaming_run.job
+    logs = [log.read_text(errors="replace") for log in job.log_dir.glob("flink-*.log*")]
+    killed = rf"Completed checkpoint (\d+) for job {streaming_run.health_after_kill.job_id}"
+    completed = [int(n) for text in logs for n in re.findall(killed, text)]
+    assert completed, "the killed run's Flink log is gone"  # PyFlink's own log settings truncate it at a start
+    # the newest it logged, or one it finished after its last line
+    assert int(streaming_run.checkpoint_restored.name.removeprefix("chk-")) >= max(completed)
+    assert any(f"for job {streaming_run.health_at_end.job_id}" in text for text in logs)
 
 
 def test_late_and_malformed_events_are_counted_and_do_not_stop_the_job(streaming_run):
