@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pytest
 
+from engines.simulator.files import write_bytes
 from engines.streaming import FlinkJob, SourceOptions, StreamingJobSettings
 from feature_defs.compile.flink_live import LIVE_FUNCTION, LIVE_SUFFIX
 from feature_defs.compile.polars import TIMESTAMP, build_rows_at
@@ -125,13 +126,16 @@ def live_run(tmp_path_factory):
     def land(first: int, last: int) -> None:
         for n in range(first, last):
             lines = [json.dumps({**e, "event_timestamp": e["event_timestamp"].isoformat()}) for e in files[n]]
-            (events_dir / f"events-{n:09d}.jsonl").write_text("".join(line + "\n" for line in lines))
+            # whole, as a producer must: a file the source finds half-written loses the rest of its lines
+            write_bytes(events_dir / f"events-{n:09d}.jsonl", "".join(line + "\n" for line in lines).encode())
         total = sum(map(len, files[:last]))
         wait_for_records(job, total, "every event to be read and checkpointed")
 
     try:
         job.start()
         job.wait_running(TIMEOUT)
+        # a file still being written under its hidden name: never read (the counts would exceed the total)
+        (events_dir / ".events-999999999.jsonl.tmp").write_text('{"event_id": "in-progress"}\n' * 5)
         land(0, len(files) // 2)
         os.killpg(job.status()["pid"], signal.SIGKILL)  # a crash: the rest from its newest checkpoint
         wait_until(lambda: job.health().status == "DIED", "the kill to be noticed")
