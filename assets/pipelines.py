@@ -183,23 +183,7 @@ def training_pipeline(
             owners=list(owners),
             op_tags=tags,
             required_resource_keys={"lake", "ray", "model_registry"},
-            check_specs=[
-                AssetCheckSpec(
-                    GATE_CHECK,
-                    asset=model_key,
-                    blocking=True,
-                    description="The challenger beats the champion on held-out data by the "
-                    "registry's promotion margin; blocks promotion otherwise",
-                ),
-                AssetCheckSpec(
-                    BASELINE_CHECK,
-                    asset=model_key,
-                    blocking=True,
-                    description="The challenger beats the training function's baseline (e.g. "
-                    "popularity) on every gated held-out metric; blocks promotion "
-                    "of any version otherwise, the first included",
-                ),
-            ],
+            check_specs=gate_check_specs(model_key),
         )
         def train_and_register(context, config: TrainingConfig):
             resources = context.resources
@@ -281,23 +265,7 @@ def training_pipeline(
                     "margin": margin,
                 },
             )
-            short = trained.short_of_baseline()
-            yield AssetCheckResult(
-                check_name=BASELINE_CHECK,
-                passed=not short,
-                severity=AssetCheckSeverity.ERROR,
-                description=("beats the baseline on " + ", ".join(trained.baseline))
-                if not short
-                else "does not beat the baseline on " + ", ".join(short),
-                metadata={
-                    "comparison": MetadataValue.md(
-                        "| metric | challenger | baseline |\n|---|---|---|\n"
-                        + "\n".join(
-                            f"| {m} | {trained.metrics[m]:.4f} | {b:.4f} |" for m, b in trained.baseline.items()
-                        )
-                    )
-                },
-            )
+            yield baseline_check(trained)
 
         @asset(
             key=champion_key,
@@ -312,25 +280,7 @@ def training_pipeline(
             required_resource_keys={"model_registry"},
         )
         def promote(context):
-            registry = context.resources.model_registry.get_client()
-            challenger = registry.by_alias(model_name, APPROVED_ALIAS) or registry.by_alias(model_name, "challenger")
-            if challenger is None:
-                raise ValueError(f"{model_name!r} has no challenger to promote")
-            current = registry.by_alias(model_name, "champion")
-            if current is None or current.version != challenger.version:
-                registry.set_alias(
-                    model_name,
-                    "champion",
-                    challenger.version,
-                    who=f"dagster run {context.run.run_id}",
-                    reason=f"passed {GATE_CHECK} and {BASELINE_CHECK}",
-                )
-            return MaterializeResult(
-                metadata={
-                    "champion_version": challenger.version,
-                    "previous_champion": current.version if current else "(none)",
-                }
-            )
+            return promote_approved(context.resources.model_registry.get_client(), model_name, context.run.run_id)
 
         job = define_asset_job(
             f"train_{model_name}",
@@ -342,6 +292,59 @@ def training_pipeline(
         return TrainingPipeline(model_name, [train_and_register, promote], job, schedule)
 
     return decorate
+
+
+def gate_check_specs(model_key: AssetKey) -> list[AssetCheckSpec]:
+    return [
+        AssetCheckSpec(
+            GATE_CHECK,
+            asset=model_key,
+            blocking=True,
+            description="The challenger beats the champion on held-out data by the "
+            "registry's promotion margin; blocks promotion otherwise",
+        ),
+        AssetCheckSpec(
+            BASELINE_CHECK,
+            asset=model_key,
+            blocking=True,
+            description="The challenger beats the training function's baseline (e.g. "
+            "popularity) on every gated held-out metric; blocks promotion "
+            "of any version otherwise, the first included",
+        ),
+    ]
+
+
+def baseline_check(trained: TrainedModel) -> AssetCheckResult:
+    short = trained.short_of_baseline()
+    rows = "\n".join(f"| {m} | {trained.metrics[m]:.4f} | {b:.4f} |" for m, b in trained.baseline.items())
+    return AssetCheckResult(
+        check_name=BASELINE_CHECK,
+        passed=not short,
+        severity=AssetCheckSeverity.ERROR,
+        description=("beats the baseline on " + ", ".join(trained.baseline))
+        if not short
+        else "does not beat the baseline on " + ", ".join(short),
+        metadata={"comparison": MetadataValue.md("| metric | challenger | baseline |\n|---|---|---|\n" + rows)},
+    )
+
+
+def promote_approved(registry, model_name: str, run_id: str) -> MaterializeResult:
+    """Moves `champion` to the version the gate approved (the challenger when none was named)."""
+    challenger = registry.by_alias(model_name, APPROVED_ALIAS) or registry.by_alias(model_name, "challenger")
+    if challenger is None:
+        raise ValueError(f"{model_name!r} has no challenger to promote")
+    current = registry.by_alias(model_name, "champion")
+    if current is None or current.version != challenger.version:
+        registry.set_alias(
+            model_name,
+            "champion",
+            challenger.version,
+            who=f"dagster run {run_id}",
+            reason=f"passed {GATE_CHECK} and {BASELINE_CHECK}",
+        )
+    return MaterializeResult(
+        metadata={"champion_version": challenger.version, "previous_champion": current.version if current else "(none)"}
+    )
 
 
 def online_gate(lake: Lake, day: date, model_name: str, under_test, champion, margin: float) -> tuple[bool, str, dict]:

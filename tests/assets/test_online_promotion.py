@@ -1,7 +1,8 @@
 """Promotion from evidence: a pipeline built with `promotion_evidence="online"` promotes the challenger that
 beat the champion in an A/B test (monitoring's comparisons, computed by the online-accuracy engine from
 logged answers and outcomes), even when its held-out score is worse, and refuses it when the online
-difference is not significant. The toy training function registers small folders (the gate is under
+difference is not significant. A first version, with no champion to beat, is still held to its
+training function's baseline. The toy training function registers small folders (the gate is under
 test, not a model); Ray is real, as the SDK starts it."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 from dagster import AssetSelection, DagsterInstance, DailyPartitionsDefinition, materialize
 
-from assets.pipelines import GATE_CHECK, TrainedModel, TrainingRun, training_pipeline
+from assets.pipelines import BASELINE_CHECK, GATE_CHECK, TrainedModel, TrainingRun, training_pipeline
 from engines.lake import Lake
 from engines.online_accuracy import COMPARISONS_TABLE, ZONE, by_experiment, scored_answers
 from engines.prediction_logs import frame
@@ -91,3 +92,45 @@ def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_li
     assert gate.metadata["online_source"].value == "ab"
     if not promoted:
         assert "not significant" in gate.description
+
+
+@pytest.mark.parametrize("baseline_auc, promoted", [(0.6, True), (0.8, False)])
+def test_a_first_version_short_of_its_baseline_is_not_promoted(tmp_path, ray, baseline_auc, promoted):
+    @training_pipeline(
+        "toy_first",
+        description="A toy model with a popularity baseline",
+        deps=[],
+        partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"),
+    )
+    def train(run: TrainingRun) -> TrainedModel:
+        folder = run.workdir / "model"
+        folder.mkdir()
+        (folder / "weights.txt").write_text("v1")
+        return TrainedModel(
+            folder,
+            {"auc": 0.7},
+            "auc",
+            evaluate=lambda champion: 0.0,  # never called: there is no champion yet
+            data_partitions=[str(T0.date())],
+            feature_service="personalization_ranking",
+            baseline={"auc": baseline_auc},
+        )
+
+    result = materialize(
+        train.assets,
+        selection=AssetSelection.all(),
+        resources={
+            "lake": LakeResource(root=str(tmp_path / "lake")),
+            "model_registry": ModelRegistryResource(root=str(tmp_path / "registry")),
+            "ray": ray,
+        },
+        partition_key=T0.date().isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks[GATE_CHECK].passed  # nothing to beat
+    assert checks[BASELINE_CHECK].passed is promoted, checks[BASELINE_CHECK].description
+    assert ("0.7000 | " + f"{baseline_auc:.4f}") in checks[BASELINE_CHECK].metadata["comparison"].value
+    champion = ModelRegistry.local(tmp_path / "registry").by_alias("toy_first", "champion")
+    assert (champion.version if champion else None) == ("1" if promoted else None)
