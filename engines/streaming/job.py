@@ -249,17 +249,18 @@ class FlinkJob:
 
     def latest_checkpoint(self) -> Path | None:
         """The newest complete retained checkpoint of any earlier run of this job."""
-        written = self._checkpoints_written()
-        return max(written, key=written.__getitem__, default=None)
+        newest = self._newest_checkpoint()
+        return newest[0] if newest else None
 
-    def _checkpoints_written(self) -> dict[Path, tuple[int, int]]:
-        """Complete checkpoints: when their metadata was written (once, last; a folder's own time
-        changes while Flink writes or deletes in it), then their id."""
+    def _newest_checkpoint(self) -> tuple[Path, int] | None:
+        """The complete checkpoint whose metadata was written last (once, last; a folder's own time
+        changes while Flink writes or deletes in it), and when, in epoch nanoseconds."""
         written = {}
         for metadata in (self.state_dir / "checkpoints").glob("*/chk-*/_metadata"):
             with contextlib.suppress(FileNotFoundError):  # a running job deletes the ones it subsumes
                 written[metadata.parent] = (metadata.stat().st_mtime_ns, int(metadata.parent.name[4:]))
-        return written
+        newest = max(written, key=written.__getitem__, default=None)
+        return (newest, written[newest][0]) if newest else None
 
     def metrics(self) -> dict:
         """The job's own counts: lines read, malformed, late; the newest event time processed."""
@@ -279,8 +280,7 @@ class FlinkJob:
         pid = status.get("pid")
         if state not in ("FINISHED", "FAILED", "CANCELED", "NOT_STARTED") and not (pid and process_alive(pid)):
             state = "DIED"  # killed, or crashed before it could say so
-        written = self._checkpoints_written()
-        checkpoint = max(written, key=written.__getitem__, default=None)
+        checkpoint, written_ns = self._newest_checkpoint() or (None, 0)
         healthy = state == "RUNNING" if self.mode == "streaming" else state == "FINISHED"
         return JobHealth(
             name=self.settings.name,
@@ -289,7 +289,7 @@ class FlinkJob:
             pid=pid,
             job_id=status.get("job_id"),
             checkpoint=str(checkpoint) if checkpoint else None,
-            checkpoint_age_seconds=round(now - written[checkpoint][0] / 1e9, 1) if checkpoint else None,
+            checkpoint_age_seconds=round(now - written_ns / 1e9, 1) if checkpoint else None,
             error=status.get("error") or (f"the job process {pid} is gone" if state == "DIED" else None),
             log_dir=str(self.log_dir),
             **self.progress(now),

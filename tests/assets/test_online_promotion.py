@@ -30,13 +30,16 @@ def ray(tmp_path_factory):
         yield resource
 
 
-def toy(registry_root):
+def toy(name: str, auc: float, champion_auc: float, baseline: dict | None = None, **options):
+    """A pipeline whose training function registers a small folder scoring `auc` (the champion
+    `champion_auc`) on held-out data."""
+
     @training_pipeline(
-        "toy_online",
-        description="A toy model gated on online evidence",
+        name,
+        description="A toy model for the promotion gates",
         deps=[],
         partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"),
-        promotion_evidence="online",
+        **options,
     )
     def train(run: TrainingRun) -> TrainedModel:
         folder = run.workdir / "model"
@@ -44,14 +47,32 @@ def toy(registry_root):
         (folder / "weights.txt").write_text(f"trained for {run.day}")
         return TrainedModel(
             folder,
-            {"auc": 0.1},
+            {"auc": auc},
             "auc",
-            evaluate=lambda champion: 0.9,  # worse offline
+            evaluate=lambda champion: champion_auc,
             data_partitions=[str(run.day)],
             feature_service="personalization_ranking",
+            baseline=baseline or {},
         )
 
     return train
+
+
+def run_checks(pipeline, tmp_path, ray) -> dict:
+    """The pipeline's check evaluations by name, its assets run for T0's day under `tmp_path`."""
+    result = materialize(
+        pipeline.assets,
+        selection=AssetSelection.all(),
+        resources={
+            "lake": LakeResource(root=str(tmp_path / "lake")),
+            "model_registry": ModelRegistryResource(root=str(tmp_path / "registry")),
+            "ray": ray,
+        },
+        partition_key=T0.date().isoformat(),
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
 def registered(root, tmp_path) -> ModelRegistry:
@@ -71,21 +92,8 @@ def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_li
     records, events = simulated(21, users=400, lift=lift)  # control served v1 (champion), treatment v2
     comparisons = by_experiment(scored_answers(frame(records), events, SETTINGS), {"ab": "control"}, SETTINGS)
     Lake(tmp_path / "lake").write_partition(ZONE, COMPARISONS_TABLE, T0.date(), comparisons)
-    pipeline = toy(tmp_path / "registry")
-    resources = {
-        "lake": LakeResource(root=str(tmp_path / "lake")),
-        "model_registry": ModelRegistryResource(root=str(tmp_path / "registry")),
-        "ray": ray,
-    }
-    result = materialize(
-        pipeline.assets,
-        selection=AssetSelection.all(),
-        resources=resources,
-        partition_key=T0.date().isoformat(),
-        instance=DagsterInstance.ephemeral(),
-        raise_on_error=False,
-    )
-    gate = next(e for e in result.get_asset_check_evaluations() if e.check_name == GATE_CHECK)
+    pipeline = toy("toy_online", auc=0.1, champion_auc=0.9, promotion_evidence="online")  # worse offline
+    gate = run_checks(pipeline, tmp_path, ray)[GATE_CHECK]
     assert gate.passed is promoted, gate.description
     assert registry.by_alias("toy_online", "champion").version == ("2" if promoted else "1")
     assert registry.by_alias("toy_online", "challenger").version == "3"  # the new version is tested next
@@ -96,39 +104,8 @@ def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_li
 
 @pytest.mark.parametrize("baseline_auc, promoted", [(0.6, True), (0.8, False)])
 def test_a_first_version_short_of_its_baseline_is_not_promoted(tmp_path, ray, baseline_auc, promoted):
-    @training_pipeline(
-        "toy_first",
-        description="A toy model with a popularity baseline",
-        deps=[],
-        partitions_def=DailyPartitionsDefinition(start_date="2026-01-01"),
-    )
-    def train(run: TrainingRun) -> TrainedModel:
-        folder = run.workdir / "model"
-        folder.mkdir()
-        (folder / "weights.txt").write_text("v1")
-        return TrainedModel(
-            folder,
-            {"auc": 0.7},
-            "auc",
-            evaluate=lambda champion: 0.0,  # never called: there is no champion yet
-            data_partitions=[str(T0.date())],
-            feature_service="personalization_ranking",
-            baseline={"auc": baseline_auc},
-        )
-
-    result = materialize(
-        train.assets,
-        selection=AssetSelection.all(),
-        resources={
-            "lake": LakeResource(root=str(tmp_path / "lake")),
-            "model_registry": ModelRegistryResource(root=str(tmp_path / "registry")),
-            "ray": ray,
-        },
-        partition_key=T0.date().isoformat(),
-        instance=DagsterInstance.ephemeral(),
-        raise_on_error=False,
-    )
-    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    pipeline = toy("toy_first", auc=0.7, champion_auc=0.0, baseline={"auc": baseline_auc})  # no champion yet
+    checks = run_checks(pipeline, tmp_path, ray)
     assert checks[GATE_CHECK].passed  # nothing to beat
     assert checks[BASELINE_CHECK].passed is promoted, checks[BASELINE_CHECK].description
     assert ("0.7000 | " + f"{baseline_auc:.4f}") in checks[BASELINE_CHECK].metadata["comparison"].value

@@ -62,7 +62,14 @@ class StreamingRun:
     health_at_end: JobHealth
 
 
-def wait_until(condition, what: str, timeout: float = TIMEOUT, pusher: OnlinePusher | None = None):
+def wait_until(
+    condition,
+    what: str,
+    timeout: float = TIMEOUT,
+    pusher: OnlinePusher | None = None,
+    explain: Callable[[], str] | None = None,
+):
+    """`condition()`'s first true value; a timeout says what it waited for, and `explain()` if given."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pusher:
@@ -70,7 +77,7 @@ def wait_until(condition, what: str, timeout: float = TIMEOUT, pusher: OnlinePus
         if value := condition():
             return value
         time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f"; {explain()}" if explain else ""))
 
 
 def wait_for_records(job: FlinkJob | ClusterJob, total: int, what: str, pusher: OnlinePusher | None = None) -> None:
@@ -84,12 +91,7 @@ def wait_for_records(job: FlinkJob | ClusterJob, total: int, what: str, pusher: 
             raise AssertionError(f"{what}: {total} lines expected; {job_report(job, health)}")
         return health.records == total
 
-    try:
-        wait_until(all_read, what, pusher=pusher)
-    except AssertionError as failure:
-        if "lines expected" in str(failure):
-            raise
-        raise AssertionError(f"{failure}; {job_report(job, job.health())}") from None
+    wait_until(all_read, what, pusher=pusher, explain=lambda: job_report(job, job.health()))
 
 
 def job_report(job: FlinkJob | ClusterJob, health: JobHealth) -> str:
