@@ -1,7 +1,19 @@
 # Sourced by the setup scripts.
 
-# This machine's pip.conf is chatty.
-quiet() { "$@" 2>&1 | { grep -v -e "^WARNING: Location" -e "^ *$" || true; }; }
+# logged NAME CMD...: an install step's output goes to build/NAME.log, so the terminal shows one line per
+# environment; when the step fails, the log's last lines say why.
+logged() {
+  local log="build/$1.log" rc=0
+  shift
+  mkdir -p build
+  echo "\$ $*" >>"$log"
+  "$@" >>"$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "failed ($rc): $*; the last lines of $log:" >&2
+    tail -n 25 "$log" >&2
+  fi
+  return "$rc"
+}
 
 # need_disk GB WHAT: stops before pip fills the disk halfway through an install, naming the figures.
 need_disk() {
