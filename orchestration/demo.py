@@ -232,7 +232,7 @@ def train_and_gate(data_dir: Path, last: date, training_days: int = 7, cpus: int
 
     config = {"training_days": training_days, "cpus_per_worker": cpus, "num_workers": TRAIN_WORKERS}
     ops = {f"models__{MODEL}": {"config": config}}
-    run_job(f"train_{MODEL}", None, partition=last, ops=ops)  # a refused gate fails the run: it stays a challenger
+    run_job(f"train_{MODEL}", None, partition=last, ops=ops, refusal_expected=True)
     registry = ModelRegistry.local(data_dir / "registry")
     for version in registry.versions(MODEL):
         metrics = {k: round(v, 3) for k, v in version.metrics.items()}
@@ -348,13 +348,16 @@ def run_job(
     partition: date | None = None,
     ops: dict | None = None,
     shown: str | None = None,
+    refusal_expected: bool = False,
 ):
     """One run of a definitions job (None: the assets' implicit job, as `dagster asset materialize`) in
     this process, recorded in the instance (the UI shows it); `ops` is the run config of its ops, `shown`
-    what the terminal calls the selection (default: its keys). A run on a `Background` lane does not
-    capture its steps' stdout and stderr (the UI shows its logs only): Dagster's local capture redirects
-    the process's file descriptors, so only one run at a time in a process may capture (a second one's
-    cleanup waits twice 30 s for its `tail` process, then fails); the main thread's runs do."""
+    what the terminal calls the selection (default: its keys). A run whose blocking checks may refuse
+    (`refusal_expected`: a gate) says so in one line instead of Dagster's error log with its stack trace.
+    A run on a `Background` lane does not capture its steps' stdout and stderr (the UI shows its logs
+    only): Dagster's local capture redirects the process's file descriptors, so only one run at a time in
+    a process may capture (a second one's cleanup waits twice 30 s for its `tail` process, then fails);
+    the main thread's runs do."""
     from dagster import AssetKey, DagsterInstance
     from dagster._serdes import ConfigurableClassData
 
@@ -369,14 +372,32 @@ def run_job(
     shown = shown or (", ".join(selection) if selection else None)
     click.echo(f"   running {job_name or 'materialize'}{' ' + shown if shown else ''} ...")
     job = defs.resolve_job_def(job_name) if job_name else defs.resolve_implicit_global_asset_job_def()
-    return job.execute_in_process(
+    log_level = "CRITICAL" if refusal_expected else "INFO"
+    result = job.execute_in_process(
         instance=instance,
         tags=tags or {},
         asset_selection=keys,
         raise_on_error=False,
         partition_key=partition.isoformat() if partition else None,
-        run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}, **({"ops": ops} if ops else {})},
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}, **({"ops": ops} if ops else {})},
     )
+    if refusal_expected and not result.success:
+        click.echo(f"   {refusal(result)} (run {result.run_id[:8]} in the UI)")
+    return result
+
+
+def refusal(result) -> str:
+    """One line for a run that failed: the blocking checks that refused, else the first step's error."""
+    refused = [
+        f"{e.asset_key.to_user_string()} {e.check_name}" for e in result.get_asset_check_evaluations() if not e.passed
+    ]
+    if refused:
+        return f"refused by {', '.join(refused)}: it stays a challenger"
+    failures = [e for e in result.all_events if e.is_step_failure]
+    error = failures[0].step_failure_data.error if failures else None
+    while error is not None and error.cause is not None:  # Dagster wraps the step's own exception
+        error = error.cause
+    return f"failed: {error.message.strip().splitlines()[0] if error else 'see the run'}"
 
 
 def remember_landed_days(data_dir: Path, first: date, last: date) -> None:
@@ -413,11 +434,14 @@ def print_summary(data_dir: Path, first: date, last: date) -> None:
     release = newest_release(data_dir, "content_violation")
     if release is not None:
         click.echo(f"  ground truth: content_violation release {release.name} in {release.folder}")
-    click.echo('  search: .venv/bin/mlplane search "a red chair" -k 5 (the Qdrant collection `items`)')
     quality = QualityEngine(data_dir / "quality")
     latest = quality.latest_results()
     failing = [r["suite"] for r in latest if not r["success"]]
     listed = f": {', '.join(failing)}" if failing else ""
     click.echo(f"\nData quality: {len(latest)} suites, {len(failing)} failing{listed}")
     click.echo(f"Data-quality report: {quality.docs_index_path}")
-    click.echo(f"Dagster UI: .venv/bin/mlplane ui, then http://127.0.0.1:3000 (runs for {first} .. {last} are there)")
+    click.echo("\nWhat to open next:")
+    click.echo(f"  .venv/bin/mlplane ui     then http://127.0.0.1:3000: the lineage, each run of {first} .. {last}")
+    click.echo('  .venv/bin/mlplane search "a red chair" -k 5    the catalogue\'s search (Qdrant collection `items`)')
+    click.echo("  .venv/bin/mlplane serve models                the model server the demo started for a moment")
+    click.echo("  docs/                    a page per system: features, streaming, models, serving, ground truth")
