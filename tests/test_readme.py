@@ -1,6 +1,7 @@
-"""Every command block of the README works as written, without an activated environment, on the
+"""Every command block of the README and of docs/ works as written, without an activated environment, on the
 demo's lake: the quick commands run in full, the long ones at a small scale (the substitutions
-below), servers are started, answered and stopped. A README change that breaks a command fails CI.
+below), servers are started, answered and stopped. A README or docs change that breaks a command fails CI.
+The pages run in the order of PAGES: later commands read what earlier ones made (the demo's lake, a server).
 
 Commands run with bash in a copy of the checkout (links to it, with its own data/ and
 .dagster_home/), PATH without the environment's bin folder. The streaming views run at an hourly slide
@@ -26,7 +27,23 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from orchestration.profiles import PROJECT_ROOT
 
 README = PROJECT_ROOT / "README.md"
+DOCS = PROJECT_ROOT / "docs"
+# The order the commands run in: the README, then each system's page (every page of docs/ is listed).
+PAGES = [
+    README,
+    DOCS / "features.md",
+    DOCS / "ground-truth.md",
+    DOCS / "streaming.md",
+    DOCS / "models.md",
+    DOCS / "gateway.md",
+    DOCS / "model-server.md",
+    DOCS / "benchmarks.md",
+    DOCS / "operations.md",
+    DOCS / "architecture.md",
+    DOCS / "landing-format.md",
+]
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 @dataclass(frozen=True)
@@ -117,10 +134,15 @@ WAYS = {
 }
 
 
+def pages_text() -> str:
+    return "\n".join(page.read_text() for page in PAGES)
+
+
 def readme_commands(text: str | None = None) -> list[str]:
-    """The commands of the README's bash blocks, continuation lines joined, comments dropped."""
+    """The commands of the bash blocks of the pages (or of `text`), continuation lines joined, comments
+    dropped."""
     commands = []
-    for language, body in FENCE.findall(text if text is not None else README.read_text()):
+    for language, body in FENCE.findall(text if text is not None else pages_text()):
         if language != "bash":
             continue
         for command in re.sub(r"\\\n\s*", "", body).splitlines():
@@ -152,6 +174,31 @@ def test_every_readme_command_names_what_exists():
         way = way_of(command)
         assert way.covered_by is None or (PROJECT_ROOT / way.covered_by.split("::")[0].split(" ")[0]).exists()
         as_run(command)  # its substitutions still apply
+
+
+def test_every_docs_page_is_listed_and_linked_from_the_readme():
+    assert sorted(DOCS.glob("*.md")) == sorted(PAGES[1:])
+    linked = {(PROJECT_ROOT / target).resolve() for target in LINK.findall(README.read_text())}
+    assert not [page.name for page in PAGES[1:] if page.resolve() not in linked]
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text()):
+            path, _, anchor = target.partition("#")
+            if re.match(r"[a-z]+:", path):
+                continue
+            linked = (page.parent / path) if path else page
+            if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+                broken.append(f"{page.relative_to(PROJECT_ROOT)}: {target}")
+    assert not broken
 
 
 @pytest.fixture(scope="module")
@@ -250,9 +297,9 @@ def check_demo(out: str, checkout: Path) -> None:
 
 @pytest.mark.services  # the demo, then every README command on its lake
 def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
-    # the gateway's commands read the README's own gateway.yaml
+    # the gateway's commands read the gateway page's own gateway.yaml
     (checkout / "gateway.yaml").write_text(
-        next(body for lang, body in FENCE.findall(README.read_text()) if lang == "yaml" and "model_list" in body)
+        next(body for lang, body in FENCE.findall(pages_text()) if lang == "yaml" and "model_list" in body)
     )
     failures, ran, covered, servers, seconds = [], 0, [], [], {}
     try:
