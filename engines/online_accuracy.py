@@ -1,7 +1,10 @@
 """Online accuracy: how served recommendations did on the outcomes that followed them. Plain Python.
 
 A logged answer (engines.prediction_logs) showed the user its top k items at `served_at`; a shown item
-is a hit when the user clicked or played it (warehouse interactions) within `horizon` after the answer.
+is a hit when a click or play of it (warehouse interactions) is credited to the answer. Each outcome is
+credited to at most one answer (`credited_outcomes`): the one whose request id the interaction echoes,
+else the last that showed the item to the user within `horizon` before it; crediting every answer that
+showed the item counted one click two or three times, more often in the arm that repeats its lists.
 Per group of answers (model version, served entry, variant, role):
 - CTR@k = hits / items shown (a ratio over users: its interval is the delta method over users, the
   unit experiments randomize);
@@ -35,6 +38,7 @@ from engines.lake import Lake
 from engines.prediction_logs import LIVE, OK, SHADOW
 
 OUTCOMES = ("click", "play")
+ECHO = "session_id"  # an interaction's column where a client echoes the request id of the answer it acted on
 ZONE, MODELS_TABLE, COMPARISONS_TABLE = "monitoring", "online_accuracy", "online_comparisons"  # in the lake
 
 
@@ -79,27 +83,18 @@ class Ratio:
 
 # --- per answer ------------------------------------------------------------------------------------------
 def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
-    """One row per recommend answer that succeeded: its hits, items shown, NDCG and expected hits at k."""
-    answers = logs.filter((pl.col("endpoint") == "recommend") & (pl.col("status") == OK)).with_row_index("answer")
+    """One row per recommend answer that succeeded: its hits, items shown, NDCG and expected hits at k. A
+    shown item is a hit when an outcome of it is credited to the answer's request (`credited_outcomes`):
+    a live answer counts what it caused, a shadow what the live answer of its request caused."""
+    answers = _recommended(logs).with_row_index("answer")
+    shown = _shown(answers)
+    credited = credited_outcomes(logs, interactions, settings)
+    hits = credited.select("request_id", "item_id").unique().with_columns(pl.lit(1).alias("hit"))
     shown = (
-        answers.select("answer", "user_id", "served_at", "item_ids", "scores")
-        .explode("item_ids", "scores")
-        .rename({"item_ids": "item_id", "scores": "score"})
-        .drop_nulls("item_id")
-        .with_columns(pl.int_range(1, pl.len() + 1).over("answer").alias("rank"))
-        .filter(pl.col("rank") <= settings.k)
+        shown.filter(pl.col("rank") <= settings.k)
+        .join(hits, on=["request_id", "item_id"], how="left")
+        .with_columns(pl.col("hit").fill_null(0))
     )
-    events = interactions.filter(pl.col("event_type").is_in(list(settings.outcomes))).select(
-        "user_id", "item_id", pl.col("event_timestamp").alias("at")
-    )
-    hits = (
-        shown.join(events, on=["user_id", "item_id"])
-        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon))
-        .select("answer", "rank")
-        .unique()
-        .with_columns(pl.lit(1).alias("hit"))
-    )
-    shown = shown.join(hits, on=["answer", "rank"], how="left").with_columns(pl.col("hit").fill_null(0))
     per_answer = shown.group_by("answer").agg(
         pl.col("hit").sum().alias("hits"),
         pl.len().alias("shown"),
@@ -123,6 +118,48 @@ def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: Acc
         answers.join(ideal, on="hits", how="left")
         .with_columns(pl.when(pl.col("hits") > 0).then(pl.col("dcg") / pl.col("idcg")).otherwise(0.0).alias("ndcg"))
         .drop("idcg")
+    )
+
+
+def _recommended(logs: pl.DataFrame) -> pl.DataFrame:
+    return logs.filter((pl.col("endpoint") == "recommend") & (pl.col("status") == OK))
+
+
+def _shown(answers: pl.DataFrame) -> pl.DataFrame:
+    """One row per item of each answer's list (answers numbered in `answer`), with its rank (1 first)."""
+    return (
+        answers.select("answer", "request_id", "role", "user_id", "served_at", "item_ids", "scores")
+        .explode("item_ids", "scores")
+        .rename({"item_ids": "item_id", "scores": "score"})
+        .drop_nulls("item_id")
+        .with_columns(pl.int_range(1, pl.len() + 1).over("answer").alias("rank"))
+    )
+
+
+def credited_outcomes(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
+    """Each outcome (a click or play in `interactions`) credited to at most one of the live answers in
+    `logs` that showed its item to its user within `horizon` before it (a shadow's list was never seen):
+    the answer whose request id the interaction echoes (in its `session_id`, where the data has one),
+    else the last of them (ties: the greater request id). One row per credited outcome: `outcome` (its
+    row number in `interactions`), request_id, user_id, item_id, at."""
+    shown = _shown(_recommended(logs).filter(pl.col("role") == LIVE).with_row_index("answer"))
+    echoed = pl.col(ECHO) if ECHO in interactions.columns else pl.lit(None, pl.String)
+    events = (
+        interactions.with_row_index("outcome")
+        .filter(pl.col("event_type").is_in(list(settings.outcomes)))
+        .select("outcome", "user_id", "item_id", pl.col("event_timestamp").alias("at"), echoed.alias("echoed"))
+    )
+    candidates = (
+        events.join(shown.select("request_id", "user_id", "item_id", "served_at"), on=["user_id", "item_id"])
+        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon))
+        .with_columns((pl.col("request_id") == pl.col("echoed")).fill_null(False).alias("is_echoed"))
+    )
+    return (
+        candidates.sort(["is_echoed", "served_at", "request_id"], descending=True)
+        .group_by("outcome", maintain_order=True)
+        .first()
+        .select("outcome", "request_id", "user_id", "item_id", "at")
+        .sort("outcome")
     )
 
 
