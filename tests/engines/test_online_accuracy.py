@@ -4,6 +4,7 @@ delta-method intervals over users, z-tests, sample sizes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -273,24 +274,53 @@ def test_experiment_differences_tests_and_sample_sizes_match_a_recomputation():
     assert (ab["control_versions"], ab["variant_versions"]) == ("1", "2")
 
 
-def test_shadow_is_compared_with_live_on_the_same_requests():
+def test_a_shadow_publishes_agreement_with_other_live_versions_and_no_p_value():
     records, interactions = simulated(7)
+    # every other shadow answer is computed by the version the live answer came from: no comparison
+    records = [
+        dataclasses.replace(r, model_version="2") if r.role == SHADOW and r.request_id[-1] in "13579" else r
+        for r in records
+    ]
     answers = scored_answers(frame(records), interactions, SETTINGS)
     table = shadow_against_live(answers, SETTINGS)
     truth = {(t["record"].request_id, t["record"].role): t for t in recompute(records, interactions)}
-    row = table.filter(pl.col("variant") == "slow").row(0, named=True)
-    users = defaultdict(lambda: np.zeros(4))
+    found = defaultdict(lambda: {"users": defaultdict(lambda: np.zeros(4)), "overlaps": [], "taus": [], "shifts": []})
+    same = 0
     for (request, role), t in truth.items():
-        if role == SHADOW and t["record"].variant == "slow":
-            live = truth[(request, LIVE)]
-            users[t["record"].user_id] += [t["hits"], t["shown"], live["hits"], live["shown"]]
-    s = np.array(list(users.values()))
-    rs, rl = s[:, 0].sum() / s[:, 1].sum(), s[:, 2].sum() / s[:, 3].sum()
-    residual = (s[:, 0] - rs * s[:, 1]) / s[:, 1].mean() - (s[:, 2] - rl * s[:, 3]) / s[:, 3].mean()
-    se = residual.std(ddof=1) / math.sqrt(len(s))
-    assert row["difference"] == pytest.approx(rs - rl, rel=1e-9)
-    assert row["p_value"] == pytest.approx(math.erfc(abs(rs - rl) / se / math.sqrt(2)), rel=1e-6)
-    assert row["counterfactual"] and row["variant_versions"] == "3"
+        if role != SHADOW or t["record"].variant != "slow":
+            continue
+        shadow, live = t["record"], truth[(request, LIVE)]
+        if shadow.model_version == live["record"].model_version:
+            same += 1
+            continue
+        pair = found[(live["record"].model_version, shadow.model_version)]
+        pair["users"][shadow.user_id] += [t["hits"], t["shown"], live["hits"], live["shown"]]
+        s, top = shadow.item_ids[:5], live["record"].item_ids[:5]
+        shared = [i for i in top if i in s]
+        pair["overlaps"].append(len(shared) / max(len(s), len(top)))
+        if len(shared) >= 2:
+            pairs = [(a, b) for a in range(len(shared)) for b in range(a + 1, len(shared))]
+            concordant = sum(1 if s.index(shared[a]) < s.index(shared[b]) else -1 for a, b in pairs)
+            pair["taus"].append(concordant / len(pairs))
+        pair["shifts"].append(sum(shadow.scores[:5]) / len(s) - sum(live["record"].scores[:5]) / len(top))
+    assert set(zip(table["control_versions"], table["variant_versions"])) == {("1", "2"), ("1", "3"), ("2", "3")}
+    assert same > 0  # v2 against v2 is left out
+    for row in table.iter_rows(named=True):
+        pair = found[(row["control_versions"], row["variant_versions"])]
+        u = np.array(list(pair["users"].values()))
+        assert (row["pairs"], row["same_version_pairs"]) == (len(pair["overlaps"]), same)
+        assert row["variant_ctr"] == pytest.approx(u[:, 0].sum() / u[:, 1].sum(), rel=1e-9)
+        assert row["control_ctr"] == pytest.approx(u[:, 2].sum() / u[:, 3].sum(), rel=1e-9)
+        assert row["overlap_at_k"] == pytest.approx(np.mean(pair["overlaps"]), rel=1e-9)
+        assert row["rank_correlation"] == pytest.approx(np.mean(pair["taus"]), rel=1e-9)
+        assert row["score_shift"] == pytest.approx(np.mean(pair["shifts"]), rel=1e-9)
+        assert row["counterfactual"] and not row["significant"] and "p_value" not in row
+
+
+def test_a_shadow_of_the_live_version_alone_is_no_comparison():
+    records, interactions = simulated(8)
+    same = [dataclasses.replace(r, model_version="1") for r in records]  # live and shadow all v1
+    assert shadow_against_live(scored_answers(frame(same), interactions, SETTINGS), SETTINGS).is_empty()
 
 
 def test_a_significant_drop_is_found_and_the_verdict_reads_the_comparisons():
