@@ -54,7 +54,9 @@ def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
     description="Two-tower retrieval model (torch, Ray Train) over the point-in-time training set: trained "
     "daily on the newest partitions, evaluated on the newest day held out (AUC, recall@10, "
     "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`; promoted only when it "
-    "beats popularity on all three and the champion on AUC.",
+    "beats popularity on all three and, on the same held-out rows, is better than the champion on AUC (DeLong) "
+    "and not worse by more than the promotion margin on any of the three (recall and NDCG: paired bootstrap "
+    "over users).",
     deps=[
         AssetDep(
             TRAINING_SET_KEY,
@@ -86,10 +88,12 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     )
     result = model_code.train(train_rows, config, run.workdir / "ray", embeddings)
     scores = evaluation.evaluate(result.model, train_rows, held_out, RANK_K, embeddings)
+    mine = evaluation.held_out_scores(result.model, train_rows, held_out, RANK_K, embeddings)
 
-    def held_out_auc(folder) -> float:
-        other = model_code.PersonalizationModel.load(folder)
-        return evaluation.evaluate(other, train_rows, held_out, RANK_K, embeddings)["model"]["auc"]
+    def against(champion_dir) -> dict:  # the champion (a) and this model (b) on the same held-out rows
+        champion = model_code.PersonalizationModel.load(champion_dir)
+        theirs = evaluation.held_out_scores(champion, train_rows, held_out, RANK_K, embeddings)
+        return {_metric_name("model", m): c for m, c in evaluation.paired_comparisons(theirs, mine).items()}
 
     model_dir = result.model.save(run.workdir / "model")
     loss_curve_png(result.loss_curve, model_dir / "loss_curve.png")
@@ -101,7 +105,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
         metrics=metrics,
         gate_metric="model_auc",
         baseline=baseline,
-        evaluate=held_out_auc,
+        compare=against,
         data_partitions=[d.isoformat() for d in days],
         feature_service=personalization_ranking.name,
         params={

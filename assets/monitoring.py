@@ -47,8 +47,8 @@ class OnlineAccuracyConfig(Config):
         default=60,
         ge=1,
         le=24 * 60,
-        description="A click or play of a shown item within this long after the answer "
-        "is a hit (the next day's interactions are read for late answers)",
+        description="A click or play is credited to the answer it echoes, else the last that showed its item "
+        "within this long before it (the next day's interactions are read for late answers)",
     )
     drop_threshold: float = Field(
         default=0.2, gt=0, lt=1, description="Relative CTR drop against the earlier days that fails the check"
@@ -102,7 +102,7 @@ def read_interactions(lake, day: date) -> pl.DataFrame:
     scanned = lake.scan_partitions("warehouse", interactions.name, [day, day + timedelta(days=1)])
     if scanned is None:
         raise Failure(f"no warehouse interactions for {day}: the outcomes that follow the answers are not ingested")
-    return scanned.select("user_id", "item_id", "event_type", "event_timestamp").collect()
+    return scanned.select("user_id", "item_id", "event_type", "event_timestamp", accuracy.ECHO).collect()
 
 
 def history(lake, day: date, days: int) -> pl.DataFrame:
@@ -118,9 +118,9 @@ def rounded(frame: pl.DataFrame) -> list[dict]:
     key=KEY,
     group_name="monitoring",
     description="Online accuracy of the served models: the prediction logs joined with the clicks and plays "
-    "that followed within a horizon, per model version and variant (CTR@k, NDCG@k, calibration with "
-    "intervals), per experiment (difference, significance, users still needed), shadows scored "
-    "counterfactually against the live answers of the same requests, latency percentiles per model.",
+    "that followed within a horizon, each credited to one answer, per model version and variant (CTR@k, "
+    "NDCG@k, calibration with intervals), per experiment (difference, significance, users still needed), "
+    "shadows against the live answers of the same requests, latency percentiles per model.",
     partitions_def=serving_partitions,
     backfill_policy=BackfillPolicy.multi_run(1),  # a day per run: each day is checked against the ones before
     deps=[

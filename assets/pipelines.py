@@ -34,6 +34,7 @@ from dagster import (
 from pydantic import Field
 
 from engines.lake import Lake
+from ml.comparison import Comparison, Judgement, judge
 
 GATE_CHECK = "beats_champion"
 APPROVED_ALIAS = "approved"  # the version the gate passed: the promotion step moves `champion` to it
@@ -62,13 +63,14 @@ class TrainingRun:
 
 @dataclass
 class TrainedModel:
-    """What a training function returns. `evaluate` scores any saved model folder (the champion's) on
-    this run's held-out data with the gate metric, so the gate compares like with like."""
+    """What a training function returns. `compare` scores a saved model folder (the champion's) and this
+    model on this run's held-out rows and returns, per gated metric, the paired comparison of the two
+    (ml.comparison: `a` the champion, `b` this model); `gate_metric` names the primary one."""
 
     model_dir: Path
     metrics: dict[str, float]
     gate_metric: str
-    evaluate: Callable[[Path], float]
+    compare: Callable[[Path], dict[str, Comparison]]
     data_partitions: list[str]
     feature_service: str
     params: dict[str, str] = field(default_factory=dict)
@@ -161,7 +163,7 @@ def training_pipeline(
     PRIORITY_CLASSES; `notify` names notifier targets that hear of this pipeline's failed runs.
 
     `promotion_evidence="online"` gates on how the challenger did with users instead of held-out data:
-    the version that was `challenger` before this run (served meanwhile as an A/B variant or a shadow)
+    the version that was `challenger` before this run (served meanwhile as an A/B variant)
     is promoted when the newest online comparison of it with the champion (monitoring/online_accuracy)
     shows a significant CTR@k lift above `online_margin`; the version this run trains becomes the next
     challenger either way."""
@@ -220,25 +222,19 @@ def training_pipeline(
                     who=f"dagster run {context.run.run_id}",
                     reason=f"trained for {day}",
                 )
-                challenger_score = trained.metrics[trained.gate_metric]
                 champion = registry.by_alias(model_name, "champion")
-                champion_score = None
+                comparisons = {}
                 if champion is not None:
-                    champion_dir = registry.load(model_name, champion.version, Path(work) / "champion")
-                    champion_score = trained.evaluate(champion_dir)
+                    comparisons = trained.compare(registry.load(model_name, champion.version, Path(work) / "champion"))
             margin = registry_resource.promotion_margin
-            passed = champion is None or challenger_score >= champion_score + margin
-            approved, online = version.version, {}
+            offline = offline_verdict(comparisons, trained.gate_metric, margin) if champion else None
+            passed, approved = offline is None or offline.passed, version.version
+            reason = offline.reason if offline else "no champion yet: nothing to beat"
+            online = {}
             if promotion_evidence == "online":
                 passed, approved, online = online_gate(run.lake, day, model_name, under_test, champion, online_margin)
-            if passed:
-                registry.set_alias(
-                    model_name,
-                    APPROVED_ALIAS,
-                    approved,
-                    who=f"dagster run {context.run.run_id}",
-                    reason=f"passed {GATE_CHECK} ({promotion_evidence} evidence)",
-                )
+                reason = online["reason"]
+            record_approval(registry, model_name, approved if passed else None, context.run.run_id, reason)
             yield MaterializeResult(
                 metadata={
                     "model": model_name,
@@ -252,17 +248,16 @@ def training_pipeline(
                 check_name=GATE_CHECK,
                 passed=passed,
                 severity=AssetCheckSeverity.ERROR,
-                description=online.get("reason"),
+                description=reason,
                 metadata={
                     "evidence": promotion_evidence,
                     "approved_version": approved if passed else "(none)",
                     **{f"online_{k}": v for k, v in online.items() if k != "reason"},
                     "metric": trained.gate_metric,
                     "challenger_version": version.version,
-                    "challenger": round(challenger_score, 5),
                     "champion_version": champion.version if champion else "(none yet)",
-                    "champion": round(champion_score, 5) if champion_score is not None else "(none yet)",
                     "margin": margin,
+                    **({"offline_comparisons": offline.table()} if offline else {}),
                 },
             )
             yield baseline_check(trained)
@@ -300,8 +295,9 @@ def gate_check_specs(model_key: AssetKey) -> list[AssetCheckSpec]:
             GATE_CHECK,
             asset=model_key,
             blocking=True,
-            description="The challenger beats the champion on held-out data by the "
-            "registry's promotion margin; blocks promotion otherwise",
+            description="On the same held-out rows (paired tests, ml.comparison) the challenger is better "
+            "than the champion on the gate metric and not worse by more than the registry's promotion margin on "
+            "any gated metric; blocks promotion and clears `approved` otherwise",
         ),
         AssetCheckSpec(
             BASELINE_CHECK,
@@ -328,22 +324,69 @@ def baseline_check(trained: TrainedModel) -> AssetCheckResult:
     )
 
 
+@dataclass(frozen=True)
+class OfflineVerdict:
+    """The held-out gate: better than the champion on the primary metric, not worse by more than the
+    margin on any gated metric, each a one-sided test at the comparisons' level."""
+
+    passed: bool
+    reason: str
+    comparisons: dict[str, Comparison]
+    judgements: dict[str, Judgement]
+
+    def table(self) -> MetadataValue:
+        head = "| metric | champion | challenger | difference [interval] | p | not worse | better | test |\n"
+        rows = [
+            f"| {m} | {c.estimate_a:.4f} | {c.estimate_b:.4f} | {c.difference:+.4f} [{c.low:+.4f}, {c.high:+.4f}] "
+            f"| {c.p_value:.3g} | {self.judgements[m].non_inferior} | {self.judgements[m].superior} | {c.method} |"
+            for m, c in self.comparisons.items()
+        ]
+        return MetadataValue.md(head + "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+
+
+def offline_verdict(comparisons: dict[str, Comparison], primary: str, margin: float) -> OfflineVerdict:
+    """Whether the challenger passes the held-out gate (ml.comparison.judge on each paired comparison). A
+    tie is not better: it stays a challenger."""
+    if primary not in comparisons:
+        raise ValueError(f"the gate metric {primary!r} is not among the compared metrics {sorted(comparisons)}")
+    judgements = {metric: judge(c, margin=margin) for metric, c in comparisons.items()}
+    worse = [metric for metric, j in judgements.items() if not j.non_inferior]
+    better = judgements[primary].superior
+    if worse:
+        reason = "; ".join(f"{m}: {judgements[m].reason}" for m in worse)
+    elif not better:
+        reason = f"{primary} not shown better than the champion, so it stays a challenger: {judgements[primary].reason}"
+    else:
+        reason = f"{primary} {judgements[primary].reason}; no gated metric worse by more than {margin:g}"
+    return OfflineVerdict(bool(better and not worse), reason, comparisons, judgements)
+
+
+def record_approval(registry, model_name: str, version: str | None, run_id: str, reason: str) -> None:
+    """Point `approved` at the version the gate passed, or clear it when the gate failed: the promotion
+    step never finds an approval older than the newest verdict."""
+    who = f"dagster run {run_id}"
+    if version is not None:
+        registry.set_alias(model_name, APPROVED_ALIAS, version, who=who, reason=f"passed {GATE_CHECK}: {reason}")
+    elif registry.by_alias(model_name, APPROVED_ALIAS) is not None:
+        registry.clear_alias(model_name, APPROVED_ALIAS, who=who, reason=f"failed {GATE_CHECK}: {reason}")
+
+
 def promote_approved(registry, model_name: str, run_id: str) -> MaterializeResult:
-    """Moves `champion` to the version the gate approved (the challenger when none was named)."""
-    challenger = registry.by_alias(model_name, APPROVED_ALIAS) or registry.by_alias(model_name, "challenger")
-    if challenger is None:
-        raise ValueError(f"{model_name!r} has no challenger to promote")
+    """Moves `champion` to the version the gate approved; nothing is promoted without one."""
+    approved = registry.by_alias(model_name, APPROVED_ALIAS)
+    if approved is None:
+        raise ValueError(f"{model_name!r} has no version approved by {GATE_CHECK}: nothing promotes without it")
     current = registry.by_alias(model_name, "champion")
-    if current is None or current.version != challenger.version:
+    if current is None or current.version != approved.version:
         registry.set_alias(
             model_name,
             "champion",
-            challenger.version,
+            approved.version,
             who=f"dagster run {run_id}",
             reason=f"passed {GATE_CHECK} and {BASELINE_CHECK}",
         )
     return MaterializeResult(
-        metadata={"champion_version": challenger.version, "previous_champion": current.version if current else "(none)"}
+        metadata={"champion_version": approved.version, "previous_champion": current.version if current else "(none)"}
     )
 
 

@@ -1,7 +1,10 @@
 """Online accuracy: how served recommendations did on the outcomes that followed them. Plain Python.
 
 A logged answer (engines.prediction_logs) showed the user its top k items at `served_at`; a shown item
-is a hit when the user clicked or played it (warehouse interactions) within `horizon` after the answer.
+is a hit when a click or play of it (warehouse interactions) is credited to the answer. Each outcome is
+credited to at most one answer (`credited_outcomes`): the one whose request id the interaction echoes,
+else the last that showed the item to the user within `horizon` before it; crediting every answer that
+showed the item counted one click two or three times, more often in the arm that repeats its lists.
 Per group of answers (model version, served entry, variant, role):
 - CTR@k = hits / items shown (a ratio over users: its interval is the delta method over users, the
   unit experiments randomize);
@@ -15,10 +18,10 @@ that experiment, whichever experiment decided who answered): each variant's CTR 
 with a two-sided z-test, and the users per arm a test needs to detect a `minimum_effect` relative lift
 at `alpha` and `power`, with the users still missing.
 
-Shadows are scored counterfactually, on the same outcomes as if they had served: their lists meet what
-the user did after seeing the live answer, so an item the live model did not show rarely counts. The
-estimate favours the live model; a shadow that beats it anyway is strong evidence. Shadow against live
-is a paired comparison on the same requests."""
+Shadows are scored counterfactually, on the outcomes credited to the live answer of their request: an
+item the live model did not show never counts, so the estimate always favours the live model and no
+significance test of it means anything. Shadow against live (requests where the live version differs
+from the shadow's) publishes agreement instead: overlap@k, rank correlation and score shift."""
 
 from __future__ import annotations
 
@@ -29,12 +32,13 @@ from datetime import date, timedelta
 
 import numpy as np
 import polars as pl
-from scipy.stats import norm
+from scipy.stats import kendalltau, norm
 
 from engines.lake import Lake
 from engines.prediction_logs import LIVE, OK, SHADOW
 
 OUTCOMES = ("click", "play")
+ECHO = "session_id"  # an interaction's column where a client echoes the request id of the answer it acted on
 ZONE, MODELS_TABLE, COMPARISONS_TABLE = "monitoring", "online_accuracy", "online_comparisons"  # in the lake
 
 
@@ -79,27 +83,18 @@ class Ratio:
 
 # --- per answer ------------------------------------------------------------------------------------------
 def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
-    """One row per recommend answer that succeeded: its hits, items shown, NDCG and expected hits at k."""
-    answers = logs.filter((pl.col("endpoint") == "recommend") & (pl.col("status") == OK)).with_row_index("answer")
+    """One row per recommend answer that succeeded: its hits, items shown, NDCG and expected hits at k. A
+    shown item is a hit when an outcome of it is credited to the answer's request (`credited_outcomes`):
+    a live answer counts what it caused, a shadow what the live answer of its request caused."""
+    answers = _recommended(logs).with_row_index("answer")
+    shown = _shown(answers)
+    credited = credited_outcomes(logs, interactions, settings)
+    hits = credited.select("request_id", "item_id").unique().with_columns(pl.lit(1).alias("hit"))
     shown = (
-        answers.select("answer", "user_id", "served_at", "item_ids", "scores")
-        .explode("item_ids", "scores")
-        .rename({"item_ids": "item_id", "scores": "score"})
-        .drop_nulls("item_id")
-        .with_columns(pl.int_range(1, pl.len() + 1).over("answer").alias("rank"))
-        .filter(pl.col("rank") <= settings.k)
+        shown.filter(pl.col("rank") <= settings.k)
+        .join(hits, on=["request_id", "item_id"], how="left")
+        .with_columns(pl.col("hit").fill_null(0))
     )
-    events = interactions.filter(pl.col("event_type").is_in(list(settings.outcomes))).select(
-        "user_id", "item_id", pl.col("event_timestamp").alias("at")
-    )
-    hits = (
-        shown.join(events, on=["user_id", "item_id"])
-        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon))
-        .select("answer", "rank")
-        .unique()
-        .with_columns(pl.lit(1).alias("hit"))
-    )
-    shown = shown.join(hits, on=["answer", "rank"], how="left").with_columns(pl.col("hit").fill_null(0))
     per_answer = shown.group_by("answer").agg(
         pl.col("hit").sum().alias("hits"),
         pl.len().alias("shown"),
@@ -123,6 +118,48 @@ def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: Acc
         answers.join(ideal, on="hits", how="left")
         .with_columns(pl.when(pl.col("hits") > 0).then(pl.col("dcg") / pl.col("idcg")).otherwise(0.0).alias("ndcg"))
         .drop("idcg")
+    )
+
+
+def _recommended(logs: pl.DataFrame) -> pl.DataFrame:
+    return logs.filter((pl.col("endpoint") == "recommend") & (pl.col("status") == OK))
+
+
+def _shown(answers: pl.DataFrame) -> pl.DataFrame:
+    """One row per item of each answer's list (answers numbered in `answer`), with its rank (1 first)."""
+    return (
+        answers.select("answer", "request_id", "role", "user_id", "served_at", "item_ids", "scores")
+        .explode("item_ids", "scores")
+        .rename({"item_ids": "item_id", "scores": "score"})
+        .drop_nulls("item_id")
+        .with_columns(pl.int_range(1, pl.len() + 1).over("answer").alias("rank"))
+    )
+
+
+def credited_outcomes(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
+    """Each outcome (a click or play in `interactions`) credited to at most one of the live answers in
+    `logs` that showed its item to its user within `horizon` before it (a shadow's list was never seen):
+    the answer whose request id the interaction echoes (in its `session_id`, where the data has one),
+    else the last of them (ties: the greater request id). One row per credited outcome: `outcome` (its
+    row number in `interactions`), request_id, user_id, item_id, at."""
+    shown = _shown(_recommended(logs).filter(pl.col("role") == LIVE).with_row_index("answer"))
+    echoed = pl.col(ECHO) if ECHO in interactions.columns else pl.lit(None, pl.String)
+    events = (
+        interactions.with_row_index("outcome")
+        .filter(pl.col("event_type").is_in(list(settings.outcomes)))
+        .select("outcome", "user_id", "item_id", pl.col("event_timestamp").alias("at"), echoed.alias("echoed"))
+    )
+    candidates = (
+        events.join(shown.select("request_id", "user_id", "item_id", "served_at"), on=["user_id", "item_id"])
+        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon))
+        .with_columns((pl.col("request_id") == pl.col("echoed")).fill_null(False).alias("is_echoed"))
+    )
+    return (
+        candidates.sort(["is_echoed", "served_at", "request_id"], descending=True)
+        .group_by("outcome", maintain_order=True)
+        .first()
+        .select("outcome", "request_id", "user_id", "item_id", "at")
+        .sort("outcome")
     )
 
 
@@ -204,46 +241,76 @@ def compare(
         control_answers,
         answers,
         settings,
-        False,
     )
 
 
 def shadow_against_live(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
-    """Each shadow's CTR@k against the live answers of the same requests (paired by request, users as units)."""
-    live = answers.filter(pl.col("role") == LIVE)
+    """Each shadow version against each live version, on the same requests; a version against itself is
+    left out (it agrees by construction and would dilute any difference; `same_version_pairs` counts it).
+    A shadow's CTR is counterfactual: outcomes land only on what the live answer showed, so it favours the
+    live model and no significance is claimed; what is published is how far the two agree (`agreement`)."""
+    live = answers.filter(pl.col("role") == LIVE).select(
+        "request_id",
+        pl.col("model_version").alias("live_version"),
+        pl.col("item_ids").alias("live_items"),
+        pl.col("scores").alias("live_scores"),
+        pl.col("hits").alias("live_hits"),
+        pl.col("shown").alias("live_shown"),
+    )
+    paired = answers.filter(pl.col("role") == SHADOW).join(live, on="request_id")
+    is_same = pl.col("live_version") == pl.col("model_version")
+    different = paired.filter(~is_same)
+    same = dict(paired.filter(is_same).group_by("variant").len().iter_rows())  # shadow -> pairs left out
     rows = []
-    for (shadow,), group in answers.filter(pl.col("role") == SHADOW).group_by(["variant"], maintain_order=True):
-        paired = group.select("request_id", "user_id", pl.col("hits").alias("h_s"), pl.col("shown").alias("n_s")).join(
-            live.select("request_id", pl.col("hits").alias("h_l"), pl.col("shown").alias("n_l")), on="request_id"
-        )
-        users = paired.group_by("user_id").agg(pl.col("h_s", "n_s", "h_l", "n_l").sum())
-        hs, ns = users["h_s"].to_numpy().astype(float), users["n_s"].to_numpy().astype(float)
-        hl, nl = users["h_l"].to_numpy().astype(float), users["n_l"].to_numpy().astype(float)
-        rs, rl = Ratio.of(hs, ns), Ratio.of(hl, nl)
-        diff = rs.value - rl.value
-        if len(users) > 1 and ns.sum() and nl.sum():  # the paired difference's delta-method residual
-            residual = (hs - rs.value * ns) / ns.mean() - (hl - rl.value * nl) / nl.mean()
-            se = math.sqrt(float(np.var(residual, ddof=1)) / len(users))
-        else:
-            se = math.nan
-        sigma2 = se**2 * len(users) / 2
+    for (shadow, version, live_version), pairs in different.group_by(
+        ["variant", "model_version", "live_version"], maintain_order=True
+    ):
+        users = pairs.group_by("user_id").agg(pl.col("hits", "shown", "live_hits", "live_shown").sum())
+        rl = Ratio.of(users["live_hits"].to_numpy().astype(float), users["live_shown"].to_numpy().astype(float))
+        rs = Ratio.of(users["hits"].to_numpy().astype(float), users["shown"].to_numpy().astype(float))
         rows.append(
-            _comparison(
-                f"shadow:{shadow}",
-                "live",
-                shadow,
-                rl,
-                rs,
-                diff,
-                se,
-                (sigma2, sigma2),
-                live.join(group.select("request_id"), on="request_id"),
-                group,
-                settings,
-                True,
-            )
+            {
+                "experiment": f"shadow:{shadow}",
+                "control": "live",
+                "variant": shadow,
+                "control_versions": live_version,
+                "variant_versions": version,
+                "control_users": rl.units,
+                "variant_users": rs.units,
+                "control_ctr": rl.value,
+                "variant_ctr": rs.value,
+                "difference": rs.value - rl.value,
+                "significant": False,
+                "counterfactual": True,
+                "pairs": pairs.height,
+                "same_version_pairs": same.get(shadow, 0),
+                **agreement(pairs, settings.k),
+            }
         )
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
+    return pl.DataFrame(rows).sort("experiment", "control_versions", "variant_versions") if rows else pl.DataFrame()
+
+
+def agreement(pairs: pl.DataFrame, k: int) -> dict[str, float]:
+    """How far a shadow's lists agree with the live ones of the same requests, averaged over the pairs:
+    overlap@k (shared items among the top k, over the longer list's), rank correlation (Kendall's tau
+    of the shared items' ranks, over pairs sharing two or more) and score shift (the shadow's mean score
+    at k minus the live one's)."""
+    overlaps, taus, shifts = [], [], []
+    for shadow_items, live_items, shadow_scores, live_scores in pairs.select(
+        "item_ids", "live_items", "scores", "live_scores"
+    ).iter_rows():
+        top_s, top_l = shadow_items[:k], live_items[:k]
+        shared = [item for item in top_l if item in top_s]
+        overlaps.append(len(shared) / max(len(top_s), len(top_l), 1))
+        if len(shared) >= 2:
+            taus.append(kendalltau(range(len(shared)), [top_s.index(i) for i in shared]).statistic)
+        if shadow_scores[:k] and live_scores[:k]:
+            shifts.append(float(np.mean(shadow_scores[:k]) - np.mean(live_scores[:k])))
+    return {
+        "overlap_at_k": float(np.mean(overlaps)),
+        "rank_correlation": float(np.mean(taus)) if taus else None,
+        "score_shift": float(np.mean(shifts)) if shifts else None,
+    }
 
 
 def _comparison(
@@ -258,7 +325,6 @@ def _comparison(
     control_answers: pl.DataFrame,
     answers: pl.DataFrame,
     settings: AccuracySettings,
-    counterfactual: bool,
 ) -> dict:
     z = diff / se if se and not math.isnan(se) else math.nan
     p = float(2 * norm.sf(abs(z))) if not math.isnan(z) else math.nan
@@ -282,7 +348,7 @@ def _comparison(
         "significant": bool(p < settings.alpha) if not math.isnan(p) else False,
         "users_needed_per_arm": needed,
         "users_still_needed": max(0, needed - min(rc.units, rt.units)) if needed is not None else None,
-        "counterfactual": counterfactual,
+        "counterfactual": False,
     }
 
 
@@ -370,14 +436,16 @@ def newest_comparisons(lake: Lake, day: date, days: int) -> pl.DataFrame:
 
 
 def online_verdict(comparisons: pl.DataFrame, challenger: str, champion: str, margin: float = 0.0) -> Evidence:
-    """Whether an A/B test or shadow shows `challenger` beating `champion` on CTR@k: the comparison with the
-    most users whose treatment served only the challenger and control only the champion; it passes when the
-    difference exceeds `margin` and is significant."""
+    """Whether an A/B test shows `challenger` beating `champion` on CTR@k: the comparison with the most users
+    whose treatment served only the challenger and control only the champion; it passes when the
+    difference exceeds `margin` and is significant. Shadows are no evidence (counterfactual)."""
     if comparisons.is_empty():
         return Evidence(False, "no online comparison logged yet")
+    if "counterfactual" in comparisons.columns:  # a shadow's agreement is no evidence of a lift
+        comparisons = comparisons.filter(~pl.col("counterfactual"))
     fitting = comparisons.filter((pl.col("variant_versions") == challenger) & (pl.col("control_versions") == champion))
     if fitting.is_empty():
-        return Evidence(False, f"no A/B test or shadow compared v{challenger} with v{champion} yet")
+        return Evidence(False, f"no A/B test compared v{challenger} with v{champion} yet")
     best = fitting.sort(pl.col("variant_users") + pl.col("control_users"), descending=True).row(0, named=True)
     source = best["experiment"]
     if not best["significant"]:

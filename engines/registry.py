@@ -183,6 +183,19 @@ class ModelRegistry:
             name, alias, stack, {"action": "set", "version": str(version), "who": who, "reason": reason}
         )
 
+    def clear_alias(self, name: str, alias: str, who: str, reason: str) -> None:
+        """Remove `alias` (e.g. an approval a later verdict withdrew) and record it in its history."""
+        current = self.by_alias(name, alias)
+        if current is None:
+            return
+        self.client.delete_registered_model_alias(name, alias)
+        self._write_history(
+            name,
+            alias,
+            self._stack(name, alias),
+            {"action": "clear", "from": current.version, "who": who, "reason": reason},
+        )
+
     def rollback(self, name: str, alias: str, who: str, reason: str) -> tuple[str, str]:
         """Move `alias` back to the version it pointed at before; returns (from, to)."""
         if not reason.strip():

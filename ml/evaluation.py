@@ -4,10 +4,12 @@ impressions, recall@k and NDCG@k of each user's ranking of the catalogue. Plain 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
+from ml.comparison import Comparison, delong, paired_bootstrap
 from ml.personalization import LABEL, PersonalizationModel, labelled, with_item_embeddings
 
 
@@ -23,6 +25,14 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 def ranking_metrics(ranked: dict[int, list[int]], relevant: dict[int, set[int]], k: int) -> dict[str, float]:
     """Mean recall@k and NDCG@k over the users with relevant items."""
+    recalls, ndcgs = per_user_ranking(ranked, relevant, k)
+    return {f"recall@{k}": float(np.mean(recalls)), f"ndcg@{k}": float(np.mean(ndcgs))}
+
+
+def per_user_ranking(
+    ranked: dict[int, list[int]], relevant: dict[int, set[int]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Recall@k and NDCG@k of each user of `relevant`, in its order."""
     recalls, ndcgs = [], []
     for user, items in relevant.items():
         top = ranked.get(user, [])[:k]
@@ -30,7 +40,7 @@ def ranking_metrics(ranked: dict[int, list[int]], relevant: dict[int, set[int]],
         recalls.append(sum(hits) / len(items))
         ideal = sum(1 / math.log2(r + 2) for r in range(min(len(items), k)))
         ndcgs.append(sum(h / math.log2(r + 2) for r, h in enumerate(hits)) / ideal)
-    return {f"recall@{k}": float(np.mean(recalls)), f"ndcg@{k}": float(np.mean(ndcgs))}
+    return np.array(recalls), np.array(ndcgs)
 
 
 def popularity(train_frame: pl.DataFrame) -> dict[int, float]:
@@ -39,20 +49,35 @@ def popularity(train_frame: pl.DataFrame) -> dict[int, float]:
     return dict(zip(counts.get_column("item_id").to_list(), counts.get_column(LABEL).to_list()))
 
 
-def evaluate(
+@dataclass(frozen=True)
+class HeldOutScores:
+    """One model on the held-out data, row by row, for paired comparisons with another on the same rows."""
+
+    labels: np.ndarray  # per held-out impression
+    scores: np.ndarray  # the model's score of each impression
+    users: np.ndarray  # the held-out users with a positive, in a fixed order
+    recall: np.ndarray  # recall@k of each of those users' ranking of the catalogue
+    ndcg: np.ndarray
+    k: int
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "auc": auc(self.labels, self.scores),
+            f"recall@{self.k}": float(np.mean(self.recall)),
+            f"ndcg@{self.k}": float(np.mean(self.ndcg)),
+        }
+
+
+def held_out_scores(
     model: PersonalizationModel,
     train_frame: pl.DataFrame,
     held_out: pl.DataFrame,
     k: int = 10,
     item_embeddings: pl.DataFrame | None = None,
-) -> dict[str, dict[str, float]]:
-    """AUC on held-out impressions; recall@k and NDCG@k of ranking every item seen in training for
-    each held-out user with a positive; the same for the popularity baseline."""
+) -> HeldOutScores:
+    """The model's scores of the held-out impressions and, for each held-out user with a positive, the
+    recall@k and NDCG@k of its ranking of every item seen in training."""
     rows = labelled(with_item_embeddings(held_out, item_embeddings))
-    labels = rows.get_column(LABEL).to_numpy() > 0
-    popular = popularity(train_frame)
-    baseline_scores = np.array([popular.get(i, 0.0) for i in rows.get_column("item_id").to_list()])
-
     # every candidate item with its latest known features; every user with theirs
     item_columns = [c for c in model.spec.item.columns if c != model.spec.item.embedding_column]
     items = with_item_embeddings(
@@ -69,15 +94,53 @@ def evaluate(
     item_ids = np.array(items.get_column("item_id").to_list())
     user_ids = users.get_column("user_id").to_list()
     ranked = {u: item_ids[np.argsort(-scores[i], kind="stable")[:k]].tolist() for i, u in enumerate(user_ids)}
-    popular_order = sorted(item_ids.tolist(), key=lambda i: -popular.get(i, 0.0))[:k]
-    positives = rows.filter(pl.col(LABEL) > 0).group_by("user_id").agg(pl.col("item_id").unique())
-    relevant = {u: set(i) for u, i in positives.iter_rows()}
+    relevant = relevant_items(rows)
+    recall, ndcg = per_user_ranking(ranked, relevant, k)
+    labels = rows.get_column(LABEL).to_numpy() > 0
+    return HeldOutScores(labels, model.score(rows), np.array(list(relevant)), recall, ndcg, k)
+
+
+def relevant_items(rows: pl.DataFrame) -> dict[int, set[int]]:
+    """Each user's positive items among labelled rows, users in ascending order."""
+    positives = rows.filter(pl.col(LABEL) > 0).group_by("user_id").agg(pl.col("item_id").unique()).sort("user_id")
+    return {u: set(i) for u, i in positives.iter_rows()}
+
+
+def evaluate(
+    model: PersonalizationModel,
+    train_frame: pl.DataFrame,
+    held_out: pl.DataFrame,
+    k: int = 10,
+    item_embeddings: pl.DataFrame | None = None,
+) -> dict[str, dict[str, float]]:
+    """AUC on held-out impressions; recall@k and NDCG@k of ranking every item seen in training for
+    each held-out user with a positive; the same for the popularity baseline."""
+    mine = held_out_scores(model, train_frame, held_out, k, item_embeddings)
+    rows = labelled(with_item_embeddings(held_out, item_embeddings))  # the rows `mine` scored, in its order
+    popular = popularity(train_frame)
+    baseline_scores = np.array([popular.get(i, 0.0) for i in rows.get_column("item_id").to_list()])
+    catalogue = pl.concat([train_frame, held_out], how="diagonal_relaxed").get_column("item_id").unique().to_list()
+    popular_order = sorted(sorted(catalogue), key=lambda i: -popular.get(i, 0.0))[:k]
+    relevant = relevant_items(rows)
     return {
-        "model": {"auc": auc(labels, model.score(rows)), **ranking_metrics(ranked, relevant, k)},
+        "model": mine.metrics(),
         "popularity": {
-            "auc": auc(labels, baseline_scores),
+            "auc": auc(mine.labels, baseline_scores),
             **ranking_metrics({u: popular_order for u in relevant}, relevant, k),
         },
+    }
+
+
+def paired_comparisons(champion: HeldOutScores, challenger: HeldOutScores) -> dict[str, Comparison]:
+    """The challenger against the champion on the same held-out rows (ml.comparison): AUC with DeLong,
+    recall@k and NDCG@k with the paired bootstrap over users."""
+    if not (np.array_equal(champion.labels, challenger.labels) and np.array_equal(champion.users, challenger.users)):
+        raise ValueError("the two models were scored on different held-out rows: a paired comparison needs the same")
+    k = challenger.k
+    return {
+        "auc": delong(challenger.labels, champion.scores, challenger.scores),
+        f"recall@{k}": paired_bootstrap(champion.recall, challenger.recall, users=challenger.users),
+        f"ndcg@{k}": paired_bootstrap(champion.ndcg, challenger.ndcg, users=challenger.users),
     }
 
 

@@ -129,7 +129,17 @@ def simulate_outcomes(lake, data_dir: Path, day: date, seed: int) -> int:
 
 
 ACCURACY_COLUMNS = ["role", "variant", "model_version", "users", "answers", "ctr", "ctr_low", "ctr_high", "ndcg"]
-COMPARISON_COLUMNS = ["experiment", "control", "variant", "difference", "p_value", "users_still_needed"]
+COMPARISON_COLUMNS = [  # a shadow has no p-value: its agreement with the live version is shown instead
+    "experiment",
+    "variant",
+    "control_versions",
+    "variant_versions",
+    "difference",
+    "p_value",
+    "users_still_needed",
+    "overlap_at_k",
+    "rank_correlation",
+]
 
 
 def table_text(frame: pl.DataFrame, columns: list[str]) -> str:

@@ -18,8 +18,11 @@ class ModelRegistryResource(ConfigurableResource):
     tracking_uri: str | None = Field(default=None, description="MLflow tracking/registry URI; overrides `root`")
     artifact_root: str | None = Field(default=None, description="Where new runs store artifacts (with tracking_uri)")
     promotion_margin: float = Field(
-        default=0.0,
-        description="How much better (held-out AUC) a challenger must score than the champion to be promoted",
+        default=0.01,
+        ge=0,
+        description="The largest loss against the champion on any gated held-out metric (AUC, recall@k, "
+        "NDCG@k) a challenger may show and still be promoted (non-inferiority margin, one-sided 2.5%); it must "
+        "also be better on the gate metric (AUC) at that level",
     )
 
     def get_client(self) -> ModelRegistry:

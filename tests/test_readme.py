@@ -35,6 +35,7 @@ PAGES = [
     DOCS / "ground-truth.md",
     DOCS / "streaming.md",
     DOCS / "models.md",
+    DOCS / "experiments.md",
     DOCS / "gateway.md",
     DOCS / "model-server.md",
     DOCS / "benchmarks.md",

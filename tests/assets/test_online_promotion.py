@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from dagster import AssetSelection, DagsterInstance, DailyPartitionsDefinition, materialize
 
-from assets.pipelines import BASELINE_CHECK, GATE_CHECK, TrainedModel, TrainingRun, training_pipeline
+from assets.pipelines import APPROVED_ALIAS, BASELINE_CHECK, GATE_CHECK, TrainedModel, TrainingRun, training_pipeline
 from engines.lake import Lake
 from engines.online_accuracy import COMPARISONS_TABLE, ZONE, by_experiment, scored_answers
 from engines.prediction_logs import frame
@@ -18,6 +18,7 @@ from engines.registry import ModelRegistry
 from resources.lake import LakeResource
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource
+from tests.assets.test_promotion_gate import comparisons as simulated_comparisons
 from tests.engines.test_online_accuracy import SETTINGS, T0, simulated
 
 pytestmark = pytest.mark.services  # starts Ray
@@ -30,9 +31,9 @@ def ray(tmp_path_factory):
         yield resource
 
 
-def toy(name: str, auc: float, champion_auc: float, baseline: dict | None = None, **options):
-    """A pipeline whose training function registers a small folder scoring `auc` (the champion
-    `champion_auc`) on held-out data."""
+def toy(name: str, auc: float, compare=None, baseline: dict | None = None, **options):
+    """A pipeline whose training function registers a small folder scoring `auc` on held-out data and
+    compares it with the champion with `compare` (default: a simulated challenger worse than it)."""
 
     @training_pipeline(
         name,
@@ -49,13 +50,18 @@ def toy(name: str, auc: float, champion_auc: float, baseline: dict | None = None
             folder,
             {"auc": auc},
             "auc",
-            evaluate=lambda champion: champion_auc,
+            compare=lambda champion_dir: (compare or (lambda: simulated_gate(1, 0.5, 1.5)))(),
             data_partitions=[str(run.day)],
             feature_service="personalization_ranking",
             baseline=baseline or {},
         )
 
     return train
+
+
+def simulated_gate(seed: int, champion_noise: float, challenger_noise: float) -> dict:
+    """The gate metric's paired comparison of two simulated models (tests.assets.test_promotion_gate)."""
+    return simulated_comparisons(seed, champion_noise, challenger_noise)
 
 
 def run_checks(pipeline, tmp_path, ray) -> dict:
@@ -75,14 +81,14 @@ def run_checks(pipeline, tmp_path, ray) -> dict:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
-def registered(root, tmp_path) -> ModelRegistry:
+def registered(root, tmp_path, name: str = "toy_online") -> ModelRegistry:
     registry = ModelRegistry.local(root)
     for version, alias in (("1", "champion"), ("2", "challenger")):
         folder = tmp_path / f"v{version}"
         folder.mkdir()
         (folder / "weights.txt").write_text(version)
-        registry.register("toy_online", folder, {}, {"auc": 0.5})
-        registry.set_alias("toy_online", alias, version, who="test", reason="setup")
+        registry.register(name, folder, {}, {"auc": 0.5})
+        registry.set_alias(name, alias, version, who="test", reason="setup")
     return registry
 
 
@@ -92,7 +98,7 @@ def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_li
     records, events = simulated(21, users=400, lift=lift)  # control served v1 (champion), treatment v2
     comparisons = by_experiment(scored_answers(frame(records), events, SETTINGS), {"ab": "control"}, SETTINGS)
     Lake(tmp_path / "lake").write_partition(ZONE, COMPARISONS_TABLE, T0.date(), comparisons)
-    pipeline = toy("toy_online", auc=0.1, champion_auc=0.9, promotion_evidence="online")  # worse offline
+    pipeline = toy("toy_online", auc=0.1, promotion_evidence="online")  # worse offline
     gate = run_checks(pipeline, tmp_path, ray)[GATE_CHECK]
     assert gate.passed is promoted, gate.description
     assert registry.by_alias("toy_online", "champion").version == ("2" if promoted else "1")
@@ -104,10 +110,24 @@ def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_li
 
 @pytest.mark.parametrize("baseline_auc, promoted", [(0.6, True), (0.8, False)])
 def test_a_first_version_short_of_its_baseline_is_not_promoted(tmp_path, ray, baseline_auc, promoted):
-    pipeline = toy("toy_first", auc=0.7, champion_auc=0.0, baseline={"auc": baseline_auc})  # no champion yet
+    pipeline = toy("toy_first", auc=0.7, baseline={"auc": baseline_auc})  # no champion yet
     checks = run_checks(pipeline, tmp_path, ray)
     assert checks[GATE_CHECK].passed  # nothing to beat
     assert checks[BASELINE_CHECK].passed is promoted, checks[BASELINE_CHECK].description
     assert ("0.7000 | " + f"{baseline_auc:.4f}") in checks[BASELINE_CHECK].metadata["comparison"].value
     champion = ModelRegistry.local(tmp_path / "registry").by_alias("toy_first", "champion")
     assert (champion.version if champion else None) == ("1" if promoted else None)
+
+
+@pytest.mark.parametrize("challenger_noise, promoted", [(1.5, False), (0.5, True)])
+def test_the_held_out_gate_promotes_a_real_gain_and_clears_approved_on_a_tie(tmp_path, ray, challenger_noise, promoted):
+    registry = registered(tmp_path / "registry", tmp_path, "toy_gate")
+    registry.set_alias("toy_gate", APPROVED_ALIAS, "2", who="test", reason="an earlier verdict")
+    # two seeds of one model (a tie), or a model with a third of the champion's noise (a real gain)
+    pipeline = toy("toy_gate", auc=0.7, compare=lambda: simulated_gate(3, 1.5, challenger_noise))
+    gate = run_checks(pipeline, tmp_path, ray)[GATE_CHECK]
+    assert gate.passed is promoted, gate.description
+    assert "| auc |" in gate.metadata["offline_comparisons"].value
+    approved = registry.by_alias("toy_gate", APPROVED_ALIAS)
+    assert (approved.version if approved else None) == ("3" if promoted else None)  # cleared on failure
+    assert registry.by_alias("toy_gate", "champion").version == ("3" if promoted else "1")

@@ -4,6 +4,7 @@ delta-method intervals over users, z-tests, sample sizes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -18,6 +19,7 @@ from engines.online_accuracy import (
     AccuracySettings,
     by_experiment,
     by_model,
+    credited_outcomes,
     drops,
     online_verdict,
     scored_answers,
@@ -91,13 +93,23 @@ def simulated(seed: int, users: int = 300, lift: float = 0.0):
             if rng.random() < p / (rank + 1) ** 0.5:
                 kind = rng.choice(["click", "play", "impression"])
                 delay = timedelta(minutes=rng.choice([1, 10, 29, 31, 90]))
-                events.append({"user_id": user, "item_id": item, "event_type": kind, "event_timestamp": at + delay})
+                echoed = rng.choice([request, f"r{rng.randrange(n + 1)}", None, None])  # some clients echo
+                events.append(
+                    {
+                        "user_id": user,
+                        "item_id": item,
+                        "event_type": kind,
+                        "event_timestamp": at + delay,
+                        "session_id": echoed,
+                    }
+                )
         events.append(
             {
                 "user_id": user,
                 "item_id": rng.randrange(500),
                 "event_type": "click",
                 "event_timestamp": at - timedelta(minutes=5),
+                "session_id": None,
             }
         )  # before the answer: never a hit
     records.append(
@@ -127,24 +139,48 @@ def simulated(seed: int, users: int = 300, lift: float = 0.0):
             "item_id": pl.Int64,
             "event_type": pl.String,
             "event_timestamp": pl.Datetime("us", "UTC"),
+            "session_id": pl.String,
         },
     )
     return records, interactions
 
 
+def credit(records, interactions, horizon=SETTINGS.horizon) -> dict[int, tuple[str, int]]:
+    """Outcome row -> (request id, item) of the one answer it is credited to, written plainly: of the live
+    answers that showed the item to the user within the horizon before the outcome, the one whose request
+    id the interaction echoes, else the last (ties: the greater request id)."""
+    live_by_user = defaultdict(list)
+    for r in records:
+        if r.role == LIVE and r.status == "ok":
+            live_by_user[r.user_id].append(r)
+    credited = {}
+    for row, e in enumerate(interactions.iter_rows(named=True)):
+        if e["event_type"] not in ("click", "play"):
+            continue
+        at = e["event_timestamp"]
+        showed = [
+            r
+            for r in live_by_user[e["user_id"]]
+            if e["item_id"] in r.item_ids and r.served_at <= at <= r.served_at + horizon
+        ]
+        if not showed:
+            continue
+        echoed = [r for r in showed if r.request_id == e["session_id"]]
+        chosen = echoed[0] if echoed else max(showed, key=lambda r: (r.served_at, r.request_id))
+        credited[row] = (chosen.request_id, e["item_id"])
+    return credited
+
+
 def recompute(records, interactions):
     """Per record: hits, shown, NDCG, expected hits at k, from the raw rows with loops."""
-    outcomes = defaultdict(list)
-    for e in interactions.iter_rows(named=True):
-        if e["event_type"] in ("click", "play"):
-            outcomes[(e["user_id"], e["item_id"])].append(e["event_timestamp"])
+    credited = set(credit(records, interactions).values())
     out = []
     for r in records:
         if r.status != "ok":
             continue
         hits, dcg, expected = [], 0.0, 0.0
         for rank, (item, score) in enumerate(zip(r.item_ids[:5], r.scores[:5]), start=1):
-            hit = any(r.served_at <= t <= r.served_at + timedelta(minutes=30) for t in outcomes[(r.user_id, item)])
+            hit = (r.request_id, item) in credited
             hits.append(hit)
             dcg += hit / math.log2(rank + 1)
             expected += 1 / (1 + math.exp(-score))
@@ -238,24 +274,53 @@ def test_experiment_differences_tests_and_sample_sizes_match_a_recomputation():
     assert (ab["control_versions"], ab["variant_versions"]) == ("1", "2")
 
 
-def test_shadow_is_compared_with_live_on_the_same_requests():
+def test_a_shadow_publishes_agreement_with_other_live_versions_and_no_p_value():
     records, interactions = simulated(7)
+    # every other shadow answer is computed by the version the live answer came from: no comparison
+    records = [
+        dataclasses.replace(r, model_version="2") if r.role == SHADOW and r.request_id[-1] in "13579" else r
+        for r in records
+    ]
     answers = scored_answers(frame(records), interactions, SETTINGS)
     table = shadow_against_live(answers, SETTINGS)
     truth = {(t["record"].request_id, t["record"].role): t for t in recompute(records, interactions)}
-    row = table.filter(pl.col("variant") == "slow").row(0, named=True)
-    users = defaultdict(lambda: np.zeros(4))
+    found = defaultdict(lambda: {"users": defaultdict(lambda: np.zeros(4)), "overlaps": [], "taus": [], "shifts": []})
+    same = 0
     for (request, role), t in truth.items():
-        if role == SHADOW and t["record"].variant == "slow":
-            live = truth[(request, LIVE)]
-            users[t["record"].user_id] += [t["hits"], t["shown"], live["hits"], live["shown"]]
-    s = np.array(list(users.values()))
-    rs, rl = s[:, 0].sum() / s[:, 1].sum(), s[:, 2].sum() / s[:, 3].sum()
-    residual = (s[:, 0] - rs * s[:, 1]) / s[:, 1].mean() - (s[:, 2] - rl * s[:, 3]) / s[:, 3].mean()
-    se = residual.std(ddof=1) / math.sqrt(len(s))
-    assert row["difference"] == pytest.approx(rs - rl, rel=1e-9)
-    assert row["p_value"] == pytest.approx(math.erfc(abs(rs - rl) / se / math.sqrt(2)), rel=1e-6)
-    assert row["counterfactual"] and row["variant_versions"] == "3"
+        if role != SHADOW or t["record"].variant != "slow":
+            continue
+        shadow, live = t["record"], truth[(request, LIVE)]
+        if shadow.model_version == live["record"].model_version:
+            same += 1
+            continue
+        pair = found[(live["record"].model_version, shadow.model_version)]
+        pair["users"][shadow.user_id] += [t["hits"], t["shown"], live["hits"], live["shown"]]
+        s, top = shadow.item_ids[:5], live["record"].item_ids[:5]
+        shared = [i for i in top if i in s]
+        pair["overlaps"].append(len(shared) / max(len(s), len(top)))
+        if len(shared) >= 2:
+            pairs = [(a, b) for a in range(len(shared)) for b in range(a + 1, len(shared))]
+            concordant = sum(1 if s.index(shared[a]) < s.index(shared[b]) else -1 for a, b in pairs)
+            pair["taus"].append(concordant / len(pairs))
+        pair["shifts"].append(sum(shadow.scores[:5]) / len(s) - sum(live["record"].scores[:5]) / len(top))
+    assert set(zip(table["control_versions"], table["variant_versions"])) == {("1", "2"), ("1", "3"), ("2", "3")}
+    assert same > 0  # v2 against v2 is left out
+    for row in table.iter_rows(named=True):
+        pair = found[(row["control_versions"], row["variant_versions"])]
+        u = np.array(list(pair["users"].values()))
+        assert (row["pairs"], row["same_version_pairs"]) == (len(pair["overlaps"]), same)
+        assert row["variant_ctr"] == pytest.approx(u[:, 0].sum() / u[:, 1].sum(), rel=1e-9)
+        assert row["control_ctr"] == pytest.approx(u[:, 2].sum() / u[:, 3].sum(), rel=1e-9)
+        assert row["overlap_at_k"] == pytest.approx(np.mean(pair["overlaps"]), rel=1e-9)
+        assert row["rank_correlation"] == pytest.approx(np.mean(pair["taus"]), rel=1e-9)
+        assert row["score_shift"] == pytest.approx(np.mean(pair["shifts"]), rel=1e-9)
+        assert row["counterfactual"] and not row["significant"] and "p_value" not in row
+
+
+def test_a_shadow_of_the_live_version_alone_is_no_comparison():
+    records, interactions = simulated(8)
+    same = [dataclasses.replace(r, model_version="1") for r in records]  # live and shadow all v1
+    assert shadow_against_live(scored_answers(frame(same), interactions, SETTINGS), SETTINGS).is_empty()
 
 
 def test_a_significant_drop_is_found_and_the_verdict_reads_the_comparisons():
@@ -278,3 +343,96 @@ def test_assignments_are_read_per_experiment():
     records, _ = simulated(1, users=20)
     logged = frame(records)
     assert {json.loads(a)["ab"] for a in logged["assignments"].to_list() if a != "{}"} == {"control", "treatment"}
+
+
+def crowded(seed: int):
+    """Live answers (and a shadow beside some) showing few users the same few items within minutes of each
+    other, and clicks, plays and impressions at random times, a third echoing one of the user's requests."""
+    rng = random.Random(seed)
+    records, asked = [], defaultdict(list)
+    for n in range(400):
+        user, at = rng.randrange(15), T0 + timedelta(seconds=rng.randrange(3 * 3600))
+        items = rng.sample(range(12), 5)
+        for role, variant in ((LIVE, "control"), (SHADOW, "slow"))[: rng.choice([1, 2])]:
+            records.append(
+                PredictionRecord(
+                    f"r{n}",
+                    at,
+                    role,
+                    "recommend",
+                    user,
+                    "",
+                    variant,
+                    {},
+                    variant,
+                    "m",
+                    "1",
+                    5,
+                    "0" * 64,
+                    1.0,
+                    items,
+                    [0.0] * 5,
+                )
+            )
+        asked[user].append(f"r{n}")
+    events = []
+    for _ in range(600):
+        user = rng.randrange(15)
+        echoed = rng.choice([rng.choice(asked[user] or [None]), None, None])
+        events.append(
+            {
+                "user_id": user,
+                "item_id": rng.randrange(12),
+                "event_type": rng.choice(["click", "play", "impression"]),
+                "event_timestamp": T0 + timedelta(seconds=rng.randrange(3 * 3600 + 1800)),
+                "session_id": echoed,
+            }
+        )
+    schema = {
+        "user_id": pl.Int64,
+        "item_id": pl.Int64,
+        "event_type": pl.String,
+        "event_timestamp": pl.Datetime("us", "UTC"),
+        "session_id": pl.String,
+    }
+    return records, pl.DataFrame(events, schema=schema)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_each_outcome_is_credited_to_one_answer_as_a_plain_recomputation_credits_it(seed):
+    records, interactions = crowded(seed)
+    found = credited_outcomes(frame(records), interactions, SETTINGS)
+    truth = credit(records, interactions)
+    assert (
+        dict(zip(found["outcome"].to_list(), zip(found["request_id"].to_list(), found["item_id"].to_list()))) == truth
+    )
+    # the data exercises the rule: outcomes shown by several answers, echoes that are not the last answer
+    last = credit(records, interactions.with_columns(pl.lit(None, pl.String).alias("session_id")))
+    assert truth != last and len(truth) == len(last)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    live = answers.filter(pl.col("role") == LIVE)
+    assert live["hits"].sum() == len(set(truth.values()))  # an item's click and play are one hit
+    by_request = {
+        t["record"].request_id: t["hits"] for t in recompute(records, interactions) if t["record"].role == SHADOW
+    }
+    shadows = answers.filter(pl.col("role") == SHADOW)
+    assert dict(zip(shadows["request_id"].to_list(), shadows["hits"].to_list())) == by_request
+
+
+def test_one_click_shown_by_three_answers_counts_once():
+    def answer(request, minutes):
+        at = T0 + timedelta(minutes=minutes)
+        return PredictionRecord(
+            request, at, LIVE, "recommend", 7, "", "control", {}, "m", "m", "1", 5, "0" * 64, 1.0, [42, 1, 2], [0.0] * 3
+        )
+
+    records = [answer("a", 0), answer("b", 5), answer("c", 10)]
+    click = {"user_id": [7], "item_id": [42], "event_type": ["click"], "event_timestamp": [T0 + timedelta(minutes=12)]}
+    answers = scored_answers(
+        frame(records), pl.DataFrame(click).with_columns(pl.col("event_timestamp").dt.cast_time_unit("us")), SETTINGS
+    )
+    assert answers["hits"].to_list() == [0, 0, 1]  # the last answer that showed it
+    echoed = pl.DataFrame({**click, "session_id": ["a"]}).with_columns(
+        pl.col("event_timestamp").dt.cast_time_unit("us")
+    )
+    assert scored_answers(frame(records), echoed, SETTINGS)["hits"].to_list() == [1, 0, 0]  # the one it names

@@ -110,9 +110,10 @@ def test_training_in_the_runs_own_process_learns_what_a_worker_learns(pipeline_d
 
 def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, pipeline_dir, ray_compute, tmp_path):
     registry, _, root = trained
-    # a margin no challenger can meet: the blocking check fails, the champion stays; its worker took one
-    # of Ray's two CPUs, as configured, leaving the other to runs alongside
-    blocked = train(pipeline_dir, ray_compute, root, margin=1.0, raise_on_error=False, cpus_per_worker=1)
+    # margin 0: better than the champion on every gated metric, which a version trained again on the same
+    # data is not; the blocking check fails, the champion stays; its worker took one of Ray's two CPUs,
+    # as configured, leaving the other to runs alongside
+    blocked = train(pipeline_dir, ray_compute, root, margin=0.0, raise_on_error=False, cpus_per_worker=1)
     assert not blocked.success
     assert PersonalizationModel.load(registry.load(MODEL, "2", tmp_path / "v2")).spec.config.cpus_per_worker == 1
     checks = {
