@@ -3,6 +3,7 @@ index (Qdrant) and content-violation (copy) flags. Thin: the work is in ml/clip.
 
 import time
 
+import numpy as np
 import polars as pl
 from dagster import AssetKey, BackfillPolicy, Config, MaterializeResult, MetadataValue, asset
 from pydantic import Field
@@ -10,6 +11,7 @@ from pydantic import Field
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
 from engines import content_violation as cv
+from engines.copy_calibration import Calibration, calibrate
 from engines.copy_match import CANDIDATES, MATCH_SCHEMA, match_originals, read_thumbnails
 from engines.embeddings import (
     EmbedConfig,
@@ -45,6 +47,7 @@ ITEM_EMBEDDINGS = AssetKey(["embeddings", "items"])
 VIOLATION_FLAGS = AssetKey(["content_violations", "flags"])
 ITEM_VECTORS = AssetKey(["vectors", "items"])
 WAREHOUSE_ITEMS = AssetKey(["warehouse", "items"])
+VIOLATION_RELEASE = AssetKey(["ground_truth", cv.TASK, "release"])  # the threshold is calibrated on it
 
 
 class ClipModelConfig(Config):
@@ -253,7 +256,8 @@ def copy_pool(store) -> pl.DataFrame:
     description="Copy detection: each item's nearest earlier items of other creators by CLIP image embedding, "
     "verified on pixels; the flag carries the matched original's id and similarity, flagged at or above "
     "the threshold calibrated on the newest ground-truth release (ground_truth/content_violation/release). "
-    "Before the first release nothing is flagged. Metadata: precision and recall against the release.",
+    "Before the first release nothing is flagged. Metadata: precision and recall from held-out folds "
+    "with 95% intervals (content_violations/calibration.json, which the online scorer reads).",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[ITEM_EMBEDDINGS],
@@ -276,7 +280,10 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
         if pool.height
         else pl.DataFrame(schema=MATCH_SCHEMA)
     )
-    calibrated = cv.calibrate_threshold(matches, truth.labels) if truth else None
+    calibration = release_calibration(matches, truth) if truth else None
+    if calibration is not None:
+        calibration.save(store.root)  # the online scorer flags at the same threshold
+    calibrated = calibration.threshold if calibration else None
     threshold = config.threshold if config.threshold is not None else calibrated
     source = (
         "config"
@@ -291,7 +298,7 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
         store.write_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day, flags)
         frames.append(flags)
     flags = pl.concat(frames) if frames else pl.DataFrame(schema=cv.FLAGS_SCHEMA)
-    scores = cv.precision_recall(cv.flagged_at(matches, threshold), truth.labels) if truth else {}
+    scores = cross_validated(calibration) if calibration else {}
     context.log.info(f"content violations: threshold {threshold} ({source}), against the release: {scores}")
     return MaterializeResult(
         metadata={
@@ -302,7 +309,7 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
             else "none yet: nothing flagged until the first ground-truth release",
             "candidates": config.candidates,
             "flagged": flags.filter("flagged").height,
-            **{f"release_{k}": v for k, v in scores.items() if v is not None},
+            **{k: v for k, v in scores.items() if v is not None},
             "flagged_items": table(
                 [
                     {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
@@ -311,6 +318,26 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
             ),
         }
     )
+
+
+def release_calibration(matches: pl.DataFrame, truth: cv.ReleaseTruth) -> Calibration | None:
+    """The threshold and its cross-validated accuracy on the release's labelled items."""
+    labelled = truth.labels.join(matches.select("item_id", "similarity"), on="item_id", how="left")
+    return calibrate(
+        labelled["similarity"].fill_null(-np.inf).to_numpy().astype(float),
+        labelled["is_violation"].to_numpy(),
+        labelled["audit"].to_numpy(),
+        truth.release.name,
+    )
+
+
+def cross_validated(calibration: Calibration) -> dict:
+    """Metadata: held-out estimates with their 95% intervals."""
+    out = {"labelled_items": calibration.labelled_items, "folds": calibration.folds}
+    for name in ("precision", "recall", "false_positive_rate", "prevalence"):
+        value = getattr(calibration, name)
+        out |= {f"cv_{name}": value.value, f"cv_{name}_low": value.low, f"cv_{name}_high": value.high}
+    return out
 
 
 def day_embeddings(store, day) -> pl.DataFrame:

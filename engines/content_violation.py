@@ -70,37 +70,3 @@ def flagged_at(matches: pl.DataFrame, threshold: float | None) -> pl.DataFrame:
     """`matches` with `flagged`: a similarity at or above the threshold (never without a threshold)."""
     limit = np.inf if threshold is None else threshold
     return matches.with_columns(flagged=pl.col("similarity").fill_null(-np.inf) >= limit)
-
-
-def calibrate_threshold(scores: pl.DataFrame, truth: pl.DataFrame) -> float | None:
-    """The similarity threshold with the best F1 on the labelled items (`scores`: item_id, similarity;
-    `truth`: item_id, is_violation); the highest such threshold on ties. None without both classes."""
-    joined = scores.join(truth, on="item_id").drop_nulls("similarity")
-    if joined["is_violation"].n_unique() < 2:
-        return None
-    similarity = joined["similarity"].to_numpy()
-    positive = joined["is_violation"].to_numpy()
-    best, best_f1 = None, -1.0
-    for threshold in sorted(set(similarity.tolist()), reverse=True):
-        flagged = similarity >= threshold
-        tp = int((flagged & positive).sum())
-        f1 = 2 * tp / (flagged.sum() + positive.sum())
-        if f1 > best_f1:
-            best, best_f1 = float(threshold), f1
-    return best
-
-
-def precision_recall(flags: pl.DataFrame, truth: pl.DataFrame) -> dict:
-    """Flags of the labelled items against their labels (items without a label are not counted)."""
-    joined = flags.join(truth.select("item_id", "is_violation"), on="item_id", how="inner")
-    tp = joined.filter(pl.col("flagged") & pl.col("is_violation")).height
-    flagged = joined.filter(pl.col("flagged")).height
-    violations = joined.filter(pl.col("is_violation")).height
-    return {
-        "labelled_items": joined.height,
-        "flagged": flagged,
-        "violations": violations,
-        "true_positives": tp,
-        "precision": tp / flagged if flagged else None,
-        "recall": tp / violations if violations else None,
-    }

@@ -17,6 +17,7 @@ import polars as pl
 
 from engines import content_violation as cv
 from engines import copy_match
+from engines.copy_calibration import Calibration
 from engines.lake import Lake
 from ml.clip import ClipSpec, encode_images, encode_texts, image_size, load_model, preprocess_image, tokenizer
 from serving.models.base import DynamicBatcher, ServedModel
@@ -119,7 +120,9 @@ class ContentViolationScorer(ServedModel):
             else pl.DataFrame(schema=POOL_SCHEMA)
         )
         self.pixels = copy_match.read_thumbnails(lake.root / "landing", items) if items.height else {}
-        self.threshold = None  # nothing is flagged without the batch job's calibration
+        calibration = Calibration.load(lake.root)  # the batch flags' threshold; none: nothing flagged
+        self.threshold = calibration.threshold if calibration else None
+        self.release = calibration.release if calibration else None
         self.inputs = [TensorSpec("image", "BYTES", (-1,))]
         self.outputs = [
             TensorSpec("similarity", "FP32", (-1,)),
@@ -128,7 +131,7 @@ class ContentViolationScorer(ServedModel):
         ]
 
     def parameters(self) -> dict:
-        return {"catalogue_items": len(self.pixels), "threshold": self.threshold}
+        return {"catalogue_items": len(self.pixels), "threshold": self.threshold, "calibrated_on": self.release}
 
     def queries(self, images: np.ndarray, embeddings: np.ndarray, parameters: dict) -> pl.DataFrame:
         """The images as items to match: as catalogue item `item_id` when given, else as new items of an

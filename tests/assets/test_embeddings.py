@@ -15,6 +15,7 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from assets import all_assets
+from engines.copy_calibration import Calibration
 from engines.embeddings import (
     EmbedConfig,
     FailureDrill,
@@ -269,6 +270,10 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
     print(f"copy detection against the answer key: before {was}, after {now}")
     assert now["precision"] >= 0.8 and now["recall"] >= 0.8, (was, now)
     assert now["f1"] > was["f1"]
+    # the platform's own held-out estimates, whose intervals must contain the answer key's figures
+    for name in ("precision", "recall"):
+        low, high = metadata[f"cv_{name}_low"].value, metadata[f"cv_{name}_high"].value
+        assert low <= now[name] <= high, (name, low, high, now)
     found = scored.filter("flagged", "is_violation")
     # the flag names the original: the answer key's, or an earlier copy of that same original
     copies_of = dict(zip(truth["item_id"].to_list(), truth["reference_item_id"].to_list(), strict=True))
@@ -281,6 +286,36 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
         hits = vectors.search("items", np.ones(128), "image", 1000, filters={"flags": "suspected_violation"})
         assert set(flags.filter("flagged")["item_id"].to_list()) <= {h.payload["item_id"] for h in hits}
         assert all(h.payload["flags"] == ["suspected_violation"] for h in hits)
+
+
+def test_online_scorer_flags_as_the_batch_job_did(lake, tmp_path):
+    """The served content_violation model, over this lake's CLIP, scores items' thumbnails as those items
+    (parameter item_id) with the batch flags' similarity, original and verdict, at the threshold the
+    batch job calibrated (run after the release in the test above)."""
+    import shutil
+
+    from serving.models.config import BatchingConfig
+    from serving.models.encoders import CONFIG_FILE, WEIGHTS_FILE, ContentViolationScorer
+
+    store = Lake(lake["dir"])
+    spec, _ = current_model(store)
+    shutil.copy(spec.checkpoint, tmp_path / WEIGHTS_FILE)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"model_name": spec.model_name}))
+    flags = pl.concat([store.read_partition("content_violations", "flags", d) for d in (FIRST_DAY, LAST_DAY)])
+    sample = pl.concat([flags.filter("flagged").head(3), flags.filter(~pl.col("flagged")).sample(5, seed=1)])
+    thumbnails = current_catalogue(store).select("item_id", "thumbnail_path")
+    scorer = ContentViolationScorer(tmp_path, store, BatchingConfig())
+    try:
+        assert scorer.threshold == Calibration.load(lake["dir"]).threshold
+        for row in sample.join(thumbnails, on="item_id").iter_rows(named=True):
+            image = (lake["dir"] / "landing" / row["thumbnail_path"]).read_bytes()
+            online = scorer.infer({"image": np.array([image], dtype=object)}, {"item_id": row["item_id"]})
+            assert online["flagged"][0] == row["flagged"], row
+            assert online["original_id"][0] == (row["original_id"] if row["original_id"] is not None else -1)
+            if row["similarity"] is not None:
+                assert online["similarity"][0] == pytest.approx(row["similarity"], abs=1e-4)
+    finally:
+        scorer.close()
 
 
 def answer_key(data_dir) -> pl.DataFrame:
