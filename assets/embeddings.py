@@ -260,7 +260,7 @@ def copy_pool(store) -> pl.DataFrame:
     "with 95% intervals (content_violations/calibration.json, which the online scorer reads).",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
-    deps=[ITEM_EMBEDDINGS],
+    deps=[ITEM_EMBEDDINGS, WAREHOUSE_ITEMS, VIOLATION_RELEASE],
     kinds={"numpy", "parquet"},
     owners=["team:trust-and-safety"],
     tags={"domain": "embeddings"},
