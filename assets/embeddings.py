@@ -1,5 +1,5 @@
 """CLIP embeddings of the catalogue: the model, the daily item embeddings (Ray Data), the vector
-index (Qdrant) and content-violation flags. Thin: the work is in ml/clip.py and engines/."""
+index (Qdrant) and content-violation (copy) flags. Thin: the work is in ml/clip.py and engines/."""
 
 import time
 
@@ -11,6 +11,8 @@ from pydantic import Field
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
 from engines import content_violation as cv
+from engines.copy_calibration import Calibration, calibrate
+from engines.copy_match import CANDIDATES, MATCH_SCHEMA, match_originals, read_thumbnails
 from engines.embeddings import (
     EmbedConfig,
     catalogue_day,
@@ -45,6 +47,7 @@ ITEM_EMBEDDINGS = AssetKey(["embeddings", "items"])
 VIOLATION_FLAGS = AssetKey(["content_violations", "flags"])
 ITEM_VECTORS = AssetKey(["vectors", "items"])
 WAREHOUSE_ITEMS = AssetKey(["warehouse", "items"])
+VIOLATION_RELEASE = AssetKey(["ground_truth", cv.TASK, "release"])  # the threshold is calibrated on it
 
 
 class ClipModelConfig(Config):
@@ -224,73 +227,89 @@ def item_embeddings(context, config: ItemEmbeddingsConfig, lake: LakeResource, r
 class ViolationConfig(Config):
     threshold: float | None = Field(
         default=None,
-        description="Cosine similarity to a confirmed violation's image "
-        "at or above which an item is flagged; None: "
-        "calibrated on the newest ground-truth release",
+        description="Verified similarity to an earlier item of another creator at or above which an item is "
+        "flagged; None: calibrated on the newest ground-truth release (before one, nothing is flagged)",
     )
+    candidates: int = Field(
+        default=CANDIDATES,
+        ge=1,
+        description="Nearest earlier items of other creators (by CLIP image embedding) "
+        "verified on pixels for each item",
+    )
+
+
+def copy_pool(store) -> pl.DataFrame:
+    """Every embedded catalogue item with what copy matching needs: item_id, image_embedding, creator_id,
+    created_at, thumbnail_path."""
+    latest = latest_item_embeddings(store.root)
+    if latest.is_empty():
+        return pl.DataFrame()
+    if "skip_reason" in latest.columns:
+        latest = latest.filter(pl.col("skip_reason").is_null())
+    catalogue = current_catalogue(store).select("item_id", "creator_id", "created_at", "thumbnail_path")
+    return latest.select("item_id", "image_embedding").join(catalogue, on="item_id", how="inner")
 
 
 @asset(
     key=VIOLATION_FLAGS,
     group_name="embeddings",
-    description="Items whose image embedding is within the similarity threshold of a confirmed violation of the "
-    "newest ground-truth release (ground_truth/content_violation/release), flagged for review; the "
-    "threshold is calibrated on that release. Before the first release nothing is flagged. Metadata: "
-    "precision and recall against the release (leave-one-out).",
+    description="Copy detection: each item's nearest earlier items of other creators by CLIP image embedding, "
+    "verified on pixels; the flag carries the matched original's id and similarity, flagged at or above "
+    "the threshold calibrated on the newest ground-truth release (ground_truth/content_violation/release). "
+    "Before the first release nothing is flagged. Metadata: precision and recall from held-out folds "
+    "with 95% intervals (content_violations/calibration.json, which the online scorer reads).",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
-    deps=[ITEM_EMBEDDINGS],
+    deps=[ITEM_EMBEDDINGS, WAREHOUSE_ITEMS, VIOLATION_RELEASE],
     kinds={"numpy", "parquet"},
     owners=["team:trust-and-safety"],
     tags={"domain": "embeddings"},
 )
 def content_violation_flags(context, config: ViolationConfig, lake: LakeResource):
     store = lake.get_client()
-    latest = latest_item_embeddings(store.root)
-    if "skip_reason" in latest.columns:
-        latest = latest.filter(pl.col("skip_reason").is_null())
+    days = partition_days(context)
+    embedded = {day: day_embeddings(store, day) for day in days}
     truth = cv.release_truth(store.root)
-    references = latest.filter(pl.col("item_id").is_in(truth.references)) if truth else latest.clear()
-    if truth is not None and references.is_empty():
-        raise ValueError(f"none of the confirmed violations of release {truth.release.name} has an embedding yet")
-    labelled = (
-        cv.flag_items(latest.filter(pl.col("item_id").is_in(truth.labels["item_id"].implode())), references, np.inf)
-        if truth
-        else None
+    pool = copy_pool(store)
+    wanted = set(truth.labels["item_id"].to_list()) if truth else set()
+    for frame in embedded.values():
+        wanted |= set(frame["item_id"].to_list())
+    pixels = read_thumbnails(store.root / "landing", pool) if pool.height else {}
+    matches = (
+        match_originals(pool.filter(pl.col("item_id").is_in(sorted(wanted))), pool, pixels, config.candidates)
+        if pool.height
+        else pl.DataFrame(schema=MATCH_SCHEMA)
     )
-    calibrated = cv.calibrate_threshold(labelled, truth.labels) if truth else None
-    threshold = config.threshold if config.threshold is not None else calibrated or cv.DEFAULT_THRESHOLD
+    calibration = release_calibration(matches, truth) if truth else None
+    if calibration is not None:
+        calibration.save(store.root)  # the online scorer flags at the same threshold
+    calibrated = calibration.threshold if calibration else None
+    threshold = config.threshold if config.threshold is not None else calibrated
     source = (
         "config"
         if config.threshold is not None
         else f"calibrated on release {truth.release.name}"
         if calibrated is not None
-        else "default"
+        else "none: nothing flagged until a ground-truth release with both classes"
     )
     frames = []
-    for day in partition_days(context):
-        path = store.partition_path("embeddings", "items", day)
-        embedded = pl.read_parquet(path).filter(pl.col("skip_reason").is_null()) if path.exists() else pl.DataFrame()
-        flags = cv.flag_items(embedded, references, threshold)
+    for day, frame in embedded.items():
+        flags = cv.flag_items(frame, matches, threshold)
         store.write_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day, flags)
         frames.append(flags)
-    flags = pl.concat(frames)
-    scores = (
-        cv.precision_recall(labelled.with_columns(flagged=pl.col("similarity") >= threshold), truth.labels)
-        if truth
-        else {}
-    )
+    flags = pl.concat(frames) if frames else pl.DataFrame(schema=cv.FLAGS_SCHEMA)
+    scores = cross_validated(calibration) if calibration else {}
     context.log.info(f"content violations: threshold {threshold} ({source}), against the release: {scores}")
     return MaterializeResult(
         metadata={
-            "threshold": float(threshold),
+            **({"threshold": float(threshold)} if threshold is not None else {}),
             "threshold_source": source,
             "release": truth.release.name
             if truth
             else "none yet: nothing flagged until the first ground-truth release",
-            "references": references.height,
+            "candidates": config.candidates,
             "flagged": flags.filter("flagged").height,
-            **{f"release_{k}": v for k, v in scores.items() if v is not None},
+            **{k: v for k, v in scores.items() if v is not None},
             "flagged_items": table(
                 [
                     {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
@@ -299,6 +318,34 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
             ),
         }
     )
+
+
+def release_calibration(matches: pl.DataFrame, truth: cv.ReleaseTruth) -> Calibration | None:
+    """The threshold and its cross-validated accuracy on the release's labelled items."""
+    labelled = truth.labels.join(matches.select("item_id", "similarity"), on="item_id", how="left")
+    return calibrate(
+        labelled["similarity"].fill_null(-np.inf).to_numpy().astype(float),
+        labelled["is_violation"].to_numpy(),
+        labelled["audit"].to_numpy(),
+        truth.release.name,
+    )
+
+
+def cross_validated(calibration: Calibration) -> dict:
+    """Metadata: held-out estimates with their 95% intervals."""
+    out = {"labelled_items": calibration.labelled_items, "folds": calibration.folds}
+    for name in ("precision", "recall", "false_positive_rate", "prevalence"):
+        value = getattr(calibration, name)
+        out |= {f"cv_{name}": value.value, f"cv_{name}_low": value.low, f"cv_{name}_high": value.high}
+    return out
+
+
+def day_embeddings(store, day) -> pl.DataFrame:
+    """The day's embedded items (item_id, model_version), the skipped ones left out."""
+    path = store.partition_path("embeddings", "items", day)
+    if not path.exists():
+        return pl.DataFrame(schema={"item_id": pl.Int64, "model_version": pl.String})
+    return pl.read_parquet(path).filter(pl.col("skip_reason").is_null()).select("item_id", "model_version")
 
 
 @asset(

@@ -185,9 +185,10 @@ def labeling_round(data_dir: Path, first: date, last: date) -> None:
     if not result.success:
         raise click.ClickException("the violation flags run failed; see `mlplane ui`")
     flags = materialized(result, VIOLATION_FLAGS)
+    threshold = f"{flags['threshold']:.3f}" if "threshold" in flags else "none"
     click.echo(
-        f"   violation flags from the release's confirmed violations: {flags['flagged']} flagged, threshold "
-        f"{flags['threshold']:.3f} ({flags['threshold_source']})"
+        f"   copy flags (each item against earlier items of other creators): {flags['flagged']} flagged, "
+        f"threshold {threshold} ({flags['threshold_source']})"
     )
     click.echo(f"   {VIOLATION_ACCURACY} on the release's random audit sample: {audit_accuracy(data_dir, first, last)}")
 

@@ -33,6 +33,7 @@ PAGES = [
     README,
     DOCS / "features.md",
     DOCS / "ground-truth.md",
+    DOCS / "content-safety.md",
     DOCS / "streaming.md",
     DOCS / "models.md",
     DOCS / "experiments.md",

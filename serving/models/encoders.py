@@ -1,6 +1,6 @@
 """CLIP from the registry as served models: text and image encoders (dynamic batching joins concurrent
-requests into one encoder call) and the content-violation scorer (an image's highest cosine similarity
-to the known-violating reference items, embedded by the same CLIP version when it loads).
+requests into one encoder call) and the content-violation scorer (an image's verified similarity to the
+catalogue item it may copy, the catalogue embedded by the same CLIP version when it loads).
 
 A registered CLIP version is a folder holding `clip.pt` (open_clip state dict) and `clip.json`
 (the open_clip config name), written by the `models/clip` asset.
@@ -9,12 +9,15 @@ A registered CLIP version is a folder holding `clip.pt` (open_clip state dict) a
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from engines import content_violation as cv
+from engines import copy_match
+from engines.copy_calibration import Calibration
 from engines.lake import Lake
 from ml.clip import ClipSpec, encode_images, encode_texts, image_size, load_model, preprocess_image, tokenizer
 from serving.models.base import DynamicBatcher, ServedModel
@@ -22,6 +25,12 @@ from serving.models.protocol import ProtocolError, TensorSpec
 
 WEIGHTS_FILE = "clip.pt"
 CONFIG_FILE = "clip.json"
+POOL_SCHEMA = {
+    "item_id": pl.Int64,
+    "creator_id": pl.Int64,
+    "created_at": pl.Datetime("us"),
+    "image_embedding": pl.List(pl.Float32),
+}
 
 
 def clip_spec(folder: Path) -> ClipSpec:
@@ -85,60 +94,86 @@ class ClipEncoder(ServedModel):
 
 
 class ContentViolationScorer(ServedModel):
+    """Copy detection for one image: its best verified match among the catalogue's items
+    (`engines.copy_match`, as the batch flags), flagged at the batch job's calibrated threshold. Parameter
+    `item_id` scores the image as that catalogue item (only earlier items of other creators count, as in
+    the batch flags); without it every catalogue item is an earlier item of another creator."""
+
     platform = "pytorch_open_clip"
 
     def __init__(self, folder: Path, lake: Lake, batching, device: str = "cpu", on_batch=None):
         from engines.embeddings import catalogue_images, current_catalogue
 
         self.encoder = ClipEncoder(folder, "image", batching, device, on_batch)
-        # the confirmed violations of the newest ground-truth release, as the batch flags use; before the
-        # first release there are none and nothing is flagged
-        truth = cv.release_truth(lake.root)
-        self.threshold = cv.DEFAULT_THRESHOLD  # the flags asset's calibrated one is passed as a parameter
-        references = current_catalogue(lake).filter(pl.col("item_id").is_in(truth.references if truth else []))
-        items, pixels = catalogue_images(lake.root / "landing", references, self.encoder.size)
-        if references.height and items.is_empty():
-            raise ValueError("none of the reference items has a readable thumbnail in the lake")
-        embeddings = encode_images(self.encoder.model, pixels, device) if items.height else np.zeros((0, 0))
-        self.references = pl.DataFrame(
-            {"item_id": items["item_id"], "image_embedding": embeddings.tolist()},
-            schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32)},
+        catalogue = current_catalogue(lake)
+        items, pixels = (
+            catalogue_images(lake.root / "landing", catalogue, self.encoder.size)
+            if catalogue.height
+            else (catalogue, None)
         )
+        embeddings = encode_images(self.encoder.model, pixels, device) if items.height else np.zeros((0, 0))
+        self.pool = (
+            items.select("item_id", "creator_id", "created_at").with_columns(
+                image_embedding=pl.Series(embeddings.tolist(), dtype=pl.List(pl.Float32))
+            )
+            if items.height
+            else pl.DataFrame(schema=POOL_SCHEMA)
+        )
+        self.pixels = copy_match.read_thumbnails(lake.root / "landing", items) if items.height else {}
+        calibration = Calibration.load(lake.root)  # the batch flags' threshold; none: nothing flagged
+        self.threshold = calibration.threshold if calibration else None
+        self.release = calibration.release if calibration else None
         self.inputs = [TensorSpec("image", "BYTES", (-1,))]
         self.outputs = [
             TensorSpec("similarity", "FP32", (-1,)),
             TensorSpec("flagged", "BOOL", (-1,)),
-            TensorSpec("nearest_reference_id", "INT64", (-1,)),
+            TensorSpec("original_id", "INT64", (-1,)),
         ]
 
     def parameters(self) -> dict:
-        return {"references": self.references.height, "default_threshold": self.threshold}
+        return {"catalogue_items": len(self.pixels), "threshold": self.threshold, "calibrated_on": self.release}
 
-    def score(self, embeddings: np.ndarray, parameters: dict) -> dict[str, np.ndarray]:
-        threshold = parameters.get("threshold", self.threshold)
-        if not isinstance(threshold, int | float) or isinstance(threshold, bool) or not -1 <= threshold <= 1:
-            raise ProtocolError(400, f"parameter 'threshold' must be a number in [-1, 1], got {threshold!r}")
-        frame = pl.DataFrame(
+    def queries(self, images: np.ndarray, embeddings: np.ndarray, parameters: dict) -> pl.DataFrame:
+        """The images as items to match: as catalogue item `item_id` when given, else as new items of an
+        unknown creator (ids -1, -2, ...)."""
+        item_id = parameters.get("item_id")
+        if item_id is not None:
+            if not isinstance(item_id, int) or isinstance(item_id, bool):
+                raise ProtocolError(400, f"parameter 'item_id' must be a catalogue item's integer id, got {item_id!r}")
+            row = self.pool.filter(pl.col("item_id") == item_id)
+            if row.is_empty():
+                raise ProtocolError(400, f"parameter 'item_id': no catalogue item {item_id}")
+            creator, created = row["creator_id"][0], row["created_at"][0]
+        else:
+            creator, created = None, datetime.max
+        return pl.DataFrame(
             {
-                "item_id": [-1] * len(embeddings),
+                "item_id": [-(i + 1) for i in range(len(images))],
                 "image_embedding": embeddings.tolist(),
-                "model_version": [""] * len(embeddings),
+                "creator_id": [creator] * len(images),
+                "created_at": [created] * len(images),
             },
-            schema={"item_id": pl.Int64, "image_embedding": pl.List(pl.Float32), "model_version": pl.String},
+            schema_overrides={"image_embedding": pl.List(pl.Float32)},
         )
-        flags = cv.flag_items(frame, self.references, float(threshold))  # the batch flags' own scoring
+
+    def score(self, images: np.ndarray, embeddings: np.ndarray, parameters: dict) -> dict[str, np.ndarray]:
+        pixels = dict(self.pixels)
+        for i, data in enumerate(images.tolist()):
+            pixels[-(i + 1)] = copy_match.thumbnail(data)  # readable: the encoder has decoded it
+        queries = self.queries(images, embeddings, parameters)
+        flags = cv.flagged_at(copy_match.match_originals(queries, self.pool, pixels), self.threshold)
         return {
             "similarity": flags["similarity"].fill_null(float("nan")).to_numpy().astype(np.float32),
             "flagged": flags["flagged"].to_numpy().astype(bool),
-            "nearest_reference_id": flags["nearest_reference_id"].fill_null(-1).to_numpy().astype(np.int64),
+            "original_id": flags["original_id"].fill_null(-1).to_numpy().astype(np.int64),
         }
 
     def infer(self, inputs, parameters):
-        return self.score(self.encoder.infer(inputs, parameters)["embedding"], parameters)
+        return self.score(inputs["image"], self.encoder.infer(inputs, parameters)["embedding"], parameters)
 
     async def infer_async(self, inputs, parameters):
         embeddings = (await self.encoder.infer_async(inputs, parameters))["embedding"]
-        return self.score(embeddings, parameters)
+        return self.score(inputs["image"], embeddings, parameters)
 
     def close(self) -> None:
         self.encoder.close()
