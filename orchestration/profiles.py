@@ -48,6 +48,11 @@ def notify_targets() -> dict[str, str]:
     }
 
 
+def embedded_allowed() -> bool:
+    """MLPLANE_ALLOW_EMBEDDED=1: prod may use an embedded engine where a setting names a folder, not a server."""
+    return os.environ.get("MLPLANE_ALLOW_EMBEDDED", "").strip().lower() in ("1", "true", "yes")
+
+
 def notifier() -> WebhookNotifier:
     """Optional targets, read here rather than as EnvVars: an unset one must not fail the sensors' ticks."""
     return WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"), targets=notify_targets())
@@ -92,7 +97,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             redis_url=EnvVar("MLPLANE_REDIS_URL"),
             registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
         )
-        vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"))
+        vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"), allow_embedded=embedded_allowed())
         ray_compute = RayResource(address=EnvVar("MLPLANE_RAY_ADDRESS"))
         # read when the streaming jobs are used (a clear error then if unset), so a deployment
         # without streaming features needs none of them
