@@ -248,6 +248,27 @@ SETTINGS = (
         used_by="mlplane gateway serve",
     ),
     Setting("MLPLANE_GATEWAY_CONFIG", "The gateway's YAML", None, None, used_by="mlplane gateway"),
+    Setting(
+        "MLPLANE_GATEWAY_DB_URL",
+        "The gateway's key and usage database (postgresql://...)",
+        None,
+        None,
+        used_by="deploy/prod/gateway.yaml",
+    ),
+    Setting(
+        "MLPLANE_GATEWAY_REDIS_URL",
+        "The rate-limit counters every gateway replica shares (redis://host:6379/0)",
+        None,
+        None,
+        used_by="deploy/prod/gateway.yaml",
+    ),
+    Setting(
+        "MLPLANE_GATEWAY_TOKENIZER",
+        "Folder (or tokenizer.json) of the gateway LLM's tokenizer, for exact prompt counts",
+        None,
+        None,
+        used_by="deploy/prod/gateway.yaml",
+    ),
     Setting("MLPLANE_GATEWAY_STORE", "The gateway's key and usage store", None, None, used_by="mlplane gateway"),
     Setting(
         "MLPLANE_REGISTRY_ROOT",
