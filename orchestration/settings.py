@@ -74,6 +74,13 @@ def folder(value: str, env: Mapping[str, str]) -> str | None:
     return None if Path(value).is_dir() else f"{value!r} is not an existing folder (a mount every host sees)"
 
 
+def outside_checkout(value: str, env: Mapping[str, str]) -> str | None:
+    path, checkout = Path(value).resolve(), Path(__file__).resolve().parents[1]
+    if path == checkout or checkout in path.parents:
+        return f"{value!r} is inside the checkout: give storage every host shares"
+    return None if Path(value).is_absolute() else f"{value!r} is not an absolute path"
+
+
 def existing_file(value: str, env: Mapping[str, str]) -> str | None:
     return None if Path(value).is_file() else f"{value!r} is not a file"
 
@@ -141,6 +148,22 @@ SETTINGS = (
         None,
         REQUIRED,
         url("postgresql+psycopg2"),
+        used_by="deploy/prod/dagster.yaml",
+    ),
+    Setting(
+        "MLPLANE_COMPUTE_LOGS_DIR",
+        "Steps' stdout and stderr, outside the checkout, shared by run workers and the webserver",
+        None,
+        REQUIRED,
+        outside_checkout,
+        used_by="deploy/prod/dagster.yaml",
+    ),
+    Setting(
+        "MLPLANE_DAGSTER_STORAGE_DIR",
+        "Dagster's local artifact storage (run artifacts), outside the checkout",
+        None,
+        REQUIRED,
+        outside_checkout,
         used_by="deploy/prod/dagster.yaml",
     ),
     Setting("MLPLANE_DATA_DIR", "The lake's root: a mount every host sees", "./data", REQUIRED, folder),

@@ -51,6 +51,8 @@ def complete_prod(prod_env, monkeypatch) -> dict[str, str]:
         "MLPLANE_DAGSTER_PG_URL": "postgresql+psycopg2://dagster@db:5432/dagster",
         "MLPLANE_FLINK_REST_URL": "http://flink-jobmanager:8081",
         "MLPLANE_KAFKA_BOOTSTRAP_SERVERS": "kafka.internal:9092",
+        "MLPLANE_COMPUTE_LOGS_DIR": "/mnt/dagster/logs",
+        "MLPLANE_DAGSTER_STORAGE_DIR": "/mnt/dagster/storage",
     }
     for name, value in extra.items():
         monkeypatch.setenv(name, value)
@@ -76,6 +78,7 @@ def test_doctor_passes_a_complete_prod_environment(complete_prod):
         ("DAGSTER_HOME", str(PROJECT_ROOT / "docs"), "DAGSTER_HOME: '"),
         ("MLPLANE_QDRANT_URL", "/mnt/vectors", "MLPLANE_QDRANT_URL: '/mnt/vectors' is not a http:// or https:// URL"),
         ("MLPLANE_DAGSTER_PG_URL", "postgresql://db/dagster", "MLPLANE_DAGSTER_PG_URL: "),
+        ("MLPLANE_COMPUTE_LOGS_DIR", str(PROJECT_ROOT / "deploy" / "prod" / "storage"), "is inside the checkout"),
         ("MLPLANE_RAY_ADDRESS", "ray-head", "MLPLANE_RAY_ADDRESS: 'ray-head' is not"),
         ("MLPLANE_DATA_DIR", "/no/such/mount", "MLPLANE_DATA_DIR: '/no/such/mount' is not an existing folder"),
         ("MLPLANE_NOTIFY_ML_ONCALL", "oncall@example.com", "MLPLANE_NOTIFY_ML_ONCALL: "),
