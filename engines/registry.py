@@ -196,6 +196,22 @@ class ModelRegistry:
             {"action": "clear", "from": current.version, "who": who, "reason": reason},
         )
 
+    def promote(self, name: str, alias: str, version: str, who: str, reason: str) -> str | None:
+        """Move `alias` to `version` by hand, past the gate; tags the version with who did it and why
+        (`mlplane.promoted.<alias>.by|reason|at`). Returns the version it held before, if any."""
+        if not reason.strip():
+            raise ValueError("a promotion needs a reason")
+        self._stack(name, alias)  # a clear error for an unknown model
+        try:
+            self.client.get_model_version(name, str(version))
+        except MlflowException as error:
+            raise ValueError(f"{name} has no version {version}") from error
+        previous = self.by_alias(name, alias)
+        for key, value in {"by": who, "reason": reason, "at": _now()}.items():
+            self.client.set_model_version_tag(name, str(version), f"mlplane.promoted.{alias}.{key}", value)
+        self.set_alias(name, alias, str(version), who, reason)
+        return previous.version if previous else None
+
     def rollback(self, name: str, alias: str, who: str, reason: str) -> tuple[str, str]:
         """Move `alias` back to the version it pointed at before; returns (from, to)."""
         if not reason.strip():

@@ -115,6 +115,22 @@ def default_start(days: int) -> date:
 
 
 @main.command()
+def doctor() -> None:
+    """Name every missing or malformed setting of the current profile (MLPLANE_PROFILE); exit 1 if any."""
+    from orchestration.settings import SETTINGS, notes, problems
+
+    profile = os.environ.get("MLPLANE_PROFILE") or "local"
+    checked_as = profile if profile in ("local", "prod") else "local"  # and MLPLANE_PROFILE is reported
+    found = problems(os.environ, checked_as)
+    for line in [*found, *notes(os.environ, checked_as)]:
+        click.echo(line, err=True)
+    if found:
+        raise click.ClickException(f"{len(found)} setting(s) of the {profile} profile to fix (docs/operations.md)")
+    checked = sum(1 for s in SETTINGS if s.in_profile(checked_as) is not None)
+    click.echo(f"the {profile} profile's {checked} settings are complete")
+
+
+@main.command()
 @click.option("--port", default=3000, show_default=True)
 def ui(port: int) -> None:
     """Serve the Dagster UI and daemon (schedules, sensors) for this project."""

@@ -18,7 +18,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 import jobs
 from assets import all_asset_checks, all_assets, pipeline_jobs, pipeline_schedules
 from orchestration import schedules, sensors, streaming
-from orchestration.profiles import current_profile, resources_for
+from orchestration.profiles import current_profile, resources_for, warn_about_unset_notifications
 
 
 def defined_in(modules: list[ModuleType], types: tuple[type, ...]) -> list:
@@ -32,6 +32,7 @@ def defined_in(modules: list[ModuleType], types: tuple[type, ...]) -> list:
     return list(found.values())
 
 
+warn_about_unset_notifications(current_profile())
 defs = Definitions(
     assets=all_assets,
     asset_checks=all_asset_checks,

@@ -4,22 +4,35 @@ import os
 import sys
 from pathlib import Path
 
+import click
 from dagster import DagsterInstance
 
-from orchestration.profiles import PROJECT_ROOT
+from orchestration.profiles import PROJECT_ROOT, current_profile
 
 CODE_LOCATION = "mlplane"  # workspace.yaml's location_name: sensor state is keyed by it
 DEFINITIONS_MODULE = "orchestration.definitions"
 
 
 def ensure_dagster_home() -> Path:
-    """Use $DAGSTER_HOME when set; otherwise .dagster_home/ in the project, with the project's dagster.yaml."""
+    """Use $DAGSTER_HOME when set; otherwise .dagster_home/ in the project, with the project's dagster.yaml.
+    The prod profile needs its own (deploy/prod): the local SQLite instance there would hide every run."""
+    if current_profile() == "prod":
+        return prod_dagster_home()
     home = Path(os.environ.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
         config.symlink_to(PROJECT_ROOT / "dagster.yaml")
     os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def prod_dagster_home() -> Path:
+    if not os.environ.get("DAGSTER_HOME"):
+        raise click.ClickException("the prod profile needs DAGSTER_HOME (deploy/prod, or a copy of its dagster.yaml)")
+    home = Path(os.environ["DAGSTER_HOME"])
+    if not (home / "dagster.yaml").is_file():
+        raise click.ClickException(f"DAGSTER_HOME={home} holds no dagster.yaml (use deploy/prod's)")
     return home
 
 

@@ -1,4 +1,4 @@
-"""`mlplane models`: the registry's versions and aliases, and rollback."""
+"""`mlplane models`: the registry's versions and aliases, promotion by hand, and rollback."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def open_registry(data_dir: str | None):
 
 @click.group()
 def models() -> None:
-    """Registered models: versions, aliases, rollback."""
+    """Registered models: versions, aliases, promotion by hand, rollback."""
 
 
 @models.command("list")
@@ -57,3 +57,20 @@ def rollback(name: str, alias: str, reason: str, who: str | None, data_dir: str 
     except ValueError as error:
         raise click.ClickException(str(error)) from error
     click.echo(f"{name} {alias}: v{previous} -> v{current}")
+
+
+@models.command()
+@click.argument("name")
+@click.argument("version")
+@click.option("--alias", default="champion", show_default=True)
+@click.option("--reason", required=True, help="Why the gate is overridden: recorded on the version with who.")
+@click.option("--by", "who", default=None, help="Who promotes (default: the current user).")
+@click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
+def promote(name: str, version: str, alias: str, reason: str, who: str | None, data_dir: str | None) -> None:
+    """Point an alias at VERSION of model NAME by hand, whatever the gate decided."""
+    registry = open_registry(data_dir)
+    try:
+        previous = registry.promote(name, alias, version.removeprefix("v"), who or getpass.getuser(), reason)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"{name} {alias}: {f'v{previous}' if previous else 'none'} -> v{version.removeprefix('v')}")

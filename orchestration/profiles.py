@@ -1,6 +1,7 @@
 """The resource set of each profile. `MLPLANE_PROFILE=local` (default) runs everything embedded
 on one machine; `prod` points the same code at shared services."""
 
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -47,12 +48,33 @@ def notify_targets() -> dict[str, str]:
     }
 
 
+def embedded_allowed() -> bool:
+    """MLPLANE_ALLOW_EMBEDDED=1: prod may use an embedded engine where a setting names a folder, not a server."""
+    return os.environ.get("MLPLANE_ALLOW_EMBEDDED", "").strip().lower() in ("1", "true", "yes")
+
+
+def notifier() -> WebhookNotifier:
+    """Optional targets, read here rather than as EnvVars: an unset one must not fail the sensors' ticks."""
+    return WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"), targets=notify_targets())
+
+
+_warned: set[str] = set()
+
+
+def warn_about_unset_notifications(profile: str) -> None:
+    """Once per process (the code location's start): in prod, failures without a webhook reach only the UI."""
+    if profile == "prod" and not os.environ.get("MLPLANE_WEBHOOK_URL") and "webhook" not in _warned:
+        _warned.add("webhook")
+        logging.getLogger("mlplane").warning(
+            "MLPLANE_WEBHOOK_URL is not set: failed runs and streaming jobs are shown in the Dagster UI only"
+        )
+
+
 def resources_for(profile: str, data_dir: str | None = None) -> dict:
     """The resources of a profile; `data_dir` overrides the lake root (tests, one-off runs)."""
     if profile == "local":
         lake = LakeResource(root=data_dir or local_data_dir())
         feature_store = FeatureStoreResource(lake=lake, online_store="sqlite")
-        notifier = WebhookNotifier(url=os.environ.get("MLPLANE_WEBHOOK_URL"), targets=notify_targets())
         vector_store = VectorStoreResource(location=str(Path(lake.root) / "vectors"))
         ray_compute = RayResource()
         # the live job's slide; the streaming history and the training join follow it
@@ -75,8 +97,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
             redis_url=EnvVar("MLPLANE_REDIS_URL"),
             registry_url=EnvVar("MLPLANE_FEAST_REGISTRY_URL"),
         )
-        notifier = WebhookNotifier(url=EnvVar("MLPLANE_WEBHOOK_URL"), targets=notify_targets())
-        vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"))
+        vector_store = VectorStoreResource(location=EnvVar("MLPLANE_QDRANT_URL"), allow_embedded=embedded_allowed())
         ray_compute = RayResource(address=EnvVar("MLPLANE_RAY_ADDRESS"))
         # read when the streaming jobs are used (a clear error then if unset), so a deployment
         # without streaming features needs none of them
@@ -93,8 +114,9 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         )
         gateway = GatewayResource(url=EnvVar("MLPLANE_GATEWAY_URL"), api_key=EnvVar("MLPLANE_GATEWAY_KEY"))
         labels = LabelStoreResource(lake=lake, url=EnvVar("MLPLANE_LABELS_DB_URL"))
+        # read here, not as an EnvVar: unset, the export sensor skips instead of failing every tick
         model_server = ModelServerResource(
-            url=EnvVar("MLPLANE_MODEL_SERVER_URL"), config_path=os.environ.get("MLPLANE_MODEL_SERVER_CONFIG")
+            url=os.environ.get("MLPLANE_MODEL_SERVER_URL"), config_path=os.environ.get("MLPLANE_MODEL_SERVER_CONFIG")
         )
     else:
         raise ValueError(f"unknown profile {profile!r}")
@@ -102,7 +124,7 @@ def resources_for(profile: str, data_dir: str | None = None) -> dict:
         "lake": lake,
         "feature_store": feature_store,
         "quality": QualityResource(lake=lake),
-        "notifier": notifier,
+        "notifier": notifier(),
         "vector_store": vector_store,
         "ray": ray_compute,
         "flink": flink,

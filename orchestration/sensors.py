@@ -130,6 +130,8 @@ def model_export_sensor(
     model_registry: ModelRegistryResource,
     model_server: ModelServerResource,
 ):
+    if not model_server.url:
+        return SkipReason("no model server to export for: MLPLANE_MODEL_SERVER_URL is not set")
     versions = served_versions(model_server.config_path, lake.get_client().root, model_registry.get_client())
     if not versions:
         return SkipReason("no served model has a registry version yet")

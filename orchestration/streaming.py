@@ -32,6 +32,8 @@ MAX_RESTARTS = 3
     f"restarted from its checkpoint (at most {MAX_RESTARTS} times in a row).",
 )
 def streaming_job_sensor(context: SensorEvaluationContext, flink: FlinkResource, notifier: WebhookNotifier):
+    if missing := flink.missing_setting():
+        return SkipReason(f"no streaming jobs to watch: {missing}")
     cursor: dict = json.loads(context.cursor) if context.cursor else {}
     requests, notes = [], []
     for source in streaming_sources():

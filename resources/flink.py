@@ -186,11 +186,17 @@ class FlinkResource(ConfigurableResource):
             terminate_group(int(pid_file.read_text()))
             pid_file.unlink()
 
+    def missing_setting(self) -> str | None:
+        """What a cluster deployment has left unset, named as the prod profile's variable; None when complete."""
+        if self.mode == "cluster" and not self.rest_url:
+            return "MLPLANE_FLINK_REST_URL (the Flink JobManager's REST address) is not set"
+        if self.source == "kafka" and not self.kafka_bootstrap_servers:
+            return "MLPLANE_KAFKA_BOOTSTRAP_SERVERS (the Kafka brokers the jobs read) is not set"
+        return None
+
     def _rest(self) -> str:
-        if self.mode == "local":
-            return ""
-        if self.mode != "cluster":
+        if self.mode not in ("local", "cluster"):
             raise StreamingJobError(f"mode must be 'local' or 'cluster', not {self.mode!r}")
-        if not self.rest_url:
-            raise StreamingJobError("mode 'cluster' needs rest_url (the JobManager's REST address)")
-        return self.rest_url
+        if missing := self.missing_setting():
+            raise StreamingJobError(f"the {self.mode} streaming jobs need configuration: {missing}")
+        return self.rest_url if self.mode == "cluster" else ""

@@ -13,7 +13,9 @@ class ModelServerResource(ConfigurableResource):
     """The online model server (`mlplane serve models`): on localhost by default, the deployed service's
     URL in production (`MLPLANE_MODEL_SERVER_URL`)."""
 
-    url: str = Field(default="http://127.0.0.1:8500", description="The server's REST base URL")
+    url: str | None = Field(
+        default="http://127.0.0.1:8500", description="The server's REST base URL; None: no server (prod, unset)"
+    )
     config_path: str | None = Field(
         default=None,
         description="The server's YAML (what it serves; read by the "
@@ -21,15 +23,20 @@ class ModelServerResource(ConfigurableResource):
     )
     timeout_seconds: float = 30.0
 
+    def base_url(self) -> str:
+        if not self.url:
+            raise ModelServerError("no model server URL is configured (MLPLANE_MODEL_SERVER_URL)")
+        return self.url.rstrip("/")
+
     def _call(self, method: str, path: str, body: dict | None = None) -> dict | list:
-        response = httpx.request(method, f"{self.url.rstrip('/')}{path}", json=body, timeout=self.timeout_seconds)
+        response = httpx.request(method, f"{self.base_url()}{path}", json=body, timeout=self.timeout_seconds)
         if response.status_code >= 400:
             raise ModelServerError(f"model server {path} answered {response.status_code}: {response.text[:500]}")
         return response.json()
 
     def ready(self) -> bool:
         try:
-            return httpx.get(f"{self.url.rstrip('/')}/v2/health/ready", timeout=self.timeout_seconds).status_code == 200
+            return httpx.get(f"{self.base_url()}/v2/health/ready", timeout=self.timeout_seconds).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -14,6 +14,9 @@ served by several backends (LiteLLM's layout, flattened):
       store: sqlite:///data/gateway/gateway.db   # or postgresql://... (keys and usage)
       rate_limits: memory                         # or redis://host:6379/0 (shared by replicas)
 
+A string value may name environment variables, `${NAME}` or `${NAME:-default}`: deployments keep their
+addresses and secrets out of the file (deploy/prod/gateway.yaml); an unset one without a default is refused.
+
 Both levels are strict pydantic models: a wrongly typed value (`max_attempts: "3"`) or an unknown
 field is refused with a message naming it, at start and at reload (which then keeps the running file).
 """
@@ -21,6 +24,7 @@ field is refused with a message naming it, at start and at reload (which then ke
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -208,9 +212,36 @@ def load_config(path: str | Path) -> GatewayConfig:
     return parse_config(raw or {}, source=str(path))
 
 
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_environment(raw, missing: set[str]):
+    """`raw` with `${NAME}` / `${NAME:-default}` in its strings replaced; unset names go to `missing`."""
+    if isinstance(raw, dict):
+        return {key: expand_environment(value, missing) for key, value in raw.items()}
+    if isinstance(raw, list):
+        return [expand_environment(value, missing) for value in raw]
+    if not isinstance(raw, str):
+        return raw
+
+    def value_of(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        value = os.environ.get(name) or default
+        if value is None:
+            missing.add(name)
+            return ""
+        return value
+
+    return ENV_REFERENCE.sub(value_of, raw)
+
+
 def parse_config(raw, source: str = "config") -> GatewayConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with model_list and settings")
+    missing: set[str] = set()
+    raw = expand_environment(raw, missing)
+    if missing:
+        raise ConfigError(f"{source} names unset environment variables: set {', '.join(sorted(missing))}")
     try:
         return GatewayConfig.model_validate({**raw, "settings": raw.get("settings") or {}})
     except ValidationError as error:

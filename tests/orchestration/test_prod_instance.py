@@ -21,6 +21,8 @@ def prod_home(tmp_path, monkeypatch):
     url = create_database(name)
     shutil.copy(PROJECT_ROOT / "deploy" / "prod" / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("MLPLANE_DAGSTER_PG_URL", url.replace("postgresql://", "postgresql+psycopg2://"))
+    monkeypatch.setenv("MLPLANE_COMPUTE_LOGS_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("MLPLANE_DAGSTER_STORAGE_DIR", str(tmp_path / "storage"))
     yield tmp_path, url
     drop_database(name)
 

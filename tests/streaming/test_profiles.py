@@ -14,7 +14,7 @@ def test_prod_profile_submits_to_a_cluster_reading_kafka(prod_env, monkeypatch):
     monkeypatch.delenv("MLPLANE_FLINK_REST_URL", raising=False)
     with build_resources(resources_for("prod")) as resources:
         assert resources.flink.mode == "cluster"
-        with pytest.raises(StreamingJobError, match="needs rest_url"):
+        with pytest.raises(StreamingJobError, match="MLPLANE_FLINK_REST_URL"):
             resources.flink.health("interactions")
     monkeypatch.setenv("MLPLANE_FLINK_REST_URL", "flink-jobmanager:8081")
     with build_resources(resources_for("prod")) as resources:
