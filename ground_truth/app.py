@@ -211,13 +211,20 @@ def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> 
     @app.get("/media/{path:path}")
     def media(request: Request, path: str):
         page_account(request)
-        if media_root is None:
-            raise HTTPException(404, "this server has no media folder")
+        # only a file an item shows, never the rest of the media root (users, reports, chat messages)
+        if media_root is None or not _plain_path(path) or not q.shows_media(engine, path):
+            raise HTTPException(404, f"no media file {path!r}")
         root = media_root.resolve()
         file = (root / path).resolve()
         if not file.is_relative_to(root) or not file.is_file():
             raise HTTPException(404, f"no media file {path!r}")
         return FileResponse(file)
+
+
+def _plain_path(path: str) -> bool:
+    """A relative path of ordinary names: no '..', no absolute path, no control characters or backslashes."""
+    parts = path.split("/")
+    return path.isprintable() and "\\" not in path and all(part not in ("", ".", "..") for part in parts)
 
 
 def _errors(app: FastAPI) -> None:

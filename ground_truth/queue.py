@@ -109,6 +109,12 @@ def _existing_ids(conn: Connection, task: Task, keys: list[str]) -> dict[str, in
     return found
 
 
+def shows_media(engine: Engine, path: str) -> bool:
+    """Whether some item of some task shows this file (its thumbnail): the media route serves nothing else."""
+    with engine.begin() as conn:
+        return conn.execute(select(exists().where(items.c.thumbnail == path))).scalar()
+
+
 def serve(engine: Engine, task: Task, account_id: int) -> Shown | None:
     """The item this annotator should label now: the one they hold, else every n-th time a gold
     question, else a freshly claimed slot of the highest-priority open item. None when nothing is left."""
