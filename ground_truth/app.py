@@ -200,8 +200,8 @@ def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> 
 
     @app.get("/review/{task}", response_class=HTMLResponse)
     def review_page(request: Request, task: str) -> str:
+        account = page_account(request, REVIEWERS)  # before the lookup: a stranger learns no task names
         found = q.get_task(engine, task)
-        account = page_account(request, REVIEWERS)
         return pages.review(account, found, review.disputes(engine, found), review.task_quality(engine, found))
 
     @app.get("/admin", response_class=HTMLResponse)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import exists, insert, select, update
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from ground_truth.agreement import cohen_kappa, fleiss_kappa, krippendorff_alpha
@@ -102,21 +102,44 @@ def disputes(engine: Engine, task: Task) -> list[ItemState]:
     ]
 
 
+VERDICT_MAX = items.c.gold_label.type.length  # a verdict becomes the item's gold label
+
+
 def adjudicate(engine: Engine, task: Task, reviewer_id: int, item_id: int, label: str) -> None:
-    """The reviewer's verdict settles the item and becomes its gold label."""
-    if task.spec.labels is not None and label not in task.spec.labels:
+    """The reviewer's verdict settles an open dispute and becomes the item's gold label. Nothing else
+    takes a verdict: a gold question's answer is the key that scores everyone."""
+    if len(label) > VERDICT_MAX:
+        raise ValueError(f"a verdict is at most {VERDICT_MAX} characters, not {len(label)}")
+    if task.spec.labels is None:
+        raise Conflict(f"task {task.spec.name!r} takes free text: it has no disputes to rule on")
+    if label not in task.spec.labels:
         raise ValueError(f"verdict must be one of {task.spec.labels}, not {label!r}")
     try:
         with engine.begin() as conn:
-            found = conn.execute(select(items.c.id).where(items.c.id == item_id, items.c.task_id == task.id)).first()
-            if found is None:
-                raise NotFound(f"no item {item_id} in task {task.spec.name!r}")
+            _check_open_dispute(conn, task, item_id)
             conn.execute(
                 insert(verdicts).values(item_id=item_id, reviewer_id=reviewer_id, label=label, decided_at=now())
             )
             conn.execute(update(items).where(items.c.id == item_id).values(gold_label=label))
     except IntegrityError as error:
         raise Conflict(f"item {item_id} already has a verdict") from error
+
+
+def _check_open_dispute(conn: Connection, task: Task, item_id: int) -> None:
+    """Raise unless all k annotators answered the item and disagree, with no verdict yet."""
+    found = conn.execute(select(items.c.id).where(items.c.id == item_id, items.c.task_id == task.id)).first()
+    if found is None:
+        raise NotFound(f"no item {item_id} in task {task.spec.name!r}")
+    if conn.execute(select(exists().where(verdicts.c.item_id == item_id))).scalar():
+        raise Conflict(f"item {item_id} already has a verdict")
+    regular = conn.execute(select(slots.c.label).where(slots.c.item_id == item_id, slots.c.slot.is_not(None))).all()
+    if not regular:
+        raise Conflict(f"item {item_id} is a gold question: its known answer is not up for review")
+    answers = [r.label for r in regular if r.label is not None]
+    if len(answers) < len(regular):
+        raise Conflict(f"item {item_id} is not up for review: {len(answers)} of {len(regular)} answers are in")
+    if len(set(answers)) < 2:
+        raise Conflict(f"item {item_id} is not up for review: its answers agree")
 
 
 @dataclass(frozen=True)
