@@ -28,8 +28,10 @@ def _page(title: str, body: str, account: Account | None = None, script: str | N
     )
 
 
-def login(error: str | None) -> str:
+def login(error: str | None, retry_after: int | None = None) -> str:
     problem = '<p class="error" id="error">Wrong username or password.</p>' if error else ""
+    if retry_after is not None:
+        problem = f'<p class="error" id="error">Too many sign-in attempts: try again in {retry_after} s.</p>'
     return _page(
         "Sign in",
         f"""<h1>Sign in</h1>{problem}
