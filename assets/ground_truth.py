@@ -2,6 +2,7 @@
 champion-vs-challenger disagreements, a random audit sample) and the versioned releases behind
 blocking great-expectations checks. Thin: the work is in ground_truth/."""
 
+import random
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from assets.metadata import quality_gate, table
 from assets.models import with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
 from engines.expectations import Suite, gxe
+from engines.releases import newest_release
 from ground_truth import queue, review
 from ground_truth import release as rel
 from ground_truth import sources as src
@@ -51,7 +53,9 @@ class ViolationQueueConfig(Config):
     group_name="ground_truth",
     description="Fills the content_violation labeling task each day from three queues: items the violation "
     "detector flagged, items where it and the users' ip_violation reports disagree, and a random "
-    "audit sample of the catalogue. Idempotent: an item is added once, a re-run adds nothing.",
+    "audit sample of the catalogue. Then gold questions: random items of the newest release (adjudicated "
+    "or unanimous) get their released label as a known answer, until the task's gold_share of its items "
+    "carry one. Idempotent: an item is added once, a re-run adds nothing.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),  # a range runs as one run (partition_days)
     deps=[VIOLATION_FLAGS, AssetKey(["warehouse", "abuse_reports"]), WAREHOUSE_ITEMS],
@@ -81,16 +85,29 @@ def content_violation_queue(
             added = queue.add_items(engine, task, src.catalogue_items(store, day, ids, name, scores, PRIORITY[name]))
             rows.append({"day": day.isoformat(), "queue": name, "candidates": len(ids), "new_items": added})
         context.log.info(f"content_violation queue {day}: {rows[-3:]}")
+    gold = _gold_from_newest_release(Path(lake.root), engine, task, context)
     quality = review.task_quality(engine, task)
     return MaterializeResult(
         metadata={
             "new_items": sum(r["new_items"] for r in rows),
+            "new_gold_questions": gold,
             "task_items": quality.items,
             "days_without_flags": ", ".join(missing_flags) or "none",
             "queues": table(rows),
             "label_store": labels.database_url().split("@")[-1],
         }
     )
+
+
+def _gold_from_newest_release(lake_root: Path, engine, task: queue.Task, context) -> int:
+    """Gold questions drawn at random from the newest release's resolved labels (none before the first)."""
+    newest = newest_release(lake_root, task.spec.name)
+    if newest is None:
+        return 0
+    known = dict(newest.labels().select("key", "label").iter_rows())
+    added = queue.set_gold(engine, task, known, random.Random(f"{task.spec.name}:{newest.version}:{len(known)}"))
+    context.log.info(f"{task.spec.name}: {added} new gold questions from release {newest.name}")
+    return added
 
 
 class ModelQueueConfig(Config):
@@ -179,7 +196,10 @@ def _pair_items(store, day, pairs: pl.DataFrame) -> list[ItemIn]:
 
 
 class ReleaseConfig(Config):
-    min_agreement: float = Field(default=0.4, description="Lowest Krippendorff's alpha a release may have")
+    min_agreement: float = Field(
+        default=0.667,
+        description="Lowest Krippendorff's alpha a release may have (Krippendorff's floor for tentative conclusions)",
+    )
     min_class_share: float = Field(default=0.01, description="Smallest share any label may have")
     max_class_share: float = Field(default=0.99, description="Largest share any label may have")
     min_items: int = Field(default=1, ge=1)

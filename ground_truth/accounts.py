@@ -7,6 +7,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cache
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Engine
@@ -64,11 +65,21 @@ def create_account(engine: Engine, username: str, password: str, role: Role) -> 
     return Account(account_id, username, Role(role))
 
 
+@cache
+def _unknown_user_hash() -> str:
+    """What an unknown username's password is checked against: the same work as for a real account, so
+    the answer's timing does not tell which accounts exist."""
+    return hash_password(secrets.token_urlsafe(16))
+
+
 def sign_in(engine: Engine, username: str, password: str) -> str | None:
     """A new session token, or None for a wrong username or password."""
     with engine.begin() as conn:
         row = conn.execute(select(accounts).where(accounts.c.username == username)).first()
-    if row is None or not verify_password(password, row.password_hash):
+    if row is None:
+        verify_password(password, _unknown_user_hash())
+        return None
+    if not verify_password(password, row.password_hash):
         return None
     token = secrets.token_urlsafe(32)
     with engine.begin() as conn:

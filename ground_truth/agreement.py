@@ -1,12 +1,14 @@
 """Inter-annotator agreement for nominal labels: Krippendorff's alpha (any number of annotators per
 item, missing answers allowed), Fleiss' kappa (the same number per item) and Cohen's kappa (two
-sequences of labels over the same items). None where a statistic is undefined (e.g. one category)."""
+sequences of labels over the same items). None where a statistic is undefined (e.g. one category).
+And the Wilson interval of a proportion (an annotator's accuracy on gold questions)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from itertools import permutations
+from math import sqrt
 
 
 def krippendorff_alpha(units: Sequence[Sequence[Hashable]]) -> float | None:
@@ -57,3 +59,14 @@ def cohen_kappa(first: Sequence[Hashable], second: Sequence[Hashable]) -> float 
     left, right = Counter(first), Counter(second)
     chance = sum(left[c] * right[c] for c in left) / (n * n)
     return None if chance == 1 else (observed - chance) / (1 - chance)
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval (95% by default) of successes / trials: unlike the normal
+    approximation it stays inside [0, 1] and keeps its coverage near 0 and 1, where good annotators are."""
+    if trials == 0:
+        return None
+    share = successes / trials
+    centre = (share + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * sqrt(share * (1 - share) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -17,6 +17,7 @@ from ground_truth import pages, review
 from ground_truth import queue as q
 from ground_truth.db import connect
 from ground_truth.schema import ItemIn, Role, Shown, TaskSpec
+from ground_truth.throttle import HashingPool, SignInThrottle
 
 COOKIE = "gt_session"
 STATIC = Path(__file__).parent / "static"
@@ -46,10 +47,11 @@ class Next(BaseModel):
     retry: bool = False  # the answer is saved but the next item could not be claimed yet: GET .../next
 
 
-def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
+def create_app(database_url: str, media_root: Path | None = None, throttle: SignInThrottle | None = None) -> FastAPI:
     engine = connect(database_url)
     app = FastAPI(title="mlplane labeling", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
+    app.state.sign_in = SignIn(engine, throttle or SignInThrottle(), HashingPool())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _errors(app)
 
@@ -89,8 +91,8 @@ def create_app(database_url: str, media_root: Path | None = None) -> FastAPI:
     TaskDep = Annotated[q.Task, Depends(task_named)]
 
     @app.post("/api/login")
-    def api_login(body: Credentials) -> dict:
-        token = acc.sign_in(engine, body.username, body.password)
+    async def api_login(request: Request, body: Credentials) -> dict:
+        token = await app.state.sign_in(request, body.username, body.password)
         if token is None:
             raise HTTPException(401, "wrong username or password")
         response = JSONResponse({"token": token})
@@ -174,8 +176,15 @@ def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> 
         return pages.login(error)
 
     @app.post("/login")
-    def login_form(username: Annotated[str, Form()], password: Annotated[str, Form()]):
-        token = acc.sign_in(engine, username, password)
+    async def login_form(
+        request: Request,
+        username: Annotated[str, Form(max_length=64)],
+        password: Annotated[str, Form(max_length=200)],
+    ):
+        try:
+            token = await app.state.sign_in(request, username, password)
+        except Throttled as error:
+            return HTMLResponse(pages.login(None, error.retry_after), 429, headers=error.headers)
         if token is None:
             return RedirectResponse("/login?error=1", status_code=303)
         response = RedirectResponse("/", status_code=303)
@@ -200,8 +209,8 @@ def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> 
 
     @app.get("/review/{task}", response_class=HTMLResponse)
     def review_page(request: Request, task: str) -> str:
+        account = page_account(request, REVIEWERS)  # before the lookup: a stranger learns no task names
         found = q.get_task(engine, task)
-        account = page_account(request, REVIEWERS)
         return pages.review(account, found, review.disputes(engine, found), review.task_quality(engine, found))
 
     @app.get("/admin", response_class=HTMLResponse)
@@ -211,8 +220,9 @@ def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> 
     @app.get("/media/{path:path}")
     def media(request: Request, path: str):
         page_account(request)
-        if media_root is None:
-            raise HTTPException(404, "this server has no media folder")
+        # only a file an item shows, never the rest of the media root (users, reports, chat messages)
+        if media_root is None or not _plain_path(path) or not q.shows_media(engine, path):
+            raise HTTPException(404, f"no media file {path!r}")
         root = media_root.resolve()
         file = (root / path).resolve()
         if not file.is_relative_to(root) or not file.is_file():
@@ -220,7 +230,40 @@ def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> 
         return FileResponse(file)
 
 
+def _plain_path(path: str) -> bool:
+    """A relative path of ordinary names: no '..', no absolute path, no control characters or backslashes."""
+    parts = path.split("/")
+    return path.isprintable() and "\\" not in path and all(part not in ("", ".", "..") for part in parts)
+
+
+class Throttled(Exception):
+    def __init__(self, retry_after: int):
+        super().__init__(f"too many sign-in attempts for this account or address: try again in {retry_after} s")
+        self.retry_after = retry_after
+        self.headers = {"retry-after": str(retry_after)}
+
+
+class SignIn:
+    """Sign-in behind the throttle, its password check on the hashing pool (never the shared one)."""
+
+    def __init__(self, engine: Engine, throttle: SignInThrottle, hashing: HashingPool):
+        self.engine, self.throttle, self.hashing = engine, throttle, hashing
+
+    async def __call__(self, request: Request, username: str, password: str) -> str | None:
+        address = request.client.host if request.client else "unknown"
+        if (wait := self.throttle.begin(username, address)) is not None:
+            raise Throttled(wait)
+        token = await self.hashing.run(acc.sign_in, self.engine, username, password)
+        if token is not None:
+            self.throttle.succeeded(username, address)
+        return token
+
+
 def _errors(app: FastAPI) -> None:
+    @app.exception_handler(Throttled)
+    def throttled(_request, error):
+        return JSONResponse({"detail": str(error)}, status_code=429, headers=error.headers)
+
     @app.exception_handler(q.NotFound)
     def not_found(_request, error):
         return JSONResponse({"detail": str(error)}, status_code=404)

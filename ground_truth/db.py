@@ -71,6 +71,8 @@ items = Table(
 )
 # the next item to serve is the first open slot in this order: read off the index, no sort of the task
 ITEMS_BY_PRIORITY = Index("gt_items_task_priority", items.c.task_id, items.c.priority.desc(), items.c.id)
+# the media route serves a file only when an item shows it: one indexed lookup per image
+ITEMS_BY_THUMBNAIL = Index("gt_items_thumbnail", items.c.thumbnail)
 
 item_sources = Table(
     "gt_item_sources",
@@ -140,6 +142,7 @@ def connect(url: str) -> Engine:
     else:
         engine = create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
     metadata.create_all(engine)
-    for index in (ITEMS_BY_PRIORITY, SKIPS_BY_ACCOUNT):  # create_all skips the indexes of existing tables
+    # create_all skips the indexes of existing tables
+    for index in (ITEMS_BY_PRIORITY, ITEMS_BY_THUMBNAIL, SKIPS_BY_ACCOUNT):
         index.create(engine, checkfirst=True)
     return engine

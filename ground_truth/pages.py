@@ -28,8 +28,10 @@ def _page(title: str, body: str, account: Account | None = None, script: str | N
     )
 
 
-def login(error: str | None) -> str:
+def login(error: str | None, retry_after: int | None = None) -> str:
     problem = '<p class="error" id="error">Wrong username or password.</p>' if error else ""
+    if retry_after is not None:
+        problem = f'<p class="error" id="error">Too many sign-in attempts: try again in {retry_after} s.</p>'
     return _page(
         "Sign in",
         f"""<h1>Sign in</h1>{problem}
@@ -94,7 +96,8 @@ def review(account: Account, task: Task, open_disputes: list[ItemState], quality
     alpha = "n/a" if quality.krippendorff_alpha is None else f"{quality.krippendorff_alpha:.3f}"
     people = "".join(
         f"<tr><td>{escape(a.annotator)}</td><td>{a.answers}</td><td>{_num(a.kappa_vs_resolved)}</td>"
-        f"<td>{a.gold_answered}</td><td>{_num(a.gold_accuracy)}</td></tr>"
+        f"<td>{a.gold_answered}</td><td>{_num(a.gold_accuracy)}"
+        f"{_interval(a.gold_accuracy_low, a.gold_accuracy_high)}</td></tr>"
         for a in quality.annotators
     )
     return _page(
@@ -104,7 +107,7 @@ def review(account: Account, task: Task, open_disputes: list[ItemState], quality
 <span id="open-count">{len(open_disputes)}</span> disputes open. Krippendorff's alpha {alpha}.</p>
 <section id="disputes" data-task="{escape(task.spec.name)}">{"".join(rows) or "<p>No open disputes.</p>"}</section>
 <h2>Annotators</h2><table><tr><th>annotator</th><th>answers</th><th>kappa vs resolved</th><th>gold answered</th>
-<th>gold accuracy</th></tr>{people}</table>""",
+<th>gold accuracy (95% interval)</th></tr>{people}</table>""",
         account,
         "review.js",
     )
@@ -142,3 +145,7 @@ def quality_json(quality: TaskQuality) -> dict:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return "" if low is None or high is None else f" ({low:.2f}-{high:.2f})"

@@ -5,6 +5,7 @@ concurrent annotators never push an item past k answers and no answer is overwri
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -97,6 +98,23 @@ def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
     return added
 
 
+def set_gold(engine: Engine, task: Task, known: dict[str, str], rng: random.Random) -> int:
+    """Give items with a known answer (an earlier release's resolved labels: adjudicated or unanimous)
+    their gold label, chosen at random, until gold_share of the task's items carry one. Each is then served
+    as a gold question to the annotators who have not answered it. Returns how many were set; idempotent
+    once the share is reached."""
+    if not task.spec.gold_share or not known:
+        return 0
+    with engine.begin() as conn:
+        rows = conn.execute(select(items.c.id, items.c.key, items.c.gold_label).where(items.c.task_id == task.id)).all()
+        wanted = round(task.spec.gold_share * len(rows)) - sum(r.gold_label is not None for r in rows)
+        candidates = sorted((r.id, r.key) for r in rows if r.gold_label is None and r.key in known)
+        chosen = rng.sample(candidates, max(0, min(wanted, len(candidates))))
+        for item_id, key in chosen:
+            conn.execute(update(items).where(items.c.id == item_id).values(gold_label=known[key]))
+    return len(chosen)
+
+
 def _existing_ids(conn: Connection, task: Task, keys: list[str]) -> dict[str, int]:
     found: dict[str, int] = {}
     for start in range(0, len(keys), 500):
@@ -107,6 +125,12 @@ def _existing_ids(conn: Connection, task: Task, keys: list[str]) -> dict[str, in
         )
         found.update({r.key: r.id for r in rows})
     return found
+
+
+def shows_media(engine: Engine, path: str) -> bool:
+    """Whether some item of some task shows this file (its thumbnail): the media route serves nothing else."""
+    with engine.begin() as conn:
+        return conn.execute(select(exists().where(items.c.thumbnail == path))).scalar()
 
 
 def serve(engine: Engine, task: Task, account_id: int) -> Shown | None:

@@ -119,11 +119,25 @@ def write_release(lake_root: Path, found: Candidate, checks: dict) -> tuple[Rele
         (staging / LABEL_STUDIO_FILE).write_text(json.dumps(label_studio_tasks(found), indent=1))
         (staging / CARD_FILE).write_text(dataset_card(found, manifest))
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
-        os.rename(staging, release.folder)  # fails if the version exists: a release is never overwritten
+        _claim_version(release)
+        # replaces only the empty folder just claimed; readers skip a folder until its manifest is there
+        os.rename(staging, release.folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return release, True
+
+
+def _claim_version(release: Release) -> None:
+    """Make the version's folder, failing if it exists: os.rename alone silently replaces an empty folder
+    (a crashed writer's, or another writer's claim), and a release is never replaced."""
+    try:
+        release.folder.mkdir()
+    except FileExistsError as error:
+        raise FileExistsError(
+            f"release folder {release.folder} exists without a manifest: a release is never replaced "
+            "(remove the folder if it is a crashed write's)"
+        ) from error
 
 
 def _manifest(found: Candidate, release: Release, checks: dict) -> dict:

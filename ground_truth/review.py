@@ -1,16 +1,16 @@
-"""What the answers add up to: disputes for reviewers, verdicts (a verdict is the item's gold label),
-resolved labels, agreement per task and per annotator, and each annotator's gold score."""
+"""What the answers add up to: disputes for reviewers, verdicts, resolved labels, agreement per task and
+per annotator, and each annotator's accuracy on gold questions with its interval."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import exists, insert, select
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from ground_truth.agreement import cohen_kappa, fleiss_kappa, krippendorff_alpha
+from ground_truth.agreement import cohen_kappa, fleiss_kappa, krippendorff_alpha, wilson_interval
 from ground_truth.db import accounts, item_sources, items, slots, verdicts
 from ground_truth.queue import Conflict, NotFound, Task, now
 
@@ -102,31 +102,58 @@ def disputes(engine: Engine, task: Task) -> list[ItemState]:
     ]
 
 
+VERDICT_MAX = 64  # a verdict is one of the labels, which are 1-64 characters (schema.TaskSpec)
+
+
 def adjudicate(engine: Engine, task: Task, reviewer_id: int, item_id: int, label: str) -> None:
-    """The reviewer's verdict settles the item and becomes its gold label."""
-    if task.spec.labels is not None and label not in task.spec.labels:
+    """The reviewer's verdict settles an open dispute. Nothing else takes a verdict: a gold question's
+    answer is the key that scores everyone. (A verdict is not made a gold label here: gold questions drawn
+    only from disputes, the hardest items, would understate everyone's accuracy; see queue.set_gold.)"""
+    if len(label) > VERDICT_MAX:
+        raise ValueError(f"a verdict is at most {VERDICT_MAX} characters, not {len(label)}")
+    if task.spec.labels is None:
+        raise Conflict(f"task {task.spec.name!r} takes free text: it has no disputes to rule on")
+    if label not in task.spec.labels:
         raise ValueError(f"verdict must be one of {task.spec.labels}, not {label!r}")
     try:
         with engine.begin() as conn:
-            found = conn.execute(select(items.c.id).where(items.c.id == item_id, items.c.task_id == task.id)).first()
-            if found is None:
-                raise NotFound(f"no item {item_id} in task {task.spec.name!r}")
+            _check_open_dispute(conn, task, item_id)
             conn.execute(
                 insert(verdicts).values(item_id=item_id, reviewer_id=reviewer_id, label=label, decided_at=now())
             )
-            conn.execute(update(items).where(items.c.id == item_id).values(gold_label=label))
     except IntegrityError as error:
         raise Conflict(f"item {item_id} already has a verdict") from error
+
+
+def _check_open_dispute(conn: Connection, task: Task, item_id: int) -> None:
+    """Raise unless all k annotators answered the item and disagree, with no verdict yet."""
+    found = conn.execute(select(items.c.id).where(items.c.id == item_id, items.c.task_id == task.id)).first()
+    if found is None:
+        raise NotFound(f"no item {item_id} in task {task.spec.name!r}")
+    if conn.execute(select(exists().where(verdicts.c.item_id == item_id))).scalar():
+        raise Conflict(f"item {item_id} already has a verdict")
+    regular = conn.execute(select(slots.c.label).where(slots.c.item_id == item_id, slots.c.slot.is_not(None))).all()
+    if not regular:
+        raise Conflict(f"item {item_id} is a gold question: its known answer is not up for review")
+    answers = [r.label for r in regular if r.label is not None]
+    if len(answers) < len(regular):
+        raise Conflict(f"item {item_id} is not up for review: {len(answers)} of {len(regular)} answers are in")
+    if len(set(answers)) < 2:
+        raise Conflict(f"item {item_id} is not up for review: its answers agree")
 
 
 @dataclass(frozen=True)
 class AnnotatorQuality:
     annotator: str
     answers: int
-    agreement_with_resolved: float | None  # share of their answers equal to the item's resolved label
-    kappa_vs_resolved: float | None  # Cohen's kappa of their answers vs the resolved labels
+    # share of their answers equal to the item's resolution without their own answer (the verdict, else
+    # the other annotators' unanimous answer): counting their own answer in it flattered everyone
+    agreement_with_resolved: float | None
+    kappa_vs_resolved: float | None  # Cohen's kappa of the same pairs
     gold_answered: int
     gold_accuracy: float | None
+    gold_accuracy_low: float | None  # its 95% Wilson interval
+    gold_accuracy_high: float | None
 
 
 @dataclass(frozen=True)
@@ -140,6 +167,30 @@ class TaskQuality:
     annotators: list[AnnotatorQuality]
 
 
+def _resolved_without(state: ItemState, person: str, k: int) -> str | None:
+    """The item's resolution left without this person's answer: the verdict, else the other annotators'
+    answer when all k answered and the others agree; None while open (or with no one else)."""
+    if state.verdict is not None:
+        return state.verdict
+    others = {label for who, label in state.answers.items() if who != person}
+    return next(iter(others)) if state.complete(k) and len(others) == 1 else None
+
+
+def _annotator_quality(person: str, answered: list[tuple[str, str | None]], gold: list[bool]) -> AnnotatorQuality:
+    pairs = [(a, r) for a, r in answered if r is not None]
+    interval = wilson_interval(sum(gold), len(gold)) or (None, None)
+    return AnnotatorQuality(
+        annotator=person,
+        answers=len(answered),
+        agreement_with_resolved=sum(a == r for a, r in pairs) / len(pairs) if pairs else None,
+        kappa_vs_resolved=cohen_kappa([a for a, _ in pairs], [r for _, r in pairs]) if pairs else None,
+        gold_answered=len(gold),
+        gold_accuracy=sum(gold) / len(gold) if gold else None,
+        gold_accuracy_low=interval[0],
+        gold_accuracy_high=interval[1],
+    )
+
+
 def task_quality(engine: Engine, task: Task, states: list[ItemState] | None = None) -> TaskQuality:
     k = task.spec.annotators_per_item
     states = item_states(engine, task) if states is None else states
@@ -148,24 +199,11 @@ def task_quality(engine: Engine, task: Task, states: list[ItemState] | None = No
     per_person: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
     gold: dict[str, list[bool]] = defaultdict(list)
     for s in states:
-        resolved = s.resolved_label(k)
         for person, label in s.answers.items():
-            per_person[person].append((label, resolved))
+            per_person[person].append((label, _resolved_without(s, person, k)))
         for person, label in s.gold_answers.items():
             gold[person].append(label == s.gold_label)
-    people = []
-    for person in sorted(set(per_person) | set(gold)):
-        pairs = [(a, r) for a, r in per_person[person] if r is not None]
-        people.append(
-            AnnotatorQuality(
-                annotator=person,
-                answers=len(per_person[person]),
-                agreement_with_resolved=sum(a == r for a, r in pairs) / len(pairs) if pairs else None,
-                kappa_vs_resolved=cohen_kappa([a for a, _ in pairs], [r for _, r in pairs]) if pairs else None,
-                gold_answered=len(gold[person]),
-                gold_accuracy=sum(gold[person]) / len(gold[person]) if gold[person] else None,
-            )
-        )
+    people = [_annotator_quality(person, per_person[person], gold[person]) for person in sorted({*per_person, *gold})]
     nominal = task.spec.labels is not None
     return TaskQuality(
         items=len(labelled),

@@ -12,12 +12,15 @@ from pathlib import Path
 import uvicorn
 
 from ground_truth.app import create_app
+from ground_truth.throttle import SignInThrottle
 
 
 @contextmanager
-def serve_app(database_url: str, media_root: Path | None = None) -> Iterator[str]:
+def serve_app(
+    database_url: str, media_root: Path | None = None, throttle: SignInThrottle | None = None
+) -> Iterator[str]:
     """The app (uvicorn, one process) on 127.0.0.1:<free port> in a background thread; yields its base URL."""
-    app = create_app(database_url, media_root)
+    app = create_app(database_url, media_root, throttle)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
@@ -34,4 +37,5 @@ def serve_app(database_url: str, media_root: Path | None = None) -> Iterator[str
         server.should_exit = True
         thread.join(10)
         app.state.engine.dispose()
+        app.state.sign_in.hashing.close()
         sock.close()

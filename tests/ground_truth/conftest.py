@@ -26,7 +26,7 @@ from tests.services import create_database, drop_database
 PASSWORD = "correct horse battery"
 # Simulated annotators. Violations are rare in the queues, and Krippendorff's alpha falls fast with errors
 # at low prevalence (at 80-98% it came out at 0.37 in one run and above 0.4 in another: which annotator
-# draws which item varies), so these are accurate enough to clear the release check's 0.4.
+# draws which item varies), so these are accurate enough to clear the release check's 0.667.
 ACCURACY = {"ann0": 0.995, "ann1": 0.99, "ann2": 0.98, "ann3": 0.97}
 
 

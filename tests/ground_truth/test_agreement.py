@@ -2,7 +2,7 @@
 
 import pytest
 
-from ground_truth.agreement import cohen_kappa, fleiss_kappa, krippendorff_alpha
+from ground_truth.agreement import cohen_kappa, fleiss_kappa, krippendorff_alpha, wilson_interval
 
 
 def test_cohen_kappa_textbook():
@@ -56,3 +56,10 @@ def test_alpha_and_kappas_meet_on_two_complete_raters():
     # pairable values n = 8: a = 3, b = 5; disagreeing pairs o_ab + o_ba = 2; expected 2 * 3 * 5 = 30
     assert krippendorff_alpha(units) == pytest.approx(1 - 7 * 2 / 30)
     assert krippendorff_alpha([["a", "a"], ["a", "a"]]) is None
+
+
+def test_wilson_interval_textbook():
+    # Newcombe (1998), table I: 81 of 263 gives 0.2553-0.3662; 0 of 10 gives 0-0.2775 (never below 0)
+    assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(0, 0) is None

@@ -151,6 +151,12 @@ def test_labels_review_and_versioned_releases(lake):
     files = {p.name: p.read_bytes() for p in release.folder.iterdir()}
     unchanged = run(lake, RELEASE, partitioned=False)
     assert metadata(unchanged, "ground_truth", "content_violation", "release")["created"].value is False
+    assert not [s for s in review.item_states(engine, task) if s.gold_label is not None]  # none before a release
+    requeued = run(lake, QUEUE)  # queue building now draws gold questions from v1
+    gold = {s.key: s.gold_label for s in review.item_states(engine, task) if s.gold_label is not None}
+    assert metadata(requeued, "ground_truth", "content_violation", "queue")["new_gold_questions"].value == len(gold)
+    assert len(gold) == round(0.1 * len(review.item_states(engine, task)))
+    assert gold == {k: v for k, v in dict(labels.select("key", "label").iter_rows()).items() if k in gold}
     strict = run(
         lake,
         RELEASE,

@@ -119,5 +119,5 @@ def test_label_review_and_forbidden_pages_in_chromium(app):
         expect(reviewer.locator("#open-count")).to_have_text("0")
         browser.close()
     states = {s.title: s for s in review.item_states(engine, task)}
-    assert states[first].verdict == "violation" == states[first].gold_label
+    assert states[first].verdict == "violation" and states[first].gold_label is None
     assert all(r.startswith(base_url) for r in requests), [r for r in requests if not r.startswith(base_url)]
