@@ -14,9 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
 from serving.models import binary
+from serving.models.auth import Keys, rest_role
 from serving.models.openai_api import ChatRequest, add_openai_routes
 from serving.models.protocol import (
     ErrorResponse,
@@ -35,7 +37,7 @@ from serving.models.protocol import (
 from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
 
 V2 = "open inference protocol v2"
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 503)}
 
 
 class RecommendRequest(BaseModel):
@@ -57,6 +59,11 @@ class RecommendResponse(BaseModel):
     timings_ms: dict[str, float]
 
 
+def error_response(error: ProtocolError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse({"error": error.message}, status_code=error.status, headers=headers)
+
+
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")  # the infer routes' paths
 
 
@@ -66,8 +73,15 @@ class ModelServerApp(FastAPI):
     takes FastAPI's path; the routes stay declared there for the OpenAPI document."""
 
     infer_handler = None  # set by create_app
+    keys = Keys()  # set by create_app; these refuse every control call
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"].removeprefix(scope.get("root_path") or "")
+            try:
+                self.keys.check(rest_role(path), Headers(scope=scope).get("authorization"))
+            except ProtocolError as error:
+                return await error_response(error)(scope, receive, send)
         if scope["type"] == "http" and scope["method"] == "POST" and not self.root_path and not scope.get("root_path"):
             match = INFER_PATH.match(scope["path"])
             if match is not None:
@@ -75,7 +89,7 @@ class ModelServerApp(FastAPI):
                 try:
                     response = await self.infer_handler(match.group(1), Request(scope, receive), match.group(2))
                 except ProtocolError as error:
-                    response = JSONResponse({"error": error.message}, status_code=error.status)
+                    response = error_response(error)
                 except ClientDisconnect:
                     return
                 return await response(scope, receive, send)
@@ -113,10 +127,11 @@ def create_app(
     )
     app.state.server = server
     app.infer_handler = _infer(server)
+    app.keys = server.keys
 
     @app.exception_handler(ProtocolError)
     async def protocol_error(request: Request, error: ProtocolError):
-        return JSONResponse({"error": error.message}, status_code=error.status)
+        return error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError):
@@ -293,16 +308,20 @@ def _repository_routes(app: FastAPI, server: ModelServer) -> None:
         tags=[V2],
         responses=ERRORS,
         response_model=RepositoryModel,
-        summary="Load now (parameters: `version` or `alias` to follow)",
+        summary="Load now (parameters: `version` or `alias` to follow); needs the admin key",
     )
     async def load(name: str, body: RepositoryLoadRequest | None = None):
         from starlette.concurrency import run_in_threadpool
 
         return await run_in_threadpool(server.repository.load, name, body.parameters if body else None)
 
-    @app.post("/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving")
+    @app.post(
+        "/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving; needs the admin key"
+    )
     async def unload(name: str):
-        server.repository.unload(name)
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(server.repository.unload, name)  # it waits for a load in progress
         return {}
 
 

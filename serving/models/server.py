@@ -15,6 +15,7 @@ from engines.lake import Lake
 from engines.prediction_logs import LIVE, PredictionRecord
 from engines.registry import ModelRegistry, RegisteredVersion
 from engines.vector_store import VectorStore
+from serving.models.auth import Keys
 from serving.models.base import ServedModel
 from serving.models.config import ModelEntry, ServerConfig
 from serving.models.experiments import ExperimentRouter
@@ -37,6 +38,7 @@ EXTENSIONS = ["model_repository", "binary_tensor_data", "statistics"]
 class ModelServer:
     def __init__(self, config: ServerConfig):
         self.config = config
+        self.keys = Keys.of(config)
         self.metrics = ServerMetrics()
         self.lake = Lake(config.lake_path())
         self.registry = (
