@@ -12,7 +12,14 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from serving.models import binary
 from serving.models.auth import Keys, grpc_role
-from serving.models.protocol import ProtocolError, RequestInput, datatype_of, decode_input, element_count
+from serving.models.protocol import (
+    ProtocolError,
+    RepositoryModel,
+    RequestInput,
+    datatype_of,
+    decode_input,
+    element_count,
+)
 from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
 
 STATUS_CODES = {
@@ -143,7 +150,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryIndexResponse(
             models=[
                 pb.RepositoryIndexResponse.ModelIndex(
-                    name=m.name, version=m.version or "", state=m.state, reason=m.reason
+                    name=m.name, version=m.version or "", state=m.state, reason=_reason(m)
                 )
                 for m in models
             ]
@@ -168,6 +175,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except ProtocolError as error:
             await self._fail(context, error)
         return pb.RepositoryModelUnloadResponse()
+
+
+def _reason(model: RepositoryModel) -> str:
+    """The index's reason; gRPC's index has no field for a load's override, so it is said here."""
+    if not model.overridden:
+        return model.reason
+    return "; ".join(filter(None, [f"follows {model.follows} (set by a load)", model.reason]))
 
 
 class KeyCheck(grpc.aio.ServerInterceptor):

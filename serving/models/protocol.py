@@ -129,6 +129,11 @@ class RepositoryModel(BaseModel):
     version: str | None = None
     state: str = Field(description="READY, UNAVAILABLE or LOADING")
     reason: str = ""
+    follows: str = Field(default="", description="The alias or version it serves, e.g. \"alias 'champion'\"")
+    overridden: bool = Field(
+        default=False,
+        description="A load changed what it follows; a load without parameters returns to the configuration",
+    )
 
 
 class RepositoryLoadRequest(BaseModel):

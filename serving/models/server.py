@@ -110,9 +110,7 @@ class ModelServer:
         if self.prediction_log is not None:
             self.prediction_log.close()
         self.feature_log.close()
-        for state in self.repository.states.values():
-            if state.current is not None:
-                state.current.model.close()
+        self.repository.close()
         self.vectors.store.close()
 
     # --- loading --------------------------------------------------------------------------------
