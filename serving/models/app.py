@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import re
 from contextlib import asynccontextmanager
+from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, Strict, ValidationError
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
@@ -21,6 +22,8 @@ from serving.models import binary
 from serving.models.auth import Keys, rest_role
 from serving.models.openai_api import ChatRequest, add_openai_routes
 from serving.models.protocol import (
+    INT64_MAX,
+    INT64_MIN,
     ErrorResponse,
     InferenceRequest,
     InferenceResponse,
@@ -40,9 +43,12 @@ V2 = "open inference protocol v2"
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 503)}
 
 
+Int64 = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]  # a JSON integer: no boolean, float or string
+
+
 class RecommendRequest(BaseModel):
-    user_id: int
-    k: int = Field(default=10, ge=1, le=1000)
+    user_id: Int64
+    k: Annotated[int, Strict()] = Field(default=10, ge=1, le=1000)
     context: dict = Field(default_factory=dict, description="Free-form; `exclude_item_ids` drops items")
     request_id: str | None = None
 
@@ -287,7 +293,7 @@ def _infer(server: ModelServer):
             return Response(
                 payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(length)}
             )
-        return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
+        return Response(json.dumps(answer, separators=(",", ":"), allow_nan=False), media_type="application/json")
 
     return infer
 

@@ -68,7 +68,10 @@ def decode_tensors(request) -> dict[str, np.ndarray]:
             out[tensor.name] = binary.decode_binary(spec, raw[i])
             continue
         count = element_count(spec)
-        values = list(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
+        field = CONTENTS_FIELD.get(tensor.datatype)
+        if field is None:  # FP16 has no typed contents in the protocol
+            raise ProtocolError(400, f"input {tensor.name!r}: {tensor.datatype} travels only as raw_input_contents")
+        values = list(getattr(tensor.contents, field))
         if tensor.datatype != "BYTES":
             spec.data = values
             out[tensor.name] = decode_input(spec)

@@ -96,3 +96,20 @@ def test_grpc_control_calls_need_the_admin_key(grpc_server):
                 call("personalization-challenger", headers=headers)
             assert refused.value.status() == code, (call, headers)
     assert client.is_model_ready("personalization-challenger")  # nothing was unloaded
+
+
+def test_grpc_bad_inputs_are_invalid_argument_not_unknown(grpc_server):
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    _, address = grpc_server
+    stub = pb_grpc.GRPCInferenceServiceStub(__import__("grpc").insecure_channel(address))
+    tensor = pb.ModelInferRequest.InferInputTensor
+    bad = {
+        "FP16 typed contents": tensor(name="user_id", datatype="FP16", shape=[1]),
+        "huge empty BYTES": tensor(name="user_id", datatype="BYTES", shape=[0, 2**62, 2**62]),
+    }
+    for what, given in bad.items():
+        with pytest.raises(__import__("grpc").RpcError) as refused:
+            stub.ModelInfer(pb.ModelInferRequest(model_name="personalization", inputs=[given]))
+        assert refused.value.code().name in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"), (what, refused.value)
