@@ -80,6 +80,7 @@ class ModelServerApp(FastAPI):
 
     infer_handler = None  # set by create_app
     keys = Keys()  # set by create_app; these refuse every control call
+    max_body_bytes = 64 * 1024 * 1024  # set by create_app
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -88,6 +89,11 @@ class ModelServerApp(FastAPI):
                 self.keys.check(rest_role(path), Headers(scope=scope).get("authorization"))
             except ProtocolError as error:
                 return await error_response(error)(scope, receive, send)
+            limited = self._limited(scope, receive)
+            if limited is None:
+                error = ProtocolError(413, f"request body over {self.max_body_bytes} bytes (max_body_bytes)")
+                return await error_response(error)(scope, receive, send)
+            receive = limited
         if scope["type"] == "http" and scope["method"] == "POST" and not self.root_path and not scope.get("root_path"):
             match = INFER_PATH.match(scope["path"])
             if match is not None:
@@ -100,6 +106,24 @@ class ModelServerApp(FastAPI):
                     return
                 return await response(scope, receive, send)
         await super().__call__(scope, receive, send)
+
+    def _limited(self, scope, receive):
+        """None when the declared length is over the limit (refused unread); else a receive that stops a
+        body without a declared length once it passes the limit."""
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return None
+        limit, seen = self.max_body_bytes, 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise ProtocolError(413, f"request body over {limit} bytes (max_body_bytes)")
+            return message
+
+        return limited
 
 
 def create_app(
@@ -134,6 +158,7 @@ def create_app(
     app.state.server = server
     app.infer_handler = _infer(server)
     app.keys = server.keys
+    app.max_body_bytes = server.config.max_body_bytes
 
     @app.exception_handler(ProtocolError)
     async def protocol_error(request: Request, error: ProtocolError):

@@ -33,8 +33,9 @@ def client_with(tower_registry, tmp_path):
     _, root = tower_registry
     servers = []
 
-    def make(admin_key: str | None = None, data_key: str | None = None, **client) -> TestClient:
+    def make(admin_key: str | None = None, data_key: str | None = None, max_body_bytes=2**20, **client) -> TestClient:
         config = ServerConfig(
+            max_body_bytes=max_body_bytes,
             registry_root=str(root / "registry"),
             lake_root=str(tmp_path / f"lake{len(servers)}"),
             models=TOWER_ENTRIES,
@@ -90,3 +91,14 @@ def test_roles_of_grpc_methods():
     assert grpc_role("/inference.GRPCInferenceService/ModelInfer") == DATA
     assert grpc_role("/inference.GRPCInferenceService/ServerLive") == OPEN
     Keys(admin=b"k").check(ADMIN, "bearer k")  # the scheme is case-insensitive
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(client_with):
+    client = client_with(max_body_bytes=1000)
+    big = b"x" * 5000
+    for path in ("/v2/models/nope/infer", "/recommend", "/get-online-features"):
+        declared = client.post(path, content=big)
+        assert declared.status_code == 413 and "max_body_bytes" in declared.json()["error"], (path, declared.text)
+    chunked = client.post("/v2/models/nope/infer", content=iter([big[:800], big[800:]]))  # no declared length
+    assert chunked.status_code == 413, chunked.text
+    assert client.post("/v2/models/nope/infer", json={"inputs": []}).status_code == 404  # under the limit
