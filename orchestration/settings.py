@@ -257,6 +257,20 @@ SETTINGS = (
         existing_file,
     ),
     Setting(
+        "MLPLANE_MODEL_SERVER_ADMIN_KEY",
+        "The model server's admin key: repository load and unload need it (unset: they are refused)",
+        None,
+        None,
+        used_by="mlplane serve models, the model-server resource",
+    ),
+    Setting(
+        "MLPLANE_MODEL_SERVER_KEY",
+        "The model server's data-plane key: when set, inference calls need it or the admin key",
+        None,
+        None,
+        used_by="mlplane serve models, the model-server resource",
+    ),
+    Setting(
         "MLPLANE_EXPERIMENTS",
         "A/B experiments file of the model server",
         None,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import httpx
 from dagster import ConfigurableResource
 from pydantic import Field
@@ -22,14 +24,25 @@ class ModelServerResource(ConfigurableResource):
         "KServe/Triton export); None: the local server's default",
     )
     timeout_seconds: float = 30.0
+    admin_key_env: str = Field(
+        default="MLPLANE_MODEL_SERVER_ADMIN_KEY", description="The variable holding the key of load and unload"
+    )
+    data_key_env: str = Field(
+        default="MLPLANE_MODEL_SERVER_KEY",
+        description="The variable holding the data-plane key, if any",
+    )
 
     def base_url(self) -> str:
         if not self.url:
             raise ModelServerError("no model server URL is configured (MLPLANE_MODEL_SERVER_URL)")
         return self.url.rstrip("/")
 
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict | list:
-        response = httpx.request(method, f"{self.base_url()}{path}", json=body, timeout=self.timeout_seconds)
+    def _call(self, method: str, path: str, body: dict | None = None, admin: bool = False) -> dict | list:
+        key = os.environ.get(self.admin_key_env if admin else self.data_key_env)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        response = httpx.request(
+            method, f"{self.base_url()}{path}", json=body, headers=headers, timeout=self.timeout_seconds
+        )
         if response.status_code >= 400:
             raise ModelServerError(f"model server {path} answered {response.status_code}: {response.text[:500]}")
         return response.json()
@@ -46,7 +59,7 @@ class ModelServerResource(ConfigurableResource):
 
     def load(self, name: str, version: str | None = None, alias: str | None = None) -> dict:
         parameters = {"version": version} if version else {"alias": alias} if alias else None
-        return self._call("POST", f"/v2/repository/models/{name}/load", {"parameters": parameters})
+        return self._call("POST", f"/v2/repository/models/{name}/load", {"parameters": parameters}, admin=True)
 
     def recommend(self, user_id: int, k: int = 10, context: dict | None = None) -> dict:
         return self._call("POST", "/recommend", {"user_id": user_id, "k": k, "context": context or {}})

@@ -8,17 +8,22 @@ from __future__ import annotations
 import json
 import re
 from contextlib import asynccontextmanager
+from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, Strict, ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
 from serving.models import binary
+from serving.models.auth import Keys, rest_role
 from serving.models.openai_api import ChatRequest, add_openai_routes
 from serving.models.protocol import (
+    INT64_MAX,
+    INT64_MIN,
     ErrorResponse,
     InferenceRequest,
     InferenceResponse,
@@ -35,12 +40,15 @@ from serving.models.protocol import (
 from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
 
 V2 = "open inference protocol v2"
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 503)}
+
+
+Int64 = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]  # a JSON integer: no boolean, float or string
 
 
 class RecommendRequest(BaseModel):
-    user_id: int
-    k: int = Field(default=10, ge=1, le=1000)
+    user_id: Int64
+    k: Annotated[int, Strict()] = Field(default=10, ge=1, le=1000)
     context: dict = Field(default_factory=dict, description="Free-form; `exclude_item_ids` drops items")
     request_id: str | None = None
 
@@ -57,6 +65,11 @@ class RecommendResponse(BaseModel):
     timings_ms: dict[str, float]
 
 
+def error_response(error: ProtocolError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse({"error": error.message}, status_code=error.status, headers=headers)
+
+
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")  # the infer routes' paths
 
 
@@ -66,8 +79,21 @@ class ModelServerApp(FastAPI):
     takes FastAPI's path; the routes stay declared there for the OpenAPI document."""
 
     infer_handler = None  # set by create_app
+    keys = Keys()  # set by create_app; these refuse every control call
+    max_body_bytes = 64 * 1024 * 1024  # set by create_app
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"].removeprefix(scope.get("root_path") or "")
+            try:
+                self.keys.check(rest_role(path), Headers(scope=scope).get("authorization"))
+            except ProtocolError as error:
+                return await error_response(error)(scope, receive, send)
+            limited = self._limited(scope, receive)
+            if limited is None:
+                error = ProtocolError(413, f"request body over {self.max_body_bytes} bytes (max_body_bytes)")
+                return await error_response(error)(scope, receive, send)
+            receive = limited
         if scope["type"] == "http" and scope["method"] == "POST" and not self.root_path and not scope.get("root_path"):
             match = INFER_PATH.match(scope["path"])
             if match is not None:
@@ -75,11 +101,29 @@ class ModelServerApp(FastAPI):
                 try:
                     response = await self.infer_handler(match.group(1), Request(scope, receive), match.group(2))
                 except ProtocolError as error:
-                    response = JSONResponse({"error": error.message}, status_code=error.status)
+                    response = error_response(error)
                 except ClientDisconnect:
                     return
                 return await response(scope, receive, send)
         await super().__call__(scope, receive, send)
+
+    def _limited(self, scope, receive):
+        """None when the declared length is over the limit (refused unread); else a receive that stops a
+        body without a declared length once it passes the limit."""
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return None
+        limit, seen = self.max_body_bytes, 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise ProtocolError(413, f"request body over {limit} bytes (max_body_bytes)")
+            return message
+
+        return limited
 
 
 def create_app(
@@ -113,10 +157,12 @@ def create_app(
     )
     app.state.server = server
     app.infer_handler = _infer(server)
+    app.keys = server.keys
+    app.max_body_bytes = server.config.max_body_bytes
 
     @app.exception_handler(ProtocolError)
     async def protocol_error(request: Request, error: ProtocolError):
-        return JSONResponse({"error": error.message}, status_code=error.status)
+        return error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError):
@@ -272,7 +318,7 @@ def _infer(server: ModelServer):
             return Response(
                 payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(length)}
             )
-        return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
+        return Response(json.dumps(answer, separators=(",", ":"), allow_nan=False), media_type="application/json")
 
     return infer
 
@@ -293,16 +339,20 @@ def _repository_routes(app: FastAPI, server: ModelServer) -> None:
         tags=[V2],
         responses=ERRORS,
         response_model=RepositoryModel,
-        summary="Load now (parameters: `version` or `alias` to follow)",
+        summary="Load now (parameters: `version` or `alias` to follow); needs the admin key",
     )
     async def load(name: str, body: RepositoryLoadRequest | None = None):
         from starlette.concurrency import run_in_threadpool
 
         return await run_in_threadpool(server.repository.load, name, body.parameters if body else None)
 
-    @app.post("/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving")
+    @app.post(
+        "/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving; needs the admin key"
+    )
     async def unload(name: str):
-        server.repository.unload(name)
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(server.repository.unload, name)  # it waits for a load in progress
         return {}
 
 

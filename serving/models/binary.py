@@ -15,6 +15,7 @@ from serving.models.protocol import (
     InferenceRequest,
     ProtocolError,
     RequestInput,
+    check_finite,
     datatype_of,
     decode_input,
     element_count,
@@ -84,7 +85,7 @@ def decode_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
             f"input {tensor.name!r}: shape {tensor.shape} of {tensor.datatype} needs "
             f"{count * dtype.itemsize} bytes, got {len(raw)}",
         )
-    array = np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
+    array = check_finite(np.frombuffer(raw, dtype=dtype), tensor.name).reshape(tensor.shape)
     if tensor.datatype == "BOOL" and array.size and array.view(np.uint8).max() > 1:
         raise ProtocolError(400, f"input {tensor.name!r}: BOOL bytes must be 0 or 1")
     return array.astype(DATATYPES[tensor.datatype], copy=False)

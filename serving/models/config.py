@@ -85,6 +85,18 @@ class ServerConfig(BaseModel):
     shadow_max_pending: int = Field(default=1000, ge=1, description="Shadow copies queued before more are skipped")
     batching: BatchingConfig = BatchingConfig()
     device: str = Field(default="cpu", description="'cpu' or 'cuda'")
+    max_body_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1, description="Larger request bodies are refused (413) before they are read"
+    )
+    admin_key_env: str = Field(
+        default="MLPLANE_MODEL_SERVER_ADMIN_KEY",
+        description="The environment variable holding the key of control calls (repository load and unload); "
+        "unset: they are refused",
+    )
+    data_key_env: str = Field(
+        default="MLPLANE_MODEL_SERVER_KEY",
+        description="The environment variable holding the key of data-plane calls; unset: they are open",
+    )
 
     @classmethod
     def local(cls, data_dir: str | Path, vision: bool = False, **overrides) -> ServerConfig:

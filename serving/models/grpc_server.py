@@ -11,11 +11,21 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from serving.models import binary
-from serving.models.protocol import ProtocolError, RequestInput, datatype_of, decode_input, element_count
+from serving.models.auth import Keys, grpc_role
+from serving.models.protocol import (
+    ProtocolError,
+    RepositoryModel,
+    RequestInput,
+    datatype_of,
+    decode_input,
+    element_count,
+)
 from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
 
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -58,7 +68,10 @@ def decode_tensors(request) -> dict[str, np.ndarray]:
             out[tensor.name] = binary.decode_binary(spec, raw[i])
             continue
         count = element_count(spec)
-        values = list(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
+        field = CONTENTS_FIELD.get(tensor.datatype)
+        if field is None:  # FP16 has no typed contents in the protocol
+            raise ProtocolError(400, f"input {tensor.name!r}: {tensor.datatype} travels only as raw_input_contents")
+        values = list(getattr(tensor.contents, field))
         if tensor.datatype != "BYTES":
             spec.data = values
             out[tensor.name] = decode_input(spec)
@@ -140,7 +153,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryIndexResponse(
             models=[
                 pb.RepositoryIndexResponse.ModelIndex(
-                    name=m.name, version=m.version or "", state=m.state, reason=m.reason
+                    name=m.name, version=m.version or "", state=m.state, reason=_reason(m)
                 )
                 for m in models
             ]
@@ -158,20 +171,57 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
+        from starlette.concurrency import run_in_threadpool
+
         try:
-            self.server.repository.unload(request.model_name)
+            await run_in_threadpool(self.server.repository.unload, request.model_name)
         except ProtocolError as error:
             await self._fail(context, error)
         return pb.RepositoryModelUnloadResponse()
 
 
+def _reason(model: RepositoryModel) -> str:
+    """The index's reason; gRPC's index has no field for a load's override, so it is said here."""
+    if not model.overridden:
+        return model.reason
+    return "; ".join(filter(None, [f"follows {model.follows} (set by a load)", model.reason]))
+
+
+class KeyCheck(grpc.aio.ServerInterceptor):
+    """The REST keys over gRPC: a call without the credentials its method needs is answered
+    UNAUTHENTICATED or PERMISSION_DENIED before its handler runs."""
+
+    def __init__(self, keys: Keys):
+        self.keys = keys
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        metadata = {key: value for key, value in details.invocation_metadata or ()}
+        try:
+            self.keys.check(grpc_role(details.method), metadata.get("authorization"))
+        except ProtocolError as error:
+            return _refusing(handler, STATUS_CODES[error.status], error.message)
+        return handler
+
+
+def _refusing(handler, code: grpc.StatusCode, message: str):
+    async def refuse(request, context):
+        await context.abort(code, message)
+
+    if handler is None:  # an unknown method: gRPC answers UNIMPLEMENTED
+        return None
+    streaming = "stream" if handler.request_streaming else "unary", "stream" if handler.response_streaming else "unary"
+    return handler._replace(**{"_".join(streaming): refuse})
+
+
 class GrpcFrontEnd:
     def __init__(self, server: ModelServer, host: str, port: int):
         self.grpc = grpc.aio.server(
+            interceptors=[KeyCheck(server.keys)],
             options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ]
+            ],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(server), self.grpc)
         self.port = self.grpc.add_insecure_port(f"{host}:{port}")

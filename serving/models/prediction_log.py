@@ -11,11 +11,18 @@ Nothing admitted is dropped:
   gets a 503 naming the cause instead of an answer that would go unlogged;
 - a clean stop writes what is queued (to the lake, else to the spill folder) and logs loudly, with the
   count, only if neither could take them.
+
+A record that can never be written (an id past int64, a value its column cannot hold) is not retried:
+it is refused when the answer is made where that can be seen cheaply (`problem`), else found when its
+day's frame is built, and kept alone with its reason in the quarantine folder
+(`<lake>/serving/prediction_log_quarantine/date=D/*.jsonl`), so it never holds up the others.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import threading
 import time
@@ -30,6 +37,8 @@ from serving.models.protocol import ProtocolError
 from serving.models.recommend import Answer
 
 RECOMMEND = "recommend"
+QUARANTINE = "prediction_log_quarantine"
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 log = logging.getLogger("mlplane.models")
 
@@ -59,6 +68,8 @@ class PredictionLog:
         on_state: Callable[[int, bool], None] | None = None,
     ):
         self.spool = Path(lake_root) / ZONE / SPOOL
+        self.quarantine = Path(lake_root) / ZONE / QUARANTINE
+        self.quarantined = 0
         self.spill = Path(spill_dir)
         self.flush_interval_s = flush_interval_s
         self.max_batch = max_batch
@@ -78,6 +89,10 @@ class PredictionLog:
 
     # --- the request path ------------------------------------------------------------------------
     def submit(self, record: PredictionRecord) -> None:
+        reason = problem(record)
+        if reason:
+            self._quarantine([(record, reason)])
+            return
         with self._lock:
             if len(self._pending) >= self.max_backlog:
                 raise ProtocolError(
@@ -110,8 +125,9 @@ class PredictionLog:
                 records, self._pending = self._pending, []
             failed: list[PredictionRecord] = []
             for day, part in _by_day(records).items():
+                data, part = self._frame(part)
                 try:
-                    self.write(frame(part), self._file(self.spool, day))
+                    self.write(data, self._file(self.spool, day))
                 except Exception as error:  # noqa: BLE001 - any failure keeps the records
                     self.last_error = f"{type(error).__name__}: {error}"
                     failed.extend(part)
@@ -131,6 +147,36 @@ class PredictionLog:
             self._recover_spill()
             self.on_state(len(self._pending), False)
             return True
+
+    def _frame(self, part: list[PredictionRecord]) -> tuple[pl.DataFrame, list[PredictionRecord]]:
+        """The day's frame, without (quarantined) any record that cannot be one of its rows."""
+        try:
+            return frame(part), part
+        except Exception:  # noqa: BLE001 - find the records at fault, one by one
+            good, bad = [], []
+            for record in part:
+                try:
+                    frame([record])
+                    good.append(record)
+                except Exception as error:  # noqa: BLE001 - whatever a record holds, it is kept aside
+                    bad.append((record, f"{type(error).__name__}: {error}"))
+            self._quarantine(bad)
+            return frame(good), good
+
+    def _quarantine(self, records: list[tuple[PredictionRecord, str]]) -> None:
+        """Each record with its reason, one JSON line, in the quarantine folder; never retried."""
+        for day, part in _by_day([r for r, _ in records]).items():
+            reasons = dict((id(r), why) for r, why in records)
+            lines = [json.dumps({"reason": reasons[id(r)], "record": _plain(r)}, default=repr) for r in part]
+            path = self._file(self.quarantine, day).with_suffix(".jsonl")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("\n".join(lines) + "\n")
+            except OSError as error:
+                log.error("prediction log: %d records could not be quarantined (%s)", len(part), error)
+        self.quarantined += len(records)
+        for record, reason in records:
+            log.warning("prediction log: record %s quarantined: %s", record.request_id, reason)
 
     def _file(self, root: Path, day: date) -> Path:
         return root / f"date={day.isoformat()}" / f"part-{time.time_ns()}-{os.getpid()}.parquet"
@@ -195,6 +241,31 @@ class PredictionLog:
                 self.spill,
                 self.last_error,
             )
+
+
+def problem(record: PredictionRecord) -> str:
+    """Why a record cannot be a row of the log ("" when it can), checked when the answer is made."""
+    for name in ("user_id", "k"):
+        value = getattr(record, name)
+        if value is not None and (not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX):
+            return f"{name} {value!r} is not an int64"
+    if not all(isinstance(i, int) and INT64_MIN <= i <= INT64_MAX for i in record.item_ids):
+        return "item_ids hold a value that is not an int64"
+    if not all(_is_number(v) for v in [record.latency_ms, *record.scores]):  # the Parquet writer would make them null
+        return "latency_ms or scores hold a value that is not a finite number"
+    return ""
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _plain(record: PredictionRecord) -> dict:
+    """The record's fields for the quarantine file (tensors as their repr, shortened)."""
+    fields = {k: v for k, v in vars(record).items() if k != "tensors"}
+    if record.tensors is not None:
+        fields["tensors"] = repr(record.tensors)[:2000]
+    return fields
 
 
 def _by_day(records: list[PredictionRecord]) -> dict[date, list[PredictionRecord]]:

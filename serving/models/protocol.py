@@ -9,6 +9,7 @@ Errors are `ProtocolError(status, message)`; the server answers them as `{"error
 from __future__ import annotations
 
 import base64
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ DATATYPES: dict[str, np.dtype] = {
 }
 NUMPY_TO_DATATYPE = {v: k for k, v in DATATYPES.items() if k != "BYTES"}
 MAX_ELEMENTS = 10_000_000  # one tensor; a larger one is refused before anything is allocated
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 # --- bodies ---------------------------------------------------------------------------------
@@ -129,6 +131,11 @@ class RepositoryModel(BaseModel):
     version: str | None = None
     state: str = Field(description="READY, UNAVAILABLE or LOADING")
     reason: str = ""
+    follows: str = Field(default="", description="The alias or version it serves, e.g. \"alias 'champion'\"")
+    overridden: bool = Field(
+        default=False,
+        description="A load changed what it follows; a load without parameters returns to the configuration",
+    )
 
 
 class RepositoryLoadRequest(BaseModel):
@@ -188,6 +195,8 @@ def element_count(tensor: RequestInput) -> int:
         raise ProtocolError(400, f"input {name!r}: unknown datatype {datatype!r} (one of {', '.join(DATATYPES)})")
     if any(d < 0 for d in tensor.shape):
         raise ProtocolError(400, f"input {name!r}: shape {tensor.shape} has a negative dimension")
+    if any(d > MAX_ELEMENTS for d in tensor.shape):  # an empty tensor of huge dims cannot be reshaped either
+        raise ProtocolError(413, f"input {name!r}: shape {tensor.shape} has a dimension over {MAX_ELEMENTS}")
     count = 1
     for d in tensor.shape:
         count *= d
@@ -213,13 +222,20 @@ def decode_input(tensor: RequestInput) -> np.ndarray:
     try:
         if dtype.kind in "iub":  # numpy refuses a Python integer out of the dtype's range (OverflowError)
             return np.array(flat, dtype=dtype).reshape(tensor.shape)
-        array = np.array(flat, dtype=np.float64)
+        array = check_finite(np.array(flat, dtype=np.float64), name)
         if dtype == np.float64:
             return array.reshape(tensor.shape)
         with np.errstate(over="raise", invalid="raise"):  # too large for FP32 / FP16
             return array.astype(dtype).reshape(tensor.shape)
     except (OverflowError, FloatingPointError, ValueError, TypeError) as error:
         raise ProtocolError(400, f"input {name!r}: values out of range for {datatype}") from error
+
+
+def check_finite(array: np.ndarray, name: str) -> np.ndarray:
+    """Infinity, NaN and overflowing literals (1e400) are no input: they would come back as bare NaN."""
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ProtocolError(400, f"input {name!r}: values must be finite numbers (no Infinity or NaN)")
+    return array
 
 
 def _to_bytes(value: Any, name: str, base64_encoded: bool) -> bytes:
@@ -254,6 +270,9 @@ def encode_output(name: str, array: np.ndarray) -> dict:
         except UnicodeDecodeError:
             out["data"] = [base64.b64encode(v).decode() for v in values]
             out["parameters"] = {"binary_encoding": "base64"}
+        return out
+    if array.dtype.kind == "f" and not np.isfinite(array).all():  # JSON has no NaN: null (e.g. padding)
+        out["data"] = [v if math.isfinite(v) else None for v in array.reshape(-1).tolist()]
         return out
     out["data"] = array.reshape(-1).tolist()
     return out

@@ -28,7 +28,7 @@ from feature_defs import catalogue
 from feature_defs.compile.flink import empty_values
 from feature_defs.compile.streaming import streaming_plans
 from serving.models.metrics import ServerMetrics
-from serving.models.protocol import ProtocolError
+from serving.models.protocol import INT64_MAX, INT64_MIN, ProtocolError
 from serving.models.repository import LoadedVersion, ModelRepository
 from serving.models.towers import TwoTowerModel
 
@@ -241,12 +241,17 @@ def excluded(features: dict[str, list], context: dict) -> set[int]:
 
 
 def check_request(user_id: Any, k: Any, context: Any) -> None:
-    if not isinstance(user_id, int) or isinstance(user_id, bool):
-        raise ProtocolError(400, f"user_id must be an integer, got {user_id!r}")
+    if not is_int64(user_id):
+        raise ProtocolError(400, f"user_id must be an integer within int64, got {user_id!r}")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
         raise ProtocolError(400, f"k must be an integer from 1 to {MAX_K}, got {k!r}")
     if context is not None and not isinstance(context, dict):
         raise ProtocolError(400, f"context must be an object, got {type(context).__name__}")
     ids = (context or {}).get("exclude_item_ids", [])
-    if not isinstance(ids, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
-        raise ProtocolError(400, "context.exclude_item_ids must be a list of integers")
+    if not isinstance(ids, list) or not all(map(is_int64, ids)):
+        raise ProtocolError(400, "context.exclude_item_ids must be a list of integers within int64")
+
+
+def is_int64(value: Any) -> bool:
+    """A JSON integer a lake column can hold: no boolean, no float, nothing past int64."""
+    return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX

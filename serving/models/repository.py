@@ -31,15 +31,24 @@ class LoadedVersion:
     version: str
     model: ServedModel
     loaded_at: float
+    folder: Path | None = None  # its download, deleted when it stops serving
 
 
 @dataclass
 class EntryState:
-    entry: ModelEntry
+    entry: ModelEntry  # what it follows now: its configuration, or what a repository load asked for
     current: LoadedVersion | None = None
     reason: str = ""  # why the newest version is not the one serving (or why nothing serves)
     failed_version: str | None = None  # not retried until the alias moves again
     unloaded: bool = False
+    configured: ModelEntry | None = None  # the configuration's entry; a load without parameters returns to it
+
+    def __post_init__(self) -> None:
+        self.configured = self.configured or self.entry
+
+    @property
+    def overridden(self) -> bool:
+        return (self.entry.alias, self.entry.version) != (self.configured.alias, self.configured.version)
 
 
 class ModelRepository:
@@ -90,6 +99,8 @@ class ModelRepository:
                     version=current.version if current else None,
                     state="READY" if current else "UNAVAILABLE",
                     reason=state.reason,
+                    follows=state.entry.follows,
+                    overridden=state.overridden,
                 )
             )
         return out
@@ -140,7 +151,7 @@ class ModelRepository:
             log.warning("%s: %s", entry.name, state.reason)
             shutil.rmtree(folder, ignore_errors=True)
             return
-        old, state.current = state.current, LoadedVersion(entry, version, model, time.time())
+        old, state.current = state.current, LoadedVersion(entry, version, model, time.time(), folder)
         state.reason, state.failed_version = "", None
         log.info(
             "%s: serving %s v%s (loaded in %.1f s)",
@@ -150,11 +161,11 @@ class ModelRepository:
             time.perf_counter() - started,
         )
         self.on_swap(state.current)
-        if old is not None:
-            old.model.close()
+        retire(old)
 
     def load(self, name: str, parameters: dict | None = None) -> RepositoryModel:
-        """The repository extension's load: (re)load now, optionally following another alias or version."""
+        """The repository extension's load: (re)load now, following another alias or version where the
+        parameters name one, else the entry's configuration again (a pin is undone by a plain load)."""
         state = self.states.get(name)
         if state is None:
             raise ProtocolError(404, f"unknown model {name!r}; models: {sorted(self.states)}")
@@ -168,6 +179,8 @@ class ModelRepository:
                 raise ProtocolError(400, f"parameter {key!r} must be a non-empty string")
             fields = {"version": str(value), "alias": None} if key == "version" else {"alias": value, "version": None}
             state.entry = state.entry.model_copy(update=fields)
+        else:
+            state.entry = state.configured
         state.unloaded, state.failed_version = False, None
         self._refresh(state)
         if state.current is None or (state.entry.version and state.current.version != state.entry.version):
@@ -190,8 +203,7 @@ class ModelRepository:
         state = self.states.get(name)
         if state is not None:
             self.states = {k: v for k, v in self.states.items() if k != name}
-            if state.current is not None:
-                state.current.model.close()
+            retire(state.current)
 
     def find(self, registry_model: str, alias: str | None, version: str | None) -> str | None:
         """The entry already following this alias (or pinned to this version) of a registry model."""
@@ -208,8 +220,7 @@ class ModelRepository:
         with self._lock:
             old, state.current, state.unloaded = state.current, None, True
             state.reason = "unloaded through the repository API"
-        if old is not None:
-            old.model.close()
+        retire(old)
 
     def index_of(self, name: str) -> RepositoryModel:
         return next(m for m in self.index() if m.name == name)
@@ -230,3 +241,18 @@ class ModelRepository:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(30)
+
+    def close(self) -> None:
+        """Stop following the aliases and retire every loaded version (its download deleted)."""
+        self.stop()
+        for state in self.states.values():
+            retire(state.current)
+
+
+def retire(loaded: LoadedVersion | None) -> None:
+    """A version that stopped serving: closed, and its download folder deleted so loads never grow the disk."""
+    if loaded is None:
+        return
+    loaded.model.close()
+    if loaded.folder is not None:
+        shutil.rmtree(loaded.folder, ignore_errors=True)

@@ -15,6 +15,7 @@ from engines.lake import Lake
 from engines.prediction_logs import LIVE, PredictionRecord
 from engines.registry import ModelRegistry, RegisteredVersion
 from engines.vector_store import VectorStore
+from serving.models.auth import Keys
 from serving.models.base import ServedModel
 from serving.models.config import ModelEntry, ServerConfig
 from serving.models.experiments import ExperimentRouter
@@ -22,7 +23,7 @@ from serving.models.feature_log import FeatureLog
 from serving.models.metrics import ServerMetrics
 from serving.models.prediction_log import LiveAnswers, PredictionLog
 from serving.models.protocol import ProtocolError, TensorSpec, check_inputs
-from serving.models.recommend import Answer, Candidates, Recommender, UserFeatures
+from serving.models.recommend import Answer, Candidates, Recommender, UserFeatures, is_int64
 from serving.models.repository import ModelRepository
 from serving.models.shadow import ShadowRunner
 from serving.models.towers import load_two_tower
@@ -37,6 +38,7 @@ EXTENSIONS = ["model_repository", "binary_tensor_data", "statistics"]
 class ModelServer:
     def __init__(self, config: ServerConfig):
         self.config = config
+        self.keys = Keys.of(config)
         self.metrics = ServerMetrics()
         self.lake = Lake(config.lake_path())
         self.registry = (
@@ -108,9 +110,7 @@ class ModelServer:
         if self.prediction_log is not None:
             self.prediction_log.close()
         self.feature_log.close()
-        for state in self.repository.states.values():
-            if state.current is not None:
-                state.current.model.close()
+        self.repository.close()
         self.vectors.store.close()
 
     # --- loading --------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ class ModelServer:
                 served_at=datetime.now(UTC),
                 role=LIVE,
                 endpoint=name,
-                user_id=user if isinstance(user, int) and not isinstance(user, bool) else None,
+                user_id=user if is_int64(user) else None,  # a raw parameter: logged only if a lake column holds it
                 experiment="",
                 variant=name,
                 assignments={},
@@ -200,7 +200,9 @@ class ModelServer:
 
         check_inputs(RECOMMEND_MODEL, RECOMMEND_INPUTS, inputs)
         users = inputs["user_id"].tolist()
-        k = int(inputs["k"][0]) if "k" in inputs else int(parameters.get("k", 10))
+        if not isinstance(parameters.get("context") or {}, dict):
+            raise ProtocolError(400, "parameter 'context' must be an object")
+        k = int(inputs["k"][0]) if "k" in inputs else parameters.get("k", 10)  # checked by recommend
         answers = [await run_in_threadpool(self.recommender.recommend, u, k, parameters.get("context")) for u in users]
         width = max((len(a.item_ids) for a in answers), default=0)
         items = np.full((len(answers), width), -1, np.int64)

@@ -21,6 +21,8 @@ from serving.models.app import create_app
 from serving.models.config import ModelEntry, ServerConfig
 from serving.models.server import ModelServer
 
+ADMIN_KEY = "admin-key-of-the-tests"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 TOWER_ENTRIES = [
     ModelEntry(name="personalization", registry_model="personalization", kind="two_tower"),
     ModelEntry(
@@ -66,6 +68,17 @@ def register_two_tower(registry: ModelRegistry, folder: Path, seed: int, alias: 
     return version.version
 
 
+def keyed_server(config: ServerConfig, admin_key: str | None, data_key: str | None) -> ModelServer:
+    """The server with these keys in the environment variables its config names (read once, at start)."""
+    with pytest.MonkeyPatch.context() as env:
+        for variable, key in ((config.admin_key_env, admin_key), (config.data_key_env, data_key)):
+            if key is None:
+                env.delenv(variable, raising=False)
+            else:
+                env.setenv(variable, key)
+        return ModelServer(config)
+
+
 @dataclass
 class RunningServer:
     server: ModelServer
@@ -79,8 +92,10 @@ class RunningServer:
         self.thread.join(30)
 
 
-def start_server(config: ServerConfig, grpc_port: int | None = None) -> RunningServer:
-    server = ModelServer(config)
+def start_server(
+    config: ServerConfig, grpc_port: int | None = None, admin_key: str | None = ADMIN_KEY, data_key: str | None = None
+) -> RunningServer:
+    server = keyed_server(config, admin_key, data_key)
     port = free_port()
     app = create_app(server, grpc_port=grpc_port)
     runner = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

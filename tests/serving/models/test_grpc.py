@@ -9,9 +9,10 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from serving.models.config import ServerConfig
-from tests.serving.models.conftest import TOWER_ENTRIES, free_port, start_server
+from tests.serving.models.conftest import ADMIN_KEY, TOWER_ENTRIES, free_port, start_server
 from tests.serving.models.test_protocol import tower_inputs
 
+ADMIN_METADATA = {"authorization": f"Bearer {ADMIN_KEY}"}
 DATATYPE = {np.dtype(np.int64): "INT64", np.dtype(np.float64): "FP64", np.dtype(object): "BYTES"}
 
 
@@ -59,9 +60,9 @@ def test_tritonclient_grpc_matches_rest(grpc_server):
     np.testing.assert_array_equal(over_grpc.as_numpy("user_vector"), rest.as_numpy("user_vector"))
     index = client.get_model_repository_index(as_json=True)["models"]
     assert {m["name"]: m["state"] for m in index} == {"personalization": "READY", "personalization-challenger": "READY"}
-    client.unload_model("personalization-challenger")
+    client.unload_model("personalization-challenger", headers=ADMIN_METADATA)
     assert not client.is_model_ready("personalization-challenger")
-    client.load_model("personalization-challenger")
+    client.load_model("personalization-challenger", headers=ADMIN_METADATA)
     assert client.is_model_ready("personalization-challenger")
     metrics = __import__("httpx").get(f"{running.url}/metrics").text
     assert 'mlplane_model_requests_total{model="personalization",protocol="grpc",version="1"}' in metrics
@@ -80,3 +81,35 @@ def test_grpc_errors_carry_the_protocol_status(grpc_server):
     assert missing.value.status() == "StatusCode.INVALID_ARGUMENT"
     with pytest.raises(InferenceServerException, match="no version '7'"):
         client.infer("personalization", [user], model_version="7")
+
+
+def test_grpc_control_calls_need_the_admin_key(grpc_server):
+    _, address = grpc_server
+    client = triton_grpc.InferenceServerClient(address)
+    for headers, code in (
+        (None, "StatusCode.UNAUTHENTICATED"),
+        ({"authorization": "Bearer a-guess"}, "StatusCode.PERMISSION_DENIED"),
+        ({"authorization": f"Basic {ADMIN_KEY}"}, "StatusCode.UNAUTHENTICATED"),
+    ):
+        for call in (client.unload_model, client.load_model):
+            with pytest.raises(InferenceServerException) as refused:
+                call("personalization-challenger", headers=headers)
+            assert refused.value.status() == code, (call, headers)
+    assert client.is_model_ready("personalization-challenger")  # nothing was unloaded
+
+
+def test_grpc_bad_inputs_are_invalid_argument_not_unknown(grpc_server):
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    _, address = grpc_server
+    stub = pb_grpc.GRPCInferenceServiceStub(__import__("grpc").insecure_channel(address))
+    tensor = pb.ModelInferRequest.InferInputTensor
+    bad = {
+        "FP16 typed contents": tensor(name="user_id", datatype="FP16", shape=[1]),
+        "huge empty BYTES": tensor(name="user_id", datatype="BYTES", shape=[0, 2**62, 2**62]),
+    }
+    for what, given in bad.items():
+        with pytest.raises(__import__("grpc").RpcError) as refused:
+            stub.ModelInfer(pb.ModelInferRequest(model_name="personalization", inputs=[given]))
+        assert refused.value.code().name in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"), (what, refused.value)

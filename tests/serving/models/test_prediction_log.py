@@ -171,3 +171,29 @@ def test_an_infer_call_is_logged_with_the_hash_of_its_tensors_and_its_outputs(to
     assert logged["inputs_hash"] == expected_hash and logged["inputs"] is None  # no card consent
     for name, data in outputs.items():
         np.testing.assert_allclose(np.asarray(logged_outputs[name]).reshape(-1), data, rtol=1e-6)
+
+
+def test_a_record_that_cannot_be_written_is_quarantined_alone_and_the_others_are_written(tmp_path):
+    import dataclasses
+
+    lake = tmp_path / "lake"
+    log = PredictionLog(lake, tmp_path / "spill", flush_interval_s=0.05)
+    poison = {
+        "huge-user": dataclasses.replace(record(20), request_id="huge-user", user_id=2**70),  # seen at submit
+        "bad-score": dataclasses.replace(record(21), request_id="bad-score", scores=["NaN?"] * 5),
+        "bad-hash": dataclasses.replace(record(22), request_id="bad-hash", inputs_hash=b"\x00"),  # at flush
+    }
+    for i in range(50):
+        log.submit(record(i))
+        if i == 20:
+            for bad in poison.values():
+                log.submit(bad)
+    log.close()
+    written = logged(lake).sort("request_id")
+    assert written.equals(expected(50)), "every good record is written, once"
+    lines = [
+        json.loads(line) for f in (lake / ZONE / "prediction_log_quarantine").rglob("*.jsonl") for line in f.open()
+    ]
+    reasons = {line["record"]["request_id"]: line["reason"] for line in lines}
+    assert set(reasons) == set(poison) and "user_id" in reasons["huge-user"], reasons
+    assert log.quarantined == 3 and not list((tmp_path / "spill").rglob("*.parquet"))

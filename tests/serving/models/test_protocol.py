@@ -11,6 +11,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from ml.personalization import PersonalizationModel
+from tests.serving.models.conftest import ADMIN
 
 USERS = 3
 
@@ -162,27 +163,33 @@ def test_repository_index_load_and_unload(tower_server):
         ("personalization", "1", "READY"),
         ("personalization-challenger", "2", "READY"),
     }
-    assert httpx.post(f"{url}/v2/repository/models/personalization-challenger/unload").status_code == 200
+    assert httpx.post(f"{url}/v2/repository/models/personalization-challenger/unload", headers=ADMIN).status_code == 200
     assert httpx.get(f"{url}/v2/models/personalization-challenger/ready").status_code == 503
     unloaded = httpx.post(f"{url}/v2/repository/index", json={"ready": True}).json()
     assert [m["name"] for m in unloaded] == ["personalization"]
     pinned = httpx.post(
-        f"{url}/v2/repository/models/personalization-challenger/load", json={"parameters": {"version": "1"}}
+        f"{url}/v2/repository/models/personalization-challenger/load",
+        json={"parameters": {"version": "1"}},
+        headers=ADMIN,
     )
     assert pinned.status_code == 200 and pinned.json()["version"] == "1"
     missing = httpx.post(
-        f"{url}/v2/repository/models/personalization-challenger/load", json={"parameters": {"version": "99"}}
+        f"{url}/v2/repository/models/personalization-challenger/load",
+        json={"parameters": {"version": "99"}},
+        headers=ADMIN,
     )
     assert missing.status_code == 400 and "v99 failed to load" in missing.json()["error"]
     assert httpx.get(f"{url}/v2/models/personalization-challenger").json()["versions"] == ["1"]  # still serving
     back = httpx.post(
-        f"{url}/v2/repository/models/personalization-challenger/load", json={"parameters": {"alias": "challenger"}}
+        f"{url}/v2/repository/models/personalization-challenger/load",
+        json={"parameters": {"alias": "challenger"}},
+        headers=ADMIN,
     )
     assert back.status_code == 200 and back.json()["version"] == "2"
-    assert httpx.post(f"{url}/v2/repository/models/nope/load").status_code == 404
+    assert httpx.post(f"{url}/v2/repository/models/nope/load", headers=ADMIN).status_code == 404
     assert (
         httpx.post(
-            f"{url}/v2/repository/models/personalization/load", json={"parameters": {"flavour": "x"}}
+            f"{url}/v2/repository/models/personalization/load", json={"parameters": {"flavour": "x"}}, headers=ADMIN
         ).status_code
         == 400
     )
