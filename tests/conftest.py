@@ -7,7 +7,14 @@ from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
-from dagster import AssetSelection, DagsterInstance, materialize
+from dagster import (
+    AssetSelection,
+    DagsterEventType,
+    DagsterInstance,
+    RunFailureSensorContext,
+    build_run_status_sensor_context,
+    materialize,
+)
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from assets import all_assets
@@ -44,6 +51,20 @@ def run_pipeline(
         tags={ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()},
         raise_on_error=raise_on_error,
     )
+
+
+def run_failure_context(instance: DagsterInstance, run_id: str, notifier) -> RunFailureSensorContext:
+    """What `notify_run_failure` gets for the newest failed run of `instance`, with `notifier` as its resource."""
+    from orchestration.sensors import notify_run_failure
+
+    [failure] = instance.fetch_run_status_changes(DagsterEventType.RUN_FAILURE, limit=1).records
+    return build_run_status_sensor_context(
+        sensor_name=notify_run_failure.name,
+        dagster_event=failure.event_log_entry.dagster_event,
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(run_id),
+        resources={"notifier": notifier},
+    ).for_run_failure()
 
 
 def local_resources(data_dir: Path) -> dict:

@@ -7,17 +7,15 @@ import logging
 
 from dagster import (
     AssetSelection,
-    DagsterEventType,
     DagsterInstance,
     SkipReason,
-    build_run_status_sensor_context,
     build_sensor_context,
 )
 
 from orchestration.profiles import resources_for
 from orchestration.sensors import model_export_sensor, notify_run_failure
 from orchestration.streaming import streaming_job_sensor
-from tests.conftest import FIRST_DAY, run_pipeline
+from tests.conftest import FIRST_DAY, run_failure_context, run_pipeline
 
 
 def test_a_failed_run_without_a_webhook_is_logged_not_an_error(prod_env, monkeypatch, tmp_path, capfd):
@@ -26,14 +24,7 @@ def test_a_failed_run_without_a_webhook_is_logged_not_an_error(prod_env, monkeyp
     result = run_pipeline(
         tmp_path / "lake", FIRST_DAY, FIRST_DAY, AssetSelection.groups("ingestion"), instance, raise_on_error=False
     )
-    [failure] = instance.fetch_run_status_changes(DagsterEventType.RUN_FAILURE, limit=1).records
-    context = build_run_status_sensor_context(
-        sensor_name=notify_run_failure.name,
-        dagster_event=failure.event_log_entry.dagster_event,
-        dagster_instance=instance,
-        dagster_run=instance.get_run_by_id(result.run_id),
-        resources={"notifier": resources_for("prod")["notifier"]},
-    ).for_run_failure()
+    context = run_failure_context(instance, result.run_id, resources_for("prod")["notifier"])
     notify_run_failure(context)  # raised DagsterInvalidConfigError on every tick before
     assert f"run {result.run_id} failed; no webhook configured (set MLPLANE_WEBHOOK_URL)" in capfd.readouterr().err
 

@@ -71,12 +71,13 @@ def test_a_failed_run_reaches_its_pipelines_notification_targets(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from dagster import AssetSelection, DagsterEventType, DagsterInstance, build_run_status_sensor_context, materialize
+    from dagster import AssetSelection, DagsterInstance, materialize
 
     from assets import all_assets
     from orchestration.profiles import resources_for
     from orchestration.sensors import notify_run_failure
     from resources.notifications import WebhookNotifier
+    from tests.conftest import run_failure_context
 
     received: list[tuple[str, dict]] = []
 
@@ -104,14 +105,9 @@ def test_a_failed_run_reaches_its_pipelines_notification_targets(tmp_path):
             tags={"mlplane/notify": "ml-oncall,nobody"},
         )  # nothing landed: it fails
         assert not result.success
-        [failure] = instance.fetch_run_status_changes(DagsterEventType.RUN_FAILURE, limit=1).records
-        context = build_run_status_sensor_context(
-            sensor_name=notify_run_failure.name,
-            dagster_event=failure.event_log_entry.dagster_event,
-            dagster_instance=instance,
-            dagster_run=instance.get_run_by_id(result.run_id),
-            resources={"notifier": WebhookNotifier(url=f"{base}/default", targets={"ml-oncall": f"{base}/oncall"})},
-        ).for_run_failure()
+        context = run_failure_context(
+            instance, result.run_id, WebhookNotifier(url=f"{base}/default", targets={"ml-oncall": f"{base}/oncall"})
+        )
         notify_run_failure(context)
     finally:
         server.shutdown()

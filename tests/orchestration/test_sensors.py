@@ -8,9 +8,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from dagster import (
     AssetSelection,
-    DagsterEventType,
     DagsterInstance,
-    build_run_status_sensor_context,
     build_sensor_context,
 )
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
@@ -19,7 +17,7 @@ from orchestration.definitions import defs
 from orchestration.sensors import landing_sensor, notify_run_failure
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
-from tests.conftest import FIRST_DAY, run_pipeline, simulate
+from tests.conftest import FIRST_DAY, run_failure_context, run_pipeline, simulate
 
 
 def evaluate(sensor, data_dir, cursor=None):
@@ -86,14 +84,9 @@ def test_failed_run_notification_reaches_the_webhook(tmp_path):
             tmp_path, FIRST_DAY, FIRST_DAY, AssetSelection.groups("ingestion"), instance=instance, raise_on_error=False
         )
         assert not result.success
-        [failure] = instance.fetch_run_status_changes(DagsterEventType.RUN_FAILURE, limit=1).records
-        context = build_run_status_sensor_context(
-            sensor_name=notify_run_failure.name,
-            dagster_event=failure.event_log_entry.dagster_event,
-            dagster_instance=instance,
-            dagster_run=instance.get_run_by_id(result.run_id),
-            resources={"notifier": WebhookNotifier(url=f"http://127.0.0.1:{server.server_port}/hook")},
-        ).for_run_failure()
+        context = run_failure_context(
+            instance, result.run_id, WebhookNotifier(url=f"http://127.0.0.1:{server.server_port}/hook")
+        )
         notify_run_failure(context)
     finally:
         server.shutdown()
