@@ -130,13 +130,13 @@ def simulate_outcomes(lake, data_dir: Path, day: date, seed: int) -> int:
 
 ACCURACY_COLUMNS = ["role", "variant", "model_version", "users", "answers", "ctr", "ctr_low", "ctr_high", "ndcg"]
 COMPARISON_COLUMNS = [  # a shadow has no p-value: its agreement with the live version is shown instead
-    "experiment",  # `test` says why an A/B row has none (an arm under minimum_users)
+    "experiment",
     "variant",
     "control_versions",
     "variant_versions",
     "difference",
     "p_value",
-    "test",
+    "test",  # why an A/B row has no p-value (an arm under minimum_users)
     "users_still_needed",
     "overlap_at_k",
     "rank_correlation",
