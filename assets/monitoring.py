@@ -1,7 +1,8 @@
 """`monitoring/online_accuracy`: how the served models did on what users did next (engines.online_accuracy),
 per model version and variant, per experiment and per shadow, with latency from the prediction logs.
-Its check fails when a live model's CTR drops beyond a threshold, and the failure is posted to the
-webhook (the notifier resource) with the numbers."""
+Its checks fail when a live model's CTR drops beyond a threshold (the failure is posted to the webhook,
+the notifier resource, with the numbers) and when an experiment's users per arm do not match its
+configured split (sample-ratio mismatch: its comparisons cannot be trusted)."""
 
 import math
 from datetime import date, timedelta
@@ -39,6 +40,7 @@ from resources.notifications import WebhookNotifier
 KEY = AssetKey(["monitoring", "online_accuracy"])
 ZONE, MODELS_TABLE, COMPARISONS_TABLE = accuracy.ZONE, accuracy.MODELS_TABLE, accuracy.COMPARISONS_TABLE
 DROP_CHECK = "no_ctr_drop"
+SRM_CHECK = "no_sample_ratio_mismatch"
 
 
 class OnlineAccuracyConfig(Config):
@@ -56,11 +58,17 @@ class OnlineAccuracyConfig(Config):
     drop_alpha: float = Field(default=0.01, gt=0, lt=1, description="...when significant at this level")
     history_days: int = Field(default=7, ge=1, description="Earlier days the drop is measured against")
     minimum_effect: float = Field(default=0.05, gt=0, description="Relative CTR lift experiments are sized for")
+    minimum_users: int = Field(
+        default=100, ge=2, description="Users an arm needs before a p-value or significance is published"
+    )
 
 
 def settings_of(config: OnlineAccuracyConfig) -> accuracy.AccuracySettings:
     return accuracy.AccuracySettings(
-        k=config.k, horizon=timedelta(minutes=config.horizon_minutes), minimum_effect=config.minimum_effect
+        k=config.k,
+        horizon=timedelta(minutes=config.horizon_minutes),
+        minimum_effect=config.minimum_effect,
+        minimum_users=config.minimum_users,
     )
 
 
@@ -68,6 +76,15 @@ def controls() -> dict[str, str]:
     """Each experiment's control (its first variant) from the experiments file, where it loads."""
     try:
         return {e.name: e.variants[0].name for e in load(EXPERIMENTS_FILE)}
+    except ExperimentConfigError:
+        return {}
+
+
+def splits() -> dict[str, dict[str, float]]:
+    """Each experiment's configured split (variant -> traffic). The prediction logs record each request's
+    assignments but not the file the server ran, so this reads the file deployed with the pipeline."""
+    try:
+        return {e.name: {v.name: v.traffic for v in e.variants} for e in load(EXPERIMENTS_FILE)}
     except ExperimentConfigError:
         return {}
 
@@ -111,7 +128,16 @@ def history(lake, day: date, days: int) -> pl.DataFrame:
 
 
 def rounded(frame: pl.DataFrame) -> list[dict]:
-    return [{k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()} for row in frame.to_dicts()]
+    """Rows for a metadata table: floats rounded, and a column with a missing value (null or NaN, which the
+    Dagster UI cannot parse) written as text, "-" where missing."""
+    rows = [{k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()} for row in frame.to_dicts()]
+    gappy = {k for row in rows for k, v in row.items() if v is None or (isinstance(v, float) and math.isnan(v))}
+    return [{k: (_text(v) if k in gappy else v) for k, v in row.items()} for row in rows]
+
+
+def _text(value) -> str:
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    return "-" if missing else f"{value:.5g}" if isinstance(value, float) else str(value)
 
 
 @asset(
@@ -138,7 +164,13 @@ def rounded(frame: pl.DataFrame) -> list[dict]:
             asset=KEY,
             description="No live model's CTR@k fell beyond the threshold "
             "against its earlier days (posted to the webhook)",
-        )
+        ),
+        AssetCheckSpec(
+            SRM_CHECK,
+            asset=KEY,
+            description="Each experiment's users per arm match its configured split "
+            "(chi-square goodness of fit; a mismatch at p < 0.001 blocks)",
+        ),
     ],
 )
 def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, notifier: WebhookNotifier):
@@ -187,6 +219,7 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             "drops": table([d.__dict__ for d in found]),
         },
     )
+    yield sample_ratio_check(logged, settings)
     series = accuracy.ctr_over_time(answers) if answers.height else pl.DataFrame()
     plot = (
         svg_lines(
@@ -210,6 +243,21 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
                 if r["ctr"] is not None and not math.isnan(r["ctr"])
             },
         }
+    )
+
+
+def sample_ratio_check(logged: pl.DataFrame, settings: accuracy.AccuracySettings) -> AssetCheckResult:
+    ratios = accuracy.sample_ratio(logged, splits(), settings)
+    mismatched = ratios.filter(pl.col("mismatch")) if ratios.height else ratios
+    return AssetCheckResult(
+        check_name=SRM_CHECK,
+        passed=mismatched.is_empty(),
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(
+            f"{r['experiment']}: {r['arms']} (p={r['p_value']:.2g})" for r in mismatched.iter_rows(named=True)
+        )
+        or "every experiment's users match its split",
+        metadata={"alpha": settings.srm_alpha, "experiments": table(rounded(ratios))},
     )
 
 

@@ -16,7 +16,13 @@ each with a normal interval at `confidence`.
 Per experiment (intent to treat: every live answer counts for the variant its user was assigned in
 that experiment, whichever experiment decided who answered): each variant's CTR against the control's
 with a two-sided z-test, and the users per arm a test needs to detect a `minimum_effect` relative lift
-at `alpha` and `power`, with the users still missing.
+at `alpha` and `power`, with the users still missing. Where an arm has fewer than `minimum_users`
+users, no p-value, interval or significance is published and `test` says why. Each arm's served-version
+mix (`*_version_mix`: answers per model version) shows an arm another experiment's variant answered.
+
+Sample-ratio mismatch (`sample_ratio`): per experiment, the users assigned to each arm against the
+configured split, a chi-square goodness-of-fit test; p < `srm_alpha` means the assignment or the
+logging is broken and no comparison of that experiment can be trusted.
 
 Shadows are scored counterfactually, on the outcomes credited to the live answer of their request: an
 item the live model did not show never counts, so the estimate always favours the live model and no
@@ -32,7 +38,7 @@ from datetime import date, timedelta
 
 import numpy as np
 import polars as pl
-from scipy.stats import kendalltau, norm
+from scipy.stats import chisquare, kendalltau, norm
 
 from engines.lake import Lake
 from engines.prediction_logs import LIVE, OK, SHADOW
@@ -51,6 +57,8 @@ class AccuracySettings:
     alpha: float = 0.05
     power: float = 0.8
     minimum_effect: float = 0.05  # relative CTR lift a test is sized to detect
+    minimum_users: int = 100  # per arm: below it no test is run (its normal approximation does not hold)
+    srm_alpha: float = 0.001  # a sample-ratio mismatch below this p-value blocks
 
     @property
     def z(self) -> float:
@@ -326,8 +334,9 @@ def _comparison(
     answers: pl.DataFrame,
     settings: AccuracySettings,
 ) -> dict:
-    z = diff / se if se and not math.isnan(se) else math.nan
-    p = float(2 * norm.sf(abs(z))) if not math.isnan(z) else math.nan
+    too_few = _too_few(control, rc.units, variant, rt.units, settings.minimum_users)
+    z = diff / se if se and not math.isnan(se) and not too_few else math.nan
+    p = float(2 * norm.sf(abs(z))) if not math.isnan(z) else None
     effect = settings.minimum_effect * rc.value
     z_sum = float(norm.ppf(1 - settings.alpha / 2) + norm.ppf(settings.power))
     needed = math.ceil(z_sum**2 * sum(variances) / effect**2) if effect and not math.isnan(sum(variances)) else None
@@ -337,19 +346,90 @@ def _comparison(
         "variant": variant,
         "control_versions": ",".join(sorted(set(control_answers["model_version"].to_list()))),
         "variant_versions": ",".join(sorted(set(answers["model_version"].to_list()))),
+        "control_version_mix": version_mix(control_answers),
+        "variant_version_mix": version_mix(answers),
         "control_users": rc.units,
         "variant_users": rt.units,
         "control_ctr": rc.value,
         "variant_ctr": rt.value,
         "difference": diff,
-        "difference_low": diff - settings.z * se,
-        "difference_high": diff + settings.z * se,
+        "difference_low": diff - settings.z * se if p is not None else None,
+        "difference_high": diff + settings.z * se if p is not None else None,
         "p_value": p,
-        "significant": bool(p < settings.alpha) if not math.isnan(p) else False,
+        "significant": p is not None and p < settings.alpha,
+        "test": too_few or ("z-test" if p is not None else "not tested: no variance between users"),
         "users_needed_per_arm": needed,
         "users_still_needed": max(0, needed - min(rc.units, rt.units)) if needed is not None else None,
         "counterfactual": False,
     }
+
+
+def _too_few(control: str, control_users: int, variant: str, variant_users: int, minimum: int) -> str:
+    """Why no test is run ("" when one is): an arm under `minimum` users."""
+    arms = ((control, control_users), (variant, variant_users))
+    small = [f"{arm} has {users} users" for arm, users in arms if users < minimum]
+    return f"not tested: {' and '.join(small)}, fewer than {minimum}" if small else ""
+
+
+def version_mix(answers: pl.DataFrame) -> str:
+    """Which model versions answered an arm: "v2 900 (90.0%), v3 100 (10.0%)", most answers first."""
+    counts = answers.group_by("model_version").len().sort(["len", "model_version"], descending=[True, False])
+    total = answers.height
+    return ", ".join(f"v{version} {n} ({n / total:.1%})" for version, n in counts.iter_rows())
+
+
+# --- sample-ratio mismatch -------------------------------------------------------------------------------
+def sample_ratio(logs: pl.DataFrame, splits: dict[str, dict[str, float]], settings: AccuracySettings) -> pl.DataFrame:
+    """Per experiment in the logs' assignments: the users of live recommend requests assigned to each arm
+    (a user counts once per arm, whether the answer succeeded or not) against `splits` (experiment ->
+    variant -> traffic, the configured split), a chi-square goodness-of-fit test."""
+    live = logs.filter((pl.col("role") == LIVE) & (pl.col("endpoint") == "recommend") & pl.col("user_id").is_not_null())
+    users: dict[str, dict[str, set]] = {}
+    for user, assigned in live.select("user_id", "assignments").unique().iter_rows():
+        for experiment, variant in json.loads(assigned or "{}").items():
+            users.setdefault(experiment, {}).setdefault(variant, set()).add(user)
+    rows = [
+        srm_test(experiment, {v: len(u) for v, u in arms.items()}, splits.get(experiment), settings)
+        for experiment, arms in sorted(users.items())
+    ]
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def srm_test(
+    experiment: str, counts: dict[str, int], split: dict[str, float] | None, settings: AccuracySettings
+) -> dict:
+    """One experiment's users per arm (`counts`) against its configured `split`: chi-square, p-value and
+    whether it is a mismatch at `srm_alpha`, or why it was not tested (no p-value then)."""
+    total = sum(counts.values())
+    reason = _untestable(counts, split, total)
+    arms = list(split) if split else sorted(counts)
+    observed = [counts.get(arm, 0) for arm in arms]
+    chi2, p = (None, None) if reason else chisquare(observed, [total * split[a] for a in arms])
+    p = float(p) if p is not None else None
+    return {
+        "experiment": experiment,
+        "users": total,
+        "arms": ", ".join(
+            f"{arm} {n} ({n / total:.2%}" + (f" of {split[arm]:.2%})" if split and arm in split else ")")
+            for arm, n in zip(arms, observed)
+        ),
+        "chi_square": float(chi2) if chi2 is not None else None,
+        "p_value": p,
+        "mismatch": p is not None and p < settings.srm_alpha,
+        "test": reason or f"chi-square, mismatch below p={settings.srm_alpha}",
+    }
+
+
+def _untestable(counts: dict[str, int], split: dict[str, float] | None, total: int) -> str:
+    if split is None:
+        return "not tested: the experiment is not in the experiments file"
+    unknown = sorted(set(counts) - set(split))
+    if unknown:
+        return f"not tested: arms {', '.join(unknown)} are not in the experiments file's split"
+    small = [arm for arm, share in split.items() if total * share < 5]
+    if small:  # the chi-square approximation needs about 5 expected users per arm
+        return f"not tested: fewer than 5 users expected in {', '.join(small)}"
+    return ""
 
 
 # --- latency, time series, drops -------------------------------------------------------------------------
@@ -448,6 +528,8 @@ def online_verdict(comparisons: pl.DataFrame, challenger: str, champion: str, ma
         return Evidence(False, f"no A/B test compared v{challenger} with v{champion} yet")
     best = fitting.sort(pl.col("variant_users") + pl.col("control_users"), descending=True).row(0, named=True)
     source = best["experiment"]
+    if best["p_value"] is None:
+        return Evidence(False, f"{source}: {best['test']}", source, best["difference"])
     if not best["significant"]:
         return Evidence(
             False,

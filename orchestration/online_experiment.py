@@ -136,6 +136,7 @@ COMPARISON_COLUMNS = [  # a shadow has no p-value: its agreement with the live v
     "variant_versions",
     "difference",
     "p_value",
+    "test",  # why an A/B row has no p-value (an arm under minimum_users)
     "users_still_needed",
     "overlap_at_k",
     "rank_correlation",

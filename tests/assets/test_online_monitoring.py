@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import polars as pl
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import AssetCheckSeverity, DagsterInstance, materialize
 
-from assets.monitoring import COMPARISONS_TABLE, DROP_CHECK, MODELS_TABLE, ZONE, online_accuracy
+from assets import monitoring
+from assets.monitoring import COMPARISONS_TABLE, DROP_CHECK, MODELS_TABLE, SRM_CHECK, ZONE, online_accuracy
 from assets.prediction_logs import prediction_logs
 from engines.lake import Lake
 from engines.prediction_logs import LIVE, TABLE, frame
@@ -84,7 +86,8 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
     taken_in = lake.read_partition(LOG_ZONE, TABLE, day)
     assert taken_in.sort("request_id", "role", "variant").equals(frame(records).sort("request_id", "role", "variant"))
     checks = {e.check_name: e.passed for e in first.get_asset_check_evaluations()}
-    assert checks == {"great_expectations": True, DROP_CHECK: True}  # no earlier day: nothing to drop from
+    # no earlier day: nothing to drop from; "ab" and "other" are not in the experiments file: not tested
+    assert checks == {"great_expectations": True, DROP_CHECK: True, SRM_CHECK: True}
     stored = lake.read_partition(ZONE, MODELS_TABLE, day)
     truth = recompute(records, events)
     for row in stored.filter(pl.col("role") == LIVE).iter_rows(named=True):
@@ -124,3 +127,20 @@ def test_a_log_that_fails_its_expectations_is_not_taken_in(tmp_path, webhook):
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks["great_expectations"] is False
     assert not Lake(tmp_path).partition_path(LOG_ZONE, TABLE, T0.date()).exists()
+
+
+def test_a_sample_ratio_mismatch_blocks_and_its_tables_hold_no_missing_cells(tmp_path, webhook, monkeypatch):
+    url, _ = webhook
+    records, events = simulated(12, users=400)  # "ab" assigns users half and half
+    monkeypatch.setattr(monitoring, "splits", lambda: {"ab": {"control": 0.9, "treatment": 0.1}})
+    log_day(tmp_path, records)
+    Lake(tmp_path).write_partition("warehouse", "interactions", T0.date(), events)
+    result = run(tmp_path, T0.date(), url)
+    check = {e.check_name: e for e in result.get_asset_check_evaluations()}[SRM_CHECK]
+    assert not check.passed and check.severity == AssetCheckSeverity.ERROR and check.description.startswith("ab: ")
+    srm = {r.data["experiment"]: r.data for r in check.metadata["experiments"].value.records}
+    assert srm["ab"]["mismatch"] is True and "not in the experiments file" in srm["other"]["test"]
+    metadata = result.asset_materializations_for_node("monitoring__online_accuracy")[0].metadata
+    for rows in (check.metadata["experiments"].value.records, metadata["experiments"].value.records):
+        cells = [v for r in rows for v in r.data.values()]
+        assert not any(v is None or (isinstance(v, float) and math.isnan(v)) for v in cells)

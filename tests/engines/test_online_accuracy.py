@@ -10,11 +10,13 @@ import math
 import random
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
+from engines.experiments import load
 from engines.online_accuracy import (
     AccuracySettings,
     by_experiment,
@@ -22,8 +24,10 @@ from engines.online_accuracy import (
     credited_outcomes,
     drops,
     online_verdict,
+    sample_ratio,
     scored_answers,
     shadow_against_live,
+    srm_test,
 )
 from engines.prediction_logs import LIVE, SHADOW, PredictionRecord, frame
 
@@ -436,3 +440,97 @@ def test_one_click_shown_by_three_answers_counts_once():
         pl.col("event_timestamp").dt.cast_time_unit("us")
     )
     assert scored_answers(frame(records), echoed, SETTINGS)["hits"].to_list() == [1, 0, 0]  # the one it names
+
+
+# --- sample-ratio mismatch, tiny groups, served-version mix ----------------------------------------------
+def assigned_logs(users: np.ndarray, experiments) -> pl.DataFrame:
+    """Live recommend requests of `users` (a user may ask several times), each with its assignments."""
+    return pl.DataFrame(
+        {
+            "role": LIVE,
+            "endpoint": "recommend",
+            "user_id": users,
+            "assignments": [json.dumps({e.name: e.assign(int(u)).name for e in experiments}) for u in users],
+        }
+    )
+
+
+def test_the_srm_check_fires_at_most_at_its_level_on_days_assigned_as_configured():
+    rng = np.random.default_rng(38)
+    days, fired = 10_000, 0
+    for split in ({"control": 0.5, "treatment": 0.5}, {"control": 0.9, "first_version": 0.1}):
+        for users in rng.integers(1_000, 100_000, size=days):
+            counts = dict(zip(split, rng.multinomial(users, list(split.values()))))
+            fired += srm_test("e", counts, split, SETTINGS)["mismatch"]
+    # 0.001 of 20,000 days is 20 expected; P(Poisson(20) outside [7, 36]) < 0.001
+    assert 7 <= fired <= 36
+
+
+def test_a_one_point_imbalance_at_100000_users_is_caught_every_day():
+    rng = np.random.default_rng(1)
+    for configured, actual in (((0.5, 0.5), (0.51, 0.49)), ((0.9, 0.1), (0.89, 0.11))):
+        split = dict(zip(("control", "treatment"), configured))
+        for _ in range(200):
+            counts = dict(zip(split, rng.multinomial(100_000, actual)))
+            row = srm_test("e", counts, split, SETTINGS)
+            assert row["mismatch"] and row["p_value"] < SETTINGS.srm_alpha
+
+
+def test_the_servers_own_assignment_of_the_deployed_experiments_shows_no_mismatch_and_a_lost_arm_does():
+    experiments = load(Path(__file__).parents[2] / "deploy" / "experiments.yaml")
+    split = {e.name: {v.name: v.traffic for v in e.variants} for e in experiments}
+    users = np.random.default_rng(3).integers(0, 10**9, size=20_000)
+    logged = assigned_logs(np.concatenate([users, users[:5_000]]), experiments)  # some users ask twice
+    table = sample_ratio(logged, split, SETTINGS)
+    assert table["users"].to_list() == [len(set(users.tolist()))] * len(experiments)  # a user counts once
+    assert not any(table["mismatch"]) and all(p > SETTINGS.srm_alpha for p in table["p_value"])
+    first = experiments[0]
+    lost = logged.filter(  # the treatment's failed answers were never logged for a tenth of its users
+        ~(pl.col("assignments").str.contains(f'"{first.name}": "treatment"') & (pl.col("user_id") % 10 == 0))
+    )
+    row = sample_ratio(lost, split, SETTINGS).filter(pl.col("experiment") == first.name).row(0, named=True)
+    assert row["mismatch"] and "treatment" in row["arms"]
+
+
+def test_an_experiment_or_arm_missing_from_the_file_is_not_tested_and_says_why():
+    row = srm_test("gone", {"control": 500, "treatment": 520}, None, SETTINGS)
+    assert row["p_value"] is None and not row["mismatch"] and "not in the experiments file" in row["test"]
+    row = srm_test("e", {"control": 500, "new": 20}, {"control": 0.5, "treatment": 0.5}, SETTINGS)
+    assert row["p_value"] is None and "new" in row["test"]
+
+
+def test_an_arm_under_the_minimum_users_gets_no_p_value_and_the_row_says_why():
+    records, interactions = simulated(2, users=60, lift=0.5)
+    table = by_experiment(scored_answers(frame(records), interactions, SETTINGS), {"ab": "control"}, SETTINGS)
+    row = table.filter(pl.col("experiment") == "ab").row(0, named=True)
+    assert row["control_users"] < SETTINGS.minimum_users and row["variant_users"] < SETTINGS.minimum_users
+    assert row["p_value"] is None and row["difference_low"] is None and not row["significant"]
+    assert row["test"] == (
+        f"not tested: control has {row['control_users']} users and treatment has {row['variant_users']} users, "
+        f"fewer than {SETTINGS.minimum_users}"
+    )
+    verdict = online_verdict(table, challenger="2", champion="1")
+    assert not verdict.passed and "not tested" in verdict.reason
+    enough = dataclasses.replace(SETTINGS, minimum_users=2)
+    tested = by_experiment(scored_answers(frame(records), interactions, enough), {"ab": "control"}, enough)
+    assert tested.filter(pl.col("experiment") == "ab")["p_value"][0] is not None
+
+
+def test_each_arms_served_version_mix_shows_another_experiments_variant():
+    records, interactions = simulated(4, users=300)
+    # another experiment's challenger (v3) answered every fifth request of the treatment arm
+    mixed = [
+        dataclasses.replace(r, model_version="3") if r.role == LIVE and r.variant == "treatment" and n % 5 == 0 else r
+        for n, r in enumerate(records)
+    ]
+    table = by_experiment(scored_answers(frame(mixed), interactions, SETTINGS), {"ab": "control"}, SETTINGS)
+    row = table.filter(pl.col("experiment") == "ab").row(0, named=True)
+    live = [r for r in mixed if r.role == LIVE]
+    served = defaultdict(lambda: defaultdict(int))
+    for r in live:
+        served[r.assignments["ab"]][r.model_version] += 1
+    for arm, column in (("control", "control_version_mix"), ("treatment", "variant_version_mix")):
+        total = sum(served[arm].values())
+        ordered = sorted(served[arm].items(), key=lambda kv: (-kv[1], kv[0]))
+        assert row[column] == ", ".join(f"v{v} {n} ({n / total:.1%})" for v, n in ordered)
+    assert "v3" in row["variant_version_mix"] and "v3" not in row["control_version_mix"]
