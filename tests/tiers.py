@@ -5,9 +5,16 @@ CI runs both tiers.
 
 Marking follows the fixtures a test uses, so a new test that uses one of these is in the right
 tier without a hand-written mark; a new fixture that starts an engine or a server belongs here,
-and a test that starts one itself carries `@pytest.mark.services`."""
+and a test that starts one itself carries `@pytest.mark.services`.
+
+CI runs the suite on two workers (`-n 2 --dist loadgroup`, .ci/run). Each test module is one group, so
+its module fixtures start once; packages whose fixtures outlive a module (the Flink cluster and live job
+of tests/streaming, the vLLM backends and gateways of tests/serving/gateway and tests/serving/llm, which
+share one trained LLM) are one group each."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +56,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.services)
+        item.add_marker(pytest.mark.xdist_group(worker_group(item.path)))
+    # the longest groups first, so that two workers end together (a stable sort keeps modules whole)
+    items.sort(key=lambda item: LONGEST_FIRST.get(worker_group(item.path), len(LONGEST_FIRST)))
+
+
+SHARED_PACKAGES = {  # test folders whose package- or session-scoped engines one worker should start once
+    "streaming": "tests/streaming",
+    "serving/gateway": "tests/serving/llm",
+    "serving/llm": "tests/serving/llm",
+}
+LONGEST_FIRST = {
+    group: rank
+    for rank, group in enumerate(
+        ["tests/test_readme.py", "tests/assets/test_embeddings.py", "tests/serving/llm", "tests/streaming"]
+    )
+}
+
+
+def worker_group(path: Path) -> str:
+    """The xdist group of a test file: its package's where the package shares engines, else its own path."""
+    parts = path.parts
+    relative = "/".join(parts[len(parts) - 1 - parts[::-1].index("tests") + 1 :])
+    for folder, group in SHARED_PACKAGES.items():
+        if relative.startswith(folder + "/"):
+            return group
+    return f"tests/{relative}"
