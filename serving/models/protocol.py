@@ -232,9 +232,10 @@ def decode_input(tensor: RequestInput) -> np.ndarray:
 
 
 def check_finite(array: np.ndarray, name: str) -> np.ndarray:
-    """Infinity, NaN and overflowing literals (1e400) are no input: they would come back as bare NaN."""
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        raise ProtocolError(400, f"input {name!r}: values must be finite numbers (no Infinity or NaN)")
+    """Infinity and overflowing literals (1e400) are no input. NaN is: it is how a missing feature value
+    arrives (the towers read it as missing), as Feast's nulls do."""
+    if array.dtype.kind == "f" and np.isinf(array).any():
+        raise ProtocolError(400, f"input {name!r}: values must be finite numbers or NaN for missing (no Infinity)")
     return array
 
 
