@@ -58,6 +58,7 @@ class Way:
     timeout: int = 900
     serves: int | None = None  # a server on this port: started, waited for, and stopped at the end
     prints: str | None = None  # a pattern its output must hold (what the README says the command shows)
+    refused: str | None = None  # a documented refusal: a failed exit whose output holds this pattern passes
 
 
 # Keyed by the start of a command; commands not listed run as written.
@@ -88,6 +89,11 @@ WAYS = {
     '--select "group:streaming_history': Way(covered_by=CLI_BACKFILL),
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     "--select clip_model": Way(small={"--select clip_model": "--select clip_model" + SMALL_EPOCHS}),
+    # the gate may refuse the third version (docs/models.md): the run then fails on that check, as documented
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    '--select "models/personalization,models/personalization_champion"': Way(
+        refused=r"blocking asset check failed with ERROR severity:\s+models/personalization: beats_(champion|baseline)"
+    ),
     ".venv/bin/mlplane models rollback": Way(
         covered_by="tests/models/test_personalization.py::test_gate_blocks_a_"
         "worse_challenger_then_rollback_and_corruption"
@@ -317,7 +323,7 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
                 continue
             out = run(as_run(command), checkout)
             seconds[as_run(command)] = time.monotonic() - started
-            if out.returncode != 0:
+            if out.returncode != 0 and not (way.refused and re.search(way.refused, out.stdout + out.stderr)):
                 failures.append(f"$ {as_run(command)}\n{out.stdout[-1500:]}\n{out.stderr[-2500:]}")
             elif way.prints and not re.search(way.prints, out.stdout):
                 failures.append(f"$ {as_run(command)} did not print {way.prints!r}:\n{out.stdout[-2500:]}")
