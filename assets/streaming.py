@@ -167,7 +167,7 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
         can_subset=True,  # the views selected are the views the Flink job computes
     )
     def _history(context, config: HistoryConfig, lake: LakeResource, flink: FlinkResource):
-        if missing := flink.missing_setting():  # before any work: the backfill runs where the live job does
+        if missing := flink.missing_setting(live=False):  # before any work: the backfill runs on the cluster
             raise Failure(f"the streaming history needs the Flink cluster: {missing}")
         views = [v for v in all_views if history_key(v.name) in context.selected_asset_keys]
         slide = config.slide_seconds or flink.slide_seconds

@@ -119,6 +119,8 @@ class FlinkResource(ConfigurableResource):
     def launch(self, context, source: str) -> tuple[JobHealth, dict]:
         """Start the job, from its newest checkpoint when it has one; returns its health once it
         runs and what it reported through dagster-pipes. Raises with the cause if it fails."""
+        if missing := self.missing_setting():
+            raise StreamingJobError(f"the live {source} job needs configuration: {missing}")
         job = self.job(source)
         if isinstance(job, ClusterJob):  # resume from the ended job's newest retained checkpoint, if any
             checkpoint = resume(job, self.start_timeout_seconds)
@@ -186,17 +188,18 @@ class FlinkResource(ConfigurableResource):
             terminate_group(int(pid_file.read_text()))
             pid_file.unlink()
 
-    def missing_setting(self) -> str | None:
-        """What a cluster deployment has left unset, named as the prod profile's variable; None when complete."""
+    def missing_setting(self, live: bool = True) -> str | None:
+        """What a cluster deployment has left unset, named as the prod profile's variable; None when complete.
+        Kafka is needed by the live jobs only (`live=False`: a backfill reads the lake's staged files)."""
         if self.mode == "cluster" and not self.rest_url:
             return "MLPLANE_FLINK_REST_URL (the Flink JobManager's REST address) is not set"
-        if self.source == "kafka" and not self.kafka_bootstrap_servers:
+        if live and self.source == "kafka" and not self.kafka_bootstrap_servers:
             return "MLPLANE_KAFKA_BOOTSTRAP_SERVERS (the Kafka brokers the jobs read) is not set"
         return None
 
     def _rest(self) -> str:
         if self.mode not in ("local", "cluster"):
             raise StreamingJobError(f"mode must be 'local' or 'cluster', not {self.mode!r}")
-        if missing := self.missing_setting():
+        if missing := self.missing_setting(live=False):
             raise StreamingJobError(f"the {self.mode} streaming jobs need configuration: {missing}")
         return self.rest_url if self.mode == "cluster" else ""
