@@ -69,4 +69,5 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
     share = successes / trials
     centre = (share + z * z / (2 * trials)) / (1 + z * z / trials)
     half = z * sqrt(share * (1 - share) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval always holds the observed share; rounding must not push 1.0 (or 0.0) outside it
+    return max(0.0, min(share, centre - half)), min(1.0, max(share, centre + half))

@@ -131,6 +131,8 @@ WAYS = {
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),
     ".venv/bin/mlplane labeling serve": Way(serves=8700),
     ".venv/bin/mlplane serve models": Way(serves=8500),
+    # the admin key exported just before reaches the server and the call: a missing key would be a 401
+    "curl -s -X POST localhost:8500/v2/repository/models/personalization/load": Way(prints=r'"state":\s*"READY"'),
     ".venv/bin/python benchmarks/online_serving.py": Way(small={"online_serving.py": "online_serving.py --help"}),
     ".venv/bin/mlplane gateway rollout": Way(covered_by="tests/serving/llm/test_llm_rollout.py"),
     ".venv/bin/python benchmarks/clip_training.py": Way(small={"--repeats 30": "--repeats 1"}),
@@ -219,7 +221,7 @@ def checkout(tmp_path_factory) -> Path:
     return root
 
 
-def environment(checkout: Path) -> dict[str, str]:
+def environment(checkout: Path, exported: dict[str, str] | None = None) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     path = ":".join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":") if p != bin_dir)
     return {
@@ -229,26 +231,27 @@ def environment(checkout: Path) -> dict[str, str]:
         "DAGSTER_HOME": str(checkout / ".dagster_home"),
         "VIRTUAL_ENV": "",
         "MLPLANE_STREAMING_SLIDE_SECONDS": "3600",
+        **(exported or {}),
     }
 
 
-def run(command: str, checkout: Path) -> subprocess.CompletedProcess:
+def run(command: str, checkout: Path, exported: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", "-c", command],
         cwd=checkout,
-        env=environment(checkout),
+        env=environment(checkout, exported),
         capture_output=True,
         text=True,
         timeout=way_of(command).timeout,
     )
 
 
-def serve(command: str, checkout: Path, port: int, log: Path) -> subprocess.Popen:
+def serve(command: str, checkout: Path, port: int, log: Path, exported: dict[str, str]) -> subprocess.Popen:
     """Starts a README server command in its own process group and waits until it answers on `port`."""
     server = subprocess.Popen(
         ["bash", "-c", command],
         cwd=checkout,
-        env=environment(checkout),
+        env=environment(checkout, exported),
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -271,6 +274,16 @@ def stop(server: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+def export(command: str, checkout: Path, exported: dict[str, str]) -> bool:
+    """`export NAME=value` as a reader's shell keeps it: later commands see NAME."""
+    match = re.fullmatch(r"export (\w+)=(.+)", command)
+    if match:
+        out = run(f"printf %s {match[2]}", checkout, exported)
+        assert out.returncode == 0, (command, out.stderr)
+        exported[match[1]] = out.stdout
+    return bool(match)
 
 
 def check_demo(out: str, checkout: Path) -> None:
@@ -309,7 +322,7 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
     (checkout / "gateway.yaml").write_text(
         next(body for lang, body in FENCE.findall(pages_text()) if lang == "yaml" and "model_list" in body)
     )
-    failures, ran, covered, servers, seconds = [], 0, [], [], {}
+    failures, ran, covered, servers, seconds, exported = [], 0, [], {}, {}, {}
     try:
         for command in readme_commands():
             started = time.monotonic()
@@ -318,10 +331,15 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
                 covered.append(way.covered_by)
                 continue
             ran += 1
-            if way.serves:
-                servers.append(serve(as_run(command), checkout, way.serves, checkout / f"server-{way.serves}.log"))
+            if export(command, checkout, exported):
                 continue
-            out = run(as_run(command), checkout)
+            if way.serves:
+                if way.serves in servers:  # a later page starts it again, with other settings
+                    stop(servers.pop(way.serves))
+                log = checkout / f"server-{way.serves}.log"
+                servers[way.serves] = serve(as_run(command), checkout, way.serves, log, exported)
+                continue
+            out = run(as_run(command), checkout, exported)
             seconds[as_run(command)] = time.monotonic() - started
             if out.returncode != 0 and not (way.refused and re.search(way.refused, out.stdout + out.stderr)):
                 failures.append(f"$ {as_run(command)}\n{out.stdout[-1500:]}\n{out.stderr[-2500:]}")
@@ -332,7 +350,7 @@ def test_readme_commands_work_as_written_on_the_demos_lake(checkout):
                     break  # every later command reads the demo's lake
                 check_demo(out.stdout, checkout)
     finally:
-        for server in servers:
+        for server in servers.values():
             stop(server)
         print("README commands, slowest first:")  # shown with -s, and on a failure
         for command, took in sorted(seconds.items(), key=lambda kv: -kv[1]):

@@ -63,3 +63,12 @@ def test_wilson_interval_textbook():
     assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     assert wilson_interval(0, 0) is None
+
+
+def test_wilson_interval_holds_the_observed_share_at_the_edges():
+    for trials in range(1, 200):
+        assert wilson_interval(trials, trials)[1] == 1.0  # all right: rounding once gave 0.9999999999999999
+        assert wilson_interval(0, trials)[0] == 0.0
+        for successes in (1, trials // 2, trials - 1):
+            low, high = wilson_interval(successes, trials)
+            assert low <= successes / trials <= high
