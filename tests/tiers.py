@@ -10,7 +10,8 @@ and a test that starts one itself carries `@pytest.mark.services`.
 CI runs the suite on two workers (`-n 2 --dist loadgroup`, .ci/run). Each test module is one group, so
 its module fixtures start once; packages whose fixtures outlive a module (the Flink cluster and live job
 of tests/streaming, the vLLM backends and gateways of tests/serving/gateway and tests/serving/llm, which
-share one trained LLM) are one group each."""
+share one trained LLM) are one group each, and so are the modules that use one session-scoped trained
+model (SHARED_FIXTURES), which a worker would otherwise train again."""
 
 from __future__ import annotations
 
@@ -53,12 +54,32 @@ SERVICE_FIXTURES = frozenset(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups = module_groups(items)
     for item in items:
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.services)
-        item.add_marker(pytest.mark.xdist_group(worker_group(item.path)))
+        item.add_marker(pytest.mark.xdist_group(groups[item.path]))
     # the longest groups first, so that two workers end together (a stable sort keeps modules whole)
-    items.sort(key=lambda item: LONGEST_FIRST.get(worker_group(item.path), len(LONGEST_FIRST)))
+    items.sort(key=lambda item: LONGEST_FIRST.get(groups[item.path], len(LONGEST_FIRST)))
+
+
+SHARED_FIXTURES = {  # session-scoped engines that train models: the files using one share a worker
+    "served_lake": "tests/serving/models:served_lake",  # the pipeline's lake, a trained model and CLIP
+    "trained": "tests/models:trained",  # a personalization model trained on Ray
+}
+
+
+def module_groups(items: list[pytest.Item]) -> dict[Path, str]:
+    """Each test file's xdist group: that of a shared engine (SHARED_FIXTURES) one of its tests uses,
+    else its package's (SHARED_PACKAGES), else its own path. A session fixture is built once per worker
+    that uses it, so the files that use one must not be split between workers."""
+    groups = {item.path: worker_group(item.path) for item in items}
+    for item in items:
+        for fixture, group in SHARED_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                groups[item.path] = group
+                break
+    return groups
 
 
 SHARED_PACKAGES = {  # test folders whose package- or session-scoped engines one worker should start once
