@@ -116,11 +116,12 @@ def hide_library_deprecations() -> None:
 
 
 def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:
-    """Train the compact CLIP model, embed the days' items into the vector store, and search for one
-    catalogue item's title."""
+    """Train the compact CLIP model and register it (the model server's clip_text, clip_image and
+    content_violation serve the champion), embed the days' items into the vector store, and search for
+    one catalogue item's title."""
     # one CPU: the other core is step 2's; in this process (TRAIN_WORKERS)
     ops = {"clip_model": {"config": {"epochs": CLIP_EPOCHS, "cpus_per_worker": 1, "num_workers": TRAIN_WORKERS}}}
-    result = run_job(None, ["clip_model"], ops=ops)
+    result = run_job(None, ["clip_model", "models/clip"], ops=ops)
     if not result.success:
         raise click.ClickException("the clip_model run failed; see `mlplane ui`")
     recall = materialized(result, "clip_model")

@@ -131,6 +131,8 @@ WAYS = {
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),
     ".venv/bin/mlplane labeling serve": Way(serves=8700),
     ".venv/bin/mlplane serve models": Way(serves=8500),
+    # after the demo every model the server lists is ready (CLIP registered by the demo)
+    "curl -s localhost:8500/v2/repository/index": Way(prints=r'\A(?![\s\S]*"UNAVAILABLE")[\s\S]*"READY"'),
     # the admin key exported just before reaches the server and the call: a missing key would be a 401
     "curl -s -X POST localhost:8500/v2/repository/models/personalization/load": Way(prints=r'"state":\s*"READY"'),
     ".venv/bin/python benchmarks/online_serving.py": Way(small={"online_serving.py": "online_serving.py --help"}),
