@@ -255,10 +255,16 @@ def spent(information, alpha) -> np.ndarray:
 def crossed(z, information, alpha) -> np.ndarray:
     """Whether a two-sided group-sequential test at `alpha` has rejected by each look (last axis: looks,
     in order; leading axes broadcast with `alpha`): z-scores `z` at information fractions `information`
-    (the estimate's information 1/se^2 over the planned one). Each look's boundary spends what the
-    spending function allows beyond the earlier looks, given that no earlier boundary was crossed (the
-    sub-density of the score B(t) = z sqrt(t), carried on a grid between the boundaries); a look whose
-    information is NaN or not above the last tested look's is skipped (no test, nothing spent)."""
+    (the estimate's information 1/se^2 over the planned one). See `boundaries`."""
+    return boundaries(z, information, alpha)[0]
+
+
+def boundaries(z, information, alpha) -> tuple[np.ndarray, np.ndarray]:
+    """(rejected by each look, each look's boundary on the z scale). Each look's boundary spends what
+    the spending function allows beyond the earlier looks, given that no earlier boundary was crossed
+    (the sub-density of the score B(t) = z sqrt(t), carried on a grid between the boundaries); a look
+    whose information is NaN or not above the last tested look's is skipped (no test, nothing spent,
+    boundary infinite), as is every look once the plan's alpha is spent."""
     z, t, alpha = np.broadcast_arrays(
         np.asarray(z, dtype=float), np.asarray(information, dtype=float), np.asarray(alpha, dtype=float)[..., None]
     )
@@ -266,7 +272,7 @@ def crossed(z, information, alpha) -> np.ndarray:
     shape = z.shape[:-1]
     last_t, last_spent = np.zeros(shape), np.zeros(shape)
     grid, density = np.zeros(shape + (GRID,)), np.zeros(shape + (GRID,))  # sub-density after the last test
-    rejected, out = np.zeros(shape, dtype=bool), np.zeros(z.shape, dtype=bool)
+    rejected, out, limits = np.zeros(shape, dtype=bool), np.zeros(z.shape, dtype=bool), np.full(z.shape, np.inf)
     for k in range(z.shape[-1]):
         tk = t[..., k]
         live = np.isfinite(tk) & np.isfinite(z[..., k]) & (tk > last_t) & (last_spent < alpha - 1e-12)
@@ -277,9 +283,10 @@ def crossed(z, information, alpha) -> np.ndarray:
         hit = live & (np.abs(z[..., k]) * np.sqrt(np.where(live, tk, 1.0)) >= bound)
         rejected |= hit
         out[..., k] = rejected
+        limits[..., k] = bound / np.sqrt(np.where(live, tk, 1.0))
         grid, density = _carry(grid, density, delta, bound, live, first)
         last_t, last_spent = np.where(live, tk, last_t), np.where(live, last_spent + spend, last_spent)
-    return out
+    return out, limits
 
 
 def _crossing(grid, density, delta, bound, first) -> np.ndarray:

@@ -109,9 +109,7 @@ def _arms(hits, shown, covariate, present, in_variant, metric: str):
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
     denominator = shown if metric == "ctr" else np.ones_like(hits)
-    return tuple(
-        Arm.of(hits, denominator, covariate, present & side) for side in (~in_variant, in_variant)
-    )
+    return tuple(Arm.of(hits, denominator, covariate, present & side) for side in (~in_variant, in_variant))
 
 
 def pooled_effects(experiments: Experiments, metric: str = "ctr"):
