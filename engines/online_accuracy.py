@@ -64,6 +64,7 @@ class AccuracySettings:
     minimum_effect: float = 0.05  # relative CTR lift a test is sized to detect
     minimum_users: int = 100  # per arm: below it no test is run (its normal approximation does not hold)
     srm_alpha: float = 0.001  # a sample-ratio mismatch below this p-value blocks
+    cuped_days: int = 14  # days before an experiment's first day whose outcomes are the CUPED covariate
 
     @property
     def z(self) -> float:
@@ -251,6 +252,33 @@ def pre_experiment(interactions: pl.DataFrame, settings: AccuracySettings) -> pl
         .group_by("user_id")
         .agg(pl.len().cast(pl.Float64).alias("pre"))
     )
+
+
+def pooled_days(lake: Lake, day: date, today: pl.DataFrame) -> pl.DataFrame:
+    """`today`'s experiment_users rows with those of every earlier stored day of the same experiments:
+    the sample each experiment's test pools (an experiment is its name: a new one needs a new name)."""
+    earlier = [d for d in lake.partition_days(ZONE, EXPERIMENT_USERS_TABLE) if d < day]
+    scanned = lake.scan_partitions(ZONE, EXPERIMENT_USERS_TABLE, earlier)
+    if scanned is None or today.is_empty():
+        return today
+    running = today["experiment"].unique().to_list()
+    before = scanned.filter(pl.col("experiment").is_in(running)).collect()
+    return pl.concat([before, today], how="vertical_relaxed").sort("experiment", "day", "arm", "user_id")
+
+
+def covariates(lake: Lake, users: pl.DataFrame, settings: AccuracySettings) -> dict[str, pl.DataFrame]:
+    """Per experiment, each user's outcomes in the `cuped_days` days of warehouse interactions before
+    the experiment's first day (`pre_experiment`); experiments without any such day get none."""
+    found = {}
+    firsts = users.group_by("experiment").agg(pl.col("day").min().alias("first"))
+    for (first,), group in firsts.group_by("first"):
+        days = [first - timedelta(days=back) for back in range(1, settings.cuped_days + 1)]
+        scanned = lake.scan_partitions("warehouse", "interactions", days)
+        if scanned is None:
+            continue
+        pre = pre_experiment(scanned.select("user_id", "event_type").collect(), settings)
+        found.update(dict.fromkeys(group["experiment"].to_list(), pre))
+    return found
 
 
 def by_experiment(

@@ -1,30 +1,38 @@
-"""Always-valid inference for online experiments: the statistics behind the A/B rows of
+"""Sequential inference for online experiments: the statistics behind the A/B rows of
 `monitoring/online_accuracy` and `benchmarks/experiments.py`. Plain numpy and scipy, no Dagster.
 
-    ratio_effect(control, variant) -> Effect       Σ numerator / Σ denominator per arm over users, the
-                                                   difference with its delta-method standard error, and
-                                                   its CUPED adjustment from a pre-experiment covariate
-    mixture_ratio(se, planned_effect, alpha, power) the mSPRT's mixing variance over the estimate's
-    always_valid_p(z, ratio)                       the mSPRT p-value of one look (take the running minimum)
-    sequence_halfwidth(se, ratio, alpha)           half the width of the confidence sequence at one look
-    fixed_p(z)                                     the fixed-horizon two-sided p-value (one planned look)
-    holm(p_values)                                 Holm's step-down adjustment over a family of tests
-    users_per_arm(variances, effect, alpha, power) the sample-size figure: users per arm for a fixed horizon
+    ratio_effect(control, variant) -> Effect    Σ numerator / Σ denominator per arm over users: the
+                                                difference, its delta-method standard error, and its
+                                                CUPED adjustment from a pre-experiment covariate
+    look(effect, planned_effect, ...) -> Look   one look's tests; none under the minimum users
+    boundaries(z, information, alpha)           the group-sequential test over looks (alpha spending)
+    repeated_p(z, information)                  its p-value: the smallest level it has rejected at
+    always_valid_p(z, ratio)                    the mSPRT p-value of one look (take the running minimum)
+    sequence_halfwidth(se, ratio, alpha)        half the width of the mSPRT's confidence sequence
+    fixed_p(z)                                  the fixed-horizon two-sided p-value (one planned look)
+    holm(p_values)                              Holm's step-down adjustment over a family of tests
+    users_per_arm(variances, effect, ...)       the sample-size figure: users per arm for one look
 
-Why always valid: an experiment is looked at every day, and stopping at the first day a fixed-horizon
-test says p < alpha rejects a true null far more often than alpha. The mixture sequential probability
-ratio test (Robbins' normal mixture; Johari et al., "Always Valid Inference", 2017) keeps alpha over
-any number of looks: its likelihood ratio is a nonnegative martingale under the null, so by Ville's
-inequality it ever exceeds 1/alpha with probability at most alpha. Its variance is estimated from the
-data (the asymptotic confidence sequences of Howard et al. and Waudby-Smith et al.), so the guarantee
-holds for experiments of many users, not for a handful.
+Why sequential: an experiment is looked at every day, and stopping at the first day a fixed-horizon
+test says p < alpha rejects a true null far more often than alpha. Two remedies are here:
+- alpha spending (Lan and DeMets 1983; Jennison and Turnbull, "Group Sequential Methods", 2000): the
+  plan (the sample-size figure) fixes the information the experiment will reach; each look may spend
+  the share of alpha the spending function gives its information fraction, and its boundary is set so
+  that, given no earlier crossing, crossing it has exactly that probability. Over the planned looks
+  the false-positive rate is alpha, not less: this is the platform's decision;
+- the mixture sequential probability ratio test (Robbins' normal mixture; Johari et al., "Always Valid
+  Inference", 2017): its likelihood ratio is a nonnegative martingale under the null, so by Ville's
+  inequality it ever exceeds 1/alpha with probability at most alpha, at any number of looks, with or
+  without a plan; over a few looks it is far below alpha and pays for it in power, so it is reported.
+Both estimate the variance from the data (asymptotic: Howard et al. 2021, Waudby-Smith et al. 2021), so
+the guarantees hold for experiments of many users, not for a handful.
 
 Why CUPED (Deng et al., WSDM 2013): a user's behaviour before the experiment predicts much of their
 behaviour during it, and it cannot depend on the arm; subtracting theta times its arm mean removes that
 predictable part, the variance falls by the squared correlation, and the expectation is unchanged.
 
-Every function works along the last axis (users) and broadcasts over leading ones, so a simulation can
-analyse a thousand experiments in one call. Every difference is variant - control.
+Every function works along the last axis (users, or looks) and broadcasts over leading ones, so a
+simulation can analyse a thousand experiments in one call. Every difference is variant - control.
 """
 
 from __future__ import annotations
