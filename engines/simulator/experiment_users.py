@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.sequential import Arm, crossed, information_fraction, look, ratio_effect, running_minimum
+
 from .config import SimulatorConfig
 from .events import IMPRESSION_AFFINITY, click_logit
 from .world import World
@@ -104,8 +106,6 @@ METRICS = ("ctr", "clicks_per_user")  # hits / shown, and hits per user (denomin
 
 
 def _arms(hits, shown, covariate, present, in_variant, metric: str):
-    from engines.sequential import Arm
-
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
     denominator = shown if metric == "ctr" else np.ones_like(hits)
@@ -114,8 +114,6 @@ def _arms(hits, shown, covariate, present, in_variant, metric: str):
 
 def pooled_effects(experiments: Experiments, metric: str = "ctr"):
     """The effect at each look (runs x days): every user who joined so far, with all their days so far."""
-    from engines.sequential import ratio_effect
-
     hits, shown, joined = experiments.cumulative()
     covariate = np.broadcast_to(experiments.pre_hits[:, None, :], hits.shape)
     in_variant = np.broadcast_to(experiments.in_variant[:, None, :], hits.shape)
@@ -125,8 +123,6 @@ def pooled_effects(experiments: Experiments, metric: str = "ctr"):
 def daily_effects(experiments: Experiments, metric: str = "ctr"):
     """The effect of each day alone (runs x days): the users active that day, that day's rows only, as
     a per-day comparison that is never pooled reads them."""
-    from engines.sequential import ratio_effect
-
     active = experiments.shown > 0
     in_variant = np.broadcast_to(experiments.in_variant[:, None, :], active.shape)
     return ratio_effect(*_arms(experiments.hits, experiments.shown, None, active, in_variant, metric))
@@ -149,12 +145,11 @@ def rejections(experiments: Experiments, plan: Plan, metric: str = "ctr") -> dic
     - fixed_horizon: pooled days, one z-test at the last look only (the planned horizon);
     - pooled_daily_z: pooled days, a z-test at every look (peeking);
     - newest_day_z: each day's rows alone, a z-test every day (the per-day comparison)."""
-    from engines.sequential import crossed, look, running_minimum
-
     pooled = pooled_effects(experiments, metric)
     ours = look(pooled, plan.effect, plan.alpha, plan.power, plan.minimum_users)
     daily = look(daily_effects(experiments, metric), plan.effect, plan.alpha, plan.power, plan.minimum_users)
-    information = np.where(ours.tested, information_fraction(pooled.cuped_se, plan), np.nan)
+    reached = information_fraction(pooled.cuped_se, plan.effect, plan.alpha, plan.power)
+    information = np.where(ours.tested, reached, np.nan)
     z = pooled.cuped_difference / pooled.cuped_se
     below = lambda p: np.nan_to_num(p, nan=1.0) < plan.alpha  # noqa: E731 - an untested look rejects nothing
     return {
@@ -164,9 +159,3 @@ def rejections(experiments: Experiments, plan: Plan, metric: str = "ctr") -> dic
         "pooled_daily_z": below(ours.fixed_p_value).any(axis=1),
         "newest_day_z": below(daily.fixed_p_value).any(axis=1),
     }
-
-
-def information_fraction(se, plan: Plan) -> np.ndarray:
-    from engines.sequential import information_fraction as fraction
-
-    return fraction(se, plan.effect, plan.alpha, plan.power)
