@@ -336,8 +336,8 @@ LEVELS = np.geomspace(1e-4, 1.0, 97)  # the levels a repeated p-value is resolve
 
 
 def repeated_p(z, information) -> np.ndarray:
-    """The smallest level (of LEVELS, rounded up) at which the group-sequential test has rejected by
-    the last look: a p-value that keeps its meaning under the daily looks, for Holm's adjustment."""
+    """The smallest level (of LEVELS, rounded up; below the least, the least) at which the group-sequential
+    test has rejected by the last look: a p-value that keeps its meaning under the daily looks, for Holm."""
     z, information = np.asarray(z, dtype=float), np.asarray(information, dtype=float)
     rejected = crossed(z[None, ...], information[None, ...], LEVELS.reshape((-1,) + (1,) * (z.ndim - 1)))[..., -1]
     return np.where(rejected.any(axis=0), LEVELS[np.argmax(rejected, axis=0)], 1.0)
