@@ -426,11 +426,12 @@ def _sequential_test(effects: list, looks: list, planned: float, settings: Accur
     finite = limits[np.isfinite(limits)]
     boundary = float(finite[-1]) if finite.size else math.inf  # after the plan: the last look's boundary
     last = effects[-1]
+    bounded = math.isfinite(boundary)  # not when no look spent alpha (a control without hits plans no effect)
     return {
-        "difference_low": float(last.difference - boundary * last.se),
-        "difference_high": float(last.difference + boundary * last.se),
-        "cuped_low": float(last.cuped_difference - boundary * last.cuped_se),
-        "cuped_high": float(last.cuped_difference + boundary * last.cuped_se),
+        "difference_low": float(last.difference - boundary * last.se) if bounded else None,
+        "difference_high": float(last.difference + boundary * last.se) if bounded else None,
+        "cuped_low": float(last.cuped_difference - boundary * last.cuped_se) if bounded else None,
+        "cuped_high": float(last.cuped_difference + boundary * last.cuped_se) if bounded else None,
         "information": float(information[-1]),
         "fixed_p_value": float(looks[-1].fixed_p_value),
         "always_valid_p_value": float(np.nanmin([look.p_value for look in looks])),
