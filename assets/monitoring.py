@@ -39,6 +39,7 @@ from resources.notifications import WebhookNotifier
 
 KEY = AssetKey(["monitoring", "online_accuracy"])
 ZONE, MODELS_TABLE, COMPARISONS_TABLE = accuracy.ZONE, accuracy.MODELS_TABLE, accuracy.COMPARISONS_TABLE
+EXPERIMENT_USERS_TABLE = accuracy.EXPERIMENT_USERS_TABLE
 DROP_CHECK = "no_ctr_drop"
 SRM_CHECK = "no_sample_ratio_mismatch"
 
@@ -57,9 +58,17 @@ class OnlineAccuracyConfig(Config):
     )
     drop_alpha: float = Field(default=0.01, gt=0, lt=1, description="...when significant at this level")
     history_days: int = Field(default=7, ge=1, description="Earlier days the drop is measured against")
-    minimum_effect: float = Field(default=0.05, gt=0, description="Relative CTR lift experiments are sized for")
+    minimum_effect: float = Field(
+        default=0.05,
+        gt=0,
+        description="Relative lift experiments are sized for: the sample-size figure and the information "
+        "over which the group-sequential test spends alpha",
+    )
     minimum_users: int = Field(
         default=100, ge=2, description="Users an arm needs before a p-value or significance is published"
+    )
+    cuped_days: int = Field(
+        default=14, ge=1, description="Days before an experiment's first day whose outcomes are the CUPED covariate"
     )
 
 
@@ -69,6 +78,7 @@ def settings_of(config: OnlineAccuracyConfig) -> accuracy.AccuracySettings:
         horizon=timedelta(minutes=config.horizon_minutes),
         minimum_effect=config.minimum_effect,
         minimum_users=config.minimum_users,
+        cuped_days=config.cuped_days,
     )
 
 
@@ -145,8 +155,10 @@ def _text(value) -> str:
     group_name="monitoring",
     description="Online accuracy of the served models: the prediction logs joined with the clicks and plays "
     "that followed within a horizon, each credited to one answer, per model version and variant (CTR@k, "
-    "NDCG@k, calibration with intervals), per experiment (difference, significance, users still needed), "
-    "shadows against the live answers of the same requests, latency percentiles per model.",
+    "NDCG@k, calibration with intervals), per experiment over its pooled days (plain and CUPED differences, "
+    "a group-sequential test with Holm's adjustment, the sample-size figure and the users still needed), "
+    "shadows against the live answers of the same requests, latency percentiles per model. Also reads its "
+    "own earlier experiment_users partitions and the interactions of the days before each experiment.",
     partitions_def=serving_partitions,
     backfill_policy=BackfillPolicy.multi_run(1),  # a day per run: each day is checked against the ones before
     deps=[
@@ -179,21 +191,10 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     logged = the_lake.read_partition(logs.ZONE, logs.TABLE, day)
     answers = accuracy.scored_answers(logged, read_interactions(the_lake, day), settings)
     models = accuracy.by_model(answers, settings)
-    comparisons = (
-        pl.concat(
-            [
-                c
-                for c in (
-                    accuracy.by_experiment(answers, controls(), settings),
-                    accuracy.shadow_against_live(answers, settings),
-                )
-                if not c.is_empty()
-            ],
-            how="diagonal_relaxed",
-        )
-        if answers.height
-        else pl.DataFrame()
-    )
+    experiment_users = accuracy.experiment_users(answers, day)
+    if not experiment_users.is_empty():
+        the_lake.write_partition(ZONE, EXPERIMENT_USERS_TABLE, day, experiment_users)
+    comparisons = experiment_comparisons(the_lake, day, answers, experiment_users, settings)
     found = accuracy.drops(
         models, history(the_lake, day, config.history_days), config.drop_threshold, config.drop_alpha
     )
@@ -235,6 +236,10 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             "horizon_minutes": config.horizon_minutes,
             "by_model": table(rounded(models)),
             "experiments": table(rounded(comparisons)),
+            "experiment_tests": "pooled days of each experiment, one look per day; group-sequential test of the "
+            f"CUPED estimate (O'Brien-Fleming-type alpha spending over the users a {config.minimum_effect:.0%} lift "
+            f"needs), Holm over each experiment's variants x metrics at alpha {settings.alpha}; "
+            f"no test under {config.minimum_users} users per arm",
             "latency_from_logs": table(rounded(accuracy.latency(logged))),
             "ctr_over_time": MetadataValue.md(plot or "(no answers)"),
             **{
@@ -244,6 +249,19 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             },
         }
     )
+
+
+def experiment_comparisons(lake, day: date, answers, experiment_users, settings) -> pl.DataFrame:
+    """The A/B rows over the pooled days of each experiment running today, and the shadow rows of today."""
+    if not answers.height:
+        return pl.DataFrame()
+    users = accuracy.pooled_days(lake, day, experiment_users)
+    tables = (
+        accuracy.by_experiment(users, controls(), settings, accuracy.covariates(lake, users, settings)),
+        accuracy.shadow_against_live(answers, settings),
+    )
+    found = [t for t in tables if not t.is_empty()]
+    return pl.concat(found, how="diagonal_relaxed") if found else pl.DataFrame()
 
 
 def sample_ratio_check(logged: pl.DataFrame, settings: accuracy.AccuracySettings) -> AssetCheckResult:

@@ -14,11 +14,15 @@ Per group of answers (model version, served entry, variant, role):
 each with a normal interval at `confidence`.
 
 Per experiment (intent to treat: every live answer counts for the variant its user was assigned in
-that experiment, whichever experiment decided who answered): each variant's CTR against the control's
-with a two-sided z-test, and the users per arm a test needs to detect a `minimum_effect` relative lift
-at `alpha` and `power`, with the users still missing. Where an arm has fewer than `minimum_users`
-users, no p-value, interval or significance is published and `test` says why. Each arm's served-version
-mix (`*_version_mix`: answers per model version) shows an arm another experiment's variant answered.
+that experiment, whichever experiment decided who answered), on the pooled days of the experiment
+(`experiment_users` rows of every day so far, one look per day): each variant against the control on
+CTR@k, NDCG@k and hits per user, the plain and the CUPED estimate (covariate: each user's outcomes
+before the experiment), a group-sequential test that spends `alpha` over the information the plan
+needs (engines.sequential), Holm's adjustment over the experiment's variants and metrics, and the
+sample-size figure: the users per arm one look needs to detect a `minimum_effect` relative lift at
+`alpha` with `power`, and the users still missing. Where an arm has fewer than `minimum_users` users,
+no p-value, interval or significance is published and `test` says why. Each arm's served-version mix
+(`*_version_mix`: answers per model version) shows an arm another experiment's variant answered.
 
 Sample-ratio mismatch (`sample_ratio`): per experiment, the users assigned to each arm against the
 configured split, a chi-square goodness-of-fit test; p < `srm_alpha` means the assignment or the
@@ -40,6 +44,7 @@ import numpy as np
 import polars as pl
 from scipy.stats import chisquare, kendalltau, norm
 
+from engines import sequential
 from engines.lake import Lake
 from engines.prediction_logs import LIVE, OK, SHADOW
 
@@ -59,6 +64,7 @@ class AccuracySettings:
     minimum_effect: float = 0.05  # relative CTR lift a test is sized to detect
     minimum_users: int = 100  # per arm: below it no test is run (its normal approximation does not hold)
     srm_alpha: float = 0.001  # a sample-ratio mismatch below this p-value blocks
+    cuped_days: int = 14  # days before an experiment's first day whose outcomes are the CUPED covariate
 
     @property
     def z(self) -> float:
@@ -206,50 +212,231 @@ def by_model(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
 
 
 # --- experiments -----------------------------------------------------------------------------------------
-def by_experiment(answers: pl.DataFrame, controls: dict[str, str], settings: AccuracySettings) -> pl.DataFrame:
-    """Each experiment's variants against its control on CTR@k (live answers, intent to treat)."""
+EXPERIMENT_USERS_TABLE = "experiment_users"  # per day: each experiment's users, arm and what they did
+METRICS = {  # per experiment: each metric a ratio of per-user sums (numerator, denominator)
+    "ctr": ("hits", "shown"),  # the primary metric: promotion evidence reads it
+    "ndcg": ("ndcg", "answers"),
+    "hits_per_user": ("hits", "one"),
+}
+PRIMARY = "ctr"
+
+
+def experiment_users(answers: pl.DataFrame, day: date) -> pl.DataFrame:
+    """One row per experiment, arm, user and model version of the day's live answers (intent to treat:
+    every live answer counts for the variant its user was assigned in each experiment): hits, items
+    shown, NDCG summed over answers, answers. The rows of every day of an experiment pool into its test."""
     live = answers.filter(pl.col("role") == LIVE)
-    assignments = [json.loads(a) for a in live["assignments"].to_list()]  # experiment -> variant, per answer
-    names = sorted({e for a in assignments for e in a})
+    assigned = [json.loads(a or "{}") for a in live["assignments"].to_list()]
+    long = (
+        live.select("user_id", "model_version", "hits", "shown", "ndcg")
+        .with_columns(
+            pl.Series("experiment", [list(a) for a in assigned], dtype=pl.List(pl.String)),
+            pl.Series("arm", [list(a.values()) for a in assigned], dtype=pl.List(pl.String)),
+        )
+        .explode("experiment", "arm")
+        .drop_nulls("experiment")
+    )
+    return (
+        long.group_by("experiment", "arm", "user_id", "model_version")
+        .agg(pl.col("hits").sum(), pl.col("shown").sum(), pl.col("ndcg").sum(), pl.len().alias("answers"))
+        .with_columns(pl.lit(day).alias("day"))
+        .sort("experiment", "arm", "user_id", "model_version")
+    )
+
+
+def pre_experiment(interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
+    """Each user's outcomes (clicks and plays) in `interactions`: the CUPED covariate, read from the
+    days before an experiment's first day (behaviour the arm cannot have changed)."""
+    return (
+        interactions.filter(pl.col("event_type").is_in(list(settings.outcomes)))
+        .group_by("user_id")
+        .agg(pl.len().cast(pl.Float64).alias("pre"))
+    )
+
+
+def pooled_days(lake: Lake, day: date, today: pl.DataFrame) -> pl.DataFrame:
+    """`today`'s experiment_users rows with those of every earlier stored day of the same experiments:
+    the sample each experiment's test pools (an experiment is its name: a new one needs a new name)."""
+    earlier = [d for d in lake.partition_days(ZONE, EXPERIMENT_USERS_TABLE) if d < day]
+    scanned = lake.scan_partitions(ZONE, EXPERIMENT_USERS_TABLE, earlier)
+    if scanned is None or today.is_empty():
+        return today
+    running = today["experiment"].unique().to_list()
+    before = scanned.filter(pl.col("experiment").is_in(running)).collect()
+    return pl.concat([before, today], how="vertical_relaxed").sort("experiment", "day", "arm", "user_id")
+
+
+def covariates(lake: Lake, users: pl.DataFrame, settings: AccuracySettings) -> dict[str, pl.DataFrame]:
+    """Per experiment, each user's outcomes in the `cuped_days` days of warehouse interactions before
+    the experiment's first day (`pre_experiment`); experiments without any such day get none."""
+    found = {}
+    firsts = users.group_by("experiment").agg(pl.col("day").min().alias("first"))
+    for (first,), group in firsts.group_by("first"):
+        days = [first - timedelta(days=back) for back in range(1, settings.cuped_days + 1)]
+        scanned = lake.scan_partitions("warehouse", "interactions", days)
+        if scanned is None:
+            continue
+        pre = pre_experiment(scanned.select("user_id", "event_type").collect(), settings)
+        found.update(dict.fromkeys(group["experiment"].to_list(), pre))
+    return found
+
+
+def by_experiment(
+    users: pl.DataFrame,
+    controls: dict[str, str],
+    settings: AccuracySettings,
+    covariates: dict[str, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
+    """Each experiment's variants against its control on every metric, over the pooled days of the
+    experiment (`users`: `experiment_users` rows of all its days so far), tested as a group-sequential
+    test with one look per day (engines.sequential), CUPED from `covariates` (experiment -> user_id,
+    pre), Holm's adjustment over the experiment's variants and metrics."""
     rows = []
-    for experiment in names:
-        variant_of = pl.Series("arm", [a.get(experiment) for a in assignments], dtype=pl.String)
-        arm = live.with_columns(variant_of).drop_nulls("arm")
-        arms = {v: arm.filter(pl.col("arm") == v) for v in sorted(set(arm["arm"].to_list()))}
+    for (experiment,), rows_of in users.group_by("experiment", maintain_order=True):
+        arms = sorted(set(rows_of["arm"].to_list()))
         control = controls.get(experiment) or ("control" if "control" in arms else min(arms))
         if control not in arms:
             continue
-        for variant, group in arms.items():
-            if variant != control:
-                rows.append(compare(experiment, control, arms[control], variant, group, settings))
+        covariate = (covariates or {}).get(experiment)
+        tested = [
+            compare(experiment, control, variant, metric, rows_of, covariate, settings)
+            for variant in arms
+            if variant != control
+            for metric in METRICS
+        ]
+        rows.extend(adjusted(tested, settings))
     return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def adjusted(rows: list[dict], settings: AccuracySettings) -> list[dict]:
+    """Holm's adjustment over one experiment's tested rows (variants x metrics); untested rows are not
+    in the family. Significant: the adjusted p-value below alpha."""
+    p = sequential.holm([r["p_value"] if r["p_value"] is not None else math.nan for r in rows])
+    family = sum(r["p_value"] is not None for r in rows)
+    for row, value in zip(rows, p):
+        tested = not math.isnan(value)
+        row["adjusted_p_value"] = float(value) if tested else None
+        row["significant"] = bool(tested and value < settings.alpha)
+        if tested:
+            row["test"] += f"; Holm over {family} tests"
+    return rows
+
+
+def _looks(rows: pl.DataFrame, arm: str, metric: str, covariate: pl.DataFrame | None, days: list) -> list:
+    """The arm's users at each look (the end of each day of the experiment), pooled over the days so far."""
+    numerator, denominator = METRICS[metric]
+    mine, looks = rows.filter(pl.col("arm") == arm), []
+    for day in days:
+        pooled = (
+            mine.filter(pl.col("day") <= day)
+            .group_by("user_id")
+            .agg(pl.col("hits", "shown", "ndcg", "answers").sum())
+            .with_columns(pl.lit(1.0).alias("one"))
+        )
+        if covariate is not None:
+            pooled = pooled.join(covariate, on="user_id", how="left").with_columns(pl.col("pre").fill_null(0.0))
+        pre = pooled["pre"].to_numpy() if covariate is not None else None
+        looks.append(sequential.Arm.of(pooled[numerator].to_numpy(), pooled[denominator].to_numpy(), pre))
+    return looks
 
 
 def compare(
     experiment: str,
     control: str,
-    control_answers: pl.DataFrame,
     variant: str,
-    answers: pl.DataFrame,
+    metric: str,
+    rows: pl.DataFrame,
+    covariate: pl.DataFrame | None,
     settings: AccuracySettings,
 ) -> dict:
-    c, t = _per_user(control_answers), _per_user(answers)
-    rc = Ratio.of(c["hits"].to_numpy().astype(float), c["shown"].to_numpy().astype(float))
-    rt = Ratio.of(t["hits"].to_numpy().astype(float), t["shown"].to_numpy().astype(float))
-    se = math.hypot(rc.se, rt.se)
-    return _comparison(
-        experiment,
-        control,
-        variant,
-        rc,
-        rt,
-        rt.value - rc.value,
-        se,
-        (rc.se**2 * rc.units, rt.se**2 * rt.units),
-        control_answers,
-        answers,
-        settings,
-    )
+    """One variant against the control on one metric: the plain and CUPED difference at the newest look,
+    the group-sequential test over the daily looks (p-value: the smallest level it has rejected at)."""
+    days = sorted(set(rows.filter(pl.col("arm").is_in([control, variant]))["day"].to_list()))
+    pairs = zip(_looks(rows, control, metric, covariate, days), _looks(rows, variant, metric, covariate, days))
+    effects = [sequential.ratio_effect(c, v) for c, v in pairs]
+    last = effects[-1]
+    planned = settings.minimum_effect * float(last.control_value)
+    looks = [sequential.look(e, planned, settings.alpha, settings.power, settings.minimum_users) for e in effects]
+    row = _described(experiment, control, variant, metric, rows, days, last, settings)
+    if not looks[-1].tested:
+        small = _too_few(control, int(last.control_users), variant, int(last.variant_users), settings.minimum_users)
+        return {**row, "test": small or "not tested: no variance between users"}
+    return {
+        **row,
+        **_sequential_test(effects, looks, planned, settings),
+        "test": f"group sequential, {len(days)} looks",
+    }
+
+
+TEST_COLUMNS = (  # None where no test is run
+    "difference_low",
+    "difference_high",
+    "cuped_low",
+    "cuped_high",
+    "information",
+    "fixed_p_value",
+    "always_valid_p_value",
+    "p_value",
+    "adjusted_p_value",
+)
+
+
+def _described(experiment, control, variant, metric, rows, days, effect, settings) -> dict:
+    """What a row states whether or not it is tested: the arms, their users and values, the estimates,
+    and the sample-size figure (users per arm a single look needs for `minimum_effect` at `power`)."""
+    planned = settings.minimum_effect * float(effect.control_value)
+    variances = (float(effect.control_variance), float(effect.variant_variance))
+    needed = sequential.users_per_arm(variances, planned, settings.alpha, settings.power)
+    users = (int(effect.control_users), int(effect.variant_users))
+    return {
+        "experiment": experiment,
+        "control": control,
+        "variant": variant,
+        "metric": metric,
+        "control_versions": ",".join(sorted(set(rows.filter(pl.col("arm") == control)["model_version"].to_list()))),
+        "variant_versions": ",".join(sorted(set(rows.filter(pl.col("arm") == variant)["model_version"].to_list()))),
+        "control_version_mix": version_mix(rows.filter(pl.col("arm") == control)),
+        "variant_version_mix": version_mix(rows.filter(pl.col("arm") == variant)),
+        "first_day": str(days[0]),
+        "looks": len(days),
+        "control_users": users[0],
+        "variant_users": users[1],
+        "control_value": float(effect.control_value),
+        "variant_value": float(effect.variant_value),
+        "difference": float(effect.difference),
+        "cuped_difference": float(effect.cuped_difference),
+        "variance_reduction": float(effect.variance_reduction) if effect.se > 0 else None,
+        **dict.fromkeys(TEST_COLUMNS),
+        "significant": False,
+        "users_needed_per_arm": needed,
+        "users_still_needed": max(0, needed - min(users)) if needed is not None else None,
+        "counterfactual": False,
+    }
+
+
+def _sequential_test(effects: list, looks: list, planned: float, settings: AccuracySettings) -> dict:
+    """The group-sequential test of the CUPED estimate over the looks (alpha spent by the information
+    reached), its repeated confidence intervals (the newest look's boundary, around the plain and the
+    CUPED estimate), the fixed-horizon p-value of the newest look and the mSPRT's always-valid p-value."""
+    tested = np.array([bool(look.tested) for look in looks])
+    se = np.array([float(e.cuped_se) for e in effects])
+    z = np.where(tested, np.array([float(e.cuped_difference) for e in effects]) / se, np.nan)
+    information = np.where(tested, sequential.information_fraction(se, planned, settings.alpha, settings.power), np.nan)
+    _, limits = sequential.boundaries(z, information, settings.alpha)
+    finite = limits[np.isfinite(limits)]
+    boundary = float(finite[-1]) if finite.size else math.inf  # after the plan: the last look's boundary
+    last = effects[-1]
+    bounded = math.isfinite(boundary)  # not when no look spent alpha (a control without hits plans no effect)
+    return {
+        "difference_low": float(last.difference - boundary * last.se) if bounded else None,
+        "difference_high": float(last.difference + boundary * last.se) if bounded else None,
+        "cuped_low": float(last.cuped_difference - boundary * last.cuped_se) if bounded else None,
+        "cuped_high": float(last.cuped_difference + boundary * last.cuped_se) if bounded else None,
+        "information": float(information[-1]),
+        "fixed_p_value": float(looks[-1].fixed_p_value),
+        "always_valid_p_value": float(np.nanmin([look.p_value for look in looks])),
+        "p_value": float(sequential.repeated_p(z, information)),
+    }
 
 
 def shadow_against_live(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
@@ -285,8 +472,9 @@ def shadow_against_live(answers: pl.DataFrame, settings: AccuracySettings) -> pl
                 "variant_versions": version,
                 "control_users": rl.units,
                 "variant_users": rs.units,
-                "control_ctr": rl.value,
-                "variant_ctr": rs.value,
+                "metric": PRIMARY,
+                "control_value": rl.value,
+                "variant_value": rs.value,
                 "difference": rs.value - rl.value,
                 "significant": False,
                 "counterfactual": True,
@@ -321,49 +509,6 @@ def agreement(pairs: pl.DataFrame, k: int) -> dict[str, float]:
     }
 
 
-def _comparison(
-    experiment: str,
-    control: str,
-    variant: str,
-    rc: Ratio,
-    rt: Ratio,
-    diff: float,
-    se: float,
-    variances: tuple[float, float],
-    control_answers: pl.DataFrame,
-    answers: pl.DataFrame,
-    settings: AccuracySettings,
-) -> dict:
-    too_few = _too_few(control, rc.units, variant, rt.units, settings.minimum_users)
-    z = diff / se if se and not math.isnan(se) and not too_few else math.nan
-    p = float(2 * norm.sf(abs(z))) if not math.isnan(z) else None
-    effect = settings.minimum_effect * rc.value
-    z_sum = float(norm.ppf(1 - settings.alpha / 2) + norm.ppf(settings.power))
-    needed = math.ceil(z_sum**2 * sum(variances) / effect**2) if effect and not math.isnan(sum(variances)) else None
-    return {
-        "experiment": experiment,
-        "control": control,
-        "variant": variant,
-        "control_versions": ",".join(sorted(set(control_answers["model_version"].to_list()))),
-        "variant_versions": ",".join(sorted(set(answers["model_version"].to_list()))),
-        "control_version_mix": version_mix(control_answers),
-        "variant_version_mix": version_mix(answers),
-        "control_users": rc.units,
-        "variant_users": rt.units,
-        "control_ctr": rc.value,
-        "variant_ctr": rt.value,
-        "difference": diff,
-        "difference_low": diff - settings.z * se if p is not None else None,
-        "difference_high": diff + settings.z * se if p is not None else None,
-        "p_value": p,
-        "significant": p is not None and p < settings.alpha,
-        "test": too_few or ("z-test" if p is not None else "not tested: no variance between users"),
-        "users_needed_per_arm": needed,
-        "users_still_needed": max(0, needed - min(rc.units, rt.units)) if needed is not None else None,
-        "counterfactual": False,
-    }
-
-
 def _too_few(control: str, control_users: int, variant: str, variant_users: int, minimum: int) -> str:
     """Why no test is run ("" when one is): an arm under `minimum` users."""
     arms = ((control, control_users), (variant, variant_users))
@@ -371,10 +516,15 @@ def _too_few(control: str, control_users: int, variant: str, variant_users: int,
     return f"not tested: {' and '.join(small)}, fewer than {minimum}" if small else ""
 
 
-def version_mix(answers: pl.DataFrame) -> str:
-    """Which model versions answered an arm: "v2 900 (90.0%), v3 100 (10.0%)", most answers first."""
-    counts = answers.group_by("model_version").len().sort(["len", "model_version"], descending=[True, False])
-    total = answers.height
+def version_mix(rows: pl.DataFrame) -> str:
+    """Which model versions answered an arm (`experiment_users` rows): "v2 900 (90.0%), v3 100 (10.0%)",
+    answers per version, most first."""
+    counts = (
+        rows.group_by("model_version")
+        .agg(pl.col("answers").sum())
+        .sort(["answers", "model_version"], descending=[True, False])
+    )
+    total = int(rows["answers"].sum())
     return ", ".join(f"v{version} {n} ({n / total:.1%})" for version, n in counts.iter_rows())
 
 
@@ -518,33 +668,36 @@ def newest_comparisons(lake: Lake, day: date, days: int) -> pl.DataFrame:
 def online_verdict(comparisons: pl.DataFrame, challenger: str, champion: str, margin: float = 0.0) -> Evidence:
     """Whether an A/B test shows `challenger` beating `champion` on CTR@k: the comparison with the most users
     whose treatment served only the challenger and control only the champion; it passes when the
-    difference exceeds `margin` and is significant. Shadows are no evidence (counterfactual)."""
+    difference exceeds `margin` and the group-sequential test is significant after Holm's adjustment over
+    the experiment's variants and metrics. Shadows are no evidence (counterfactual)."""
     if comparisons.is_empty():
         return Evidence(False, "no online comparison logged yet")
     if "counterfactual" in comparisons.columns:  # a shadow's agreement is no evidence of a lift
         comparisons = comparisons.filter(~pl.col("counterfactual"))
+    if "metric" in comparisons.columns:
+        comparisons = comparisons.filter(pl.col("metric") == PRIMARY)
     fitting = comparisons.filter((pl.col("variant_versions") == challenger) & (pl.col("control_versions") == champion))
     if fitting.is_empty():
         return Evidence(False, f"no A/B test compared v{challenger} with v{champion} yet")
     best = fitting.sort(pl.col("variant_users") + pl.col("control_users"), descending=True).row(0, named=True)
-    source = best["experiment"]
-    if best["p_value"] is None:
+    source, p = best["experiment"], best["adjusted_p_value"]
+    if p is None:
         return Evidence(False, f"{source}: {best['test']}", source, best["difference"])
     if not best["significant"]:
         return Evidence(
             False,
-            f"{source}: difference {best['difference']:+.4f} not significant "
-            f"(p={best['p_value']:.3g}; {best['users_still_needed']} more users per arm needed)",
+            f"{source}: difference {best['cuped_difference']:+.4f} not significant "
+            f"(adjusted p={p:.3g}; {best['users_still_needed']} more users per arm needed)",
             source,
-            best["difference"],
-            best["p_value"],
+            best["cuped_difference"],
+            p,
         )
-    passed = best["difference"] > margin
+    passed = best["cuped_difference"] > margin
     return Evidence(
         passed,
-        f"{source}: CTR@k {best['variant_ctr']:.4f} vs {best['control_ctr']:.4f} "
-        f"(difference {best['difference']:+.4f}, p={best['p_value']:.3g}, margin {margin})",
+        f"{source}: CTR@k {best['variant_value']:.4f} vs {best['control_value']:.4f} "
+        f"(CUPED difference {best['cuped_difference']:+.4f}, adjusted p={p:.3g}, margin {margin})",
         source,
-        best["difference"],
-        best["p_value"],
+        best["cuped_difference"],
+        p,
     )

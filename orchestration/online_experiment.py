@@ -132,12 +132,14 @@ ACCURACY_COLUMNS = ["role", "variant", "model_version", "users", "answers", "ctr
 COMPARISON_COLUMNS = [  # a shadow has no p-value: its agreement with the live version is shown instead
     "experiment",
     "variant",
+    "metric",
     "control_versions",
     "variant_versions",
     "difference",
-    "p_value",
+    "cuped_difference",
+    "adjusted_p_value",  # group sequential over the pooled days, Holm over variants x metrics
     "test",  # why an A/B row has no p-value (an arm under minimum_users)
-    "users_still_needed",
+    "users_needed_per_arm",
     "overlap_at_k",
     "rank_correlation",
 ]

@@ -81,6 +81,8 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
     day = T0.date()
     log_day(tmp_path, records)
     lake.write_partition("warehouse", "interactions", day, events)
+    before = events.with_columns(pl.col("event_timestamp") - timedelta(days=1))  # the users' week before
+    lake.write_partition("warehouse", "interactions", day - timedelta(days=1), before)
     first = run(tmp_path, day, url)
     assert first.success
     taken_in = lake.read_partition(LOG_ZONE, TABLE, day)
@@ -95,6 +97,9 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
         assert row["ctr"] == pytest.approx(sum(t["hits"] for t in mine) / sum(t["shown"] for t in mine), rel=1e-9)
     experiments = lake.read_partition(ZONE, COMPARISONS_TABLE, day)
     assert {"ab", "other", "shadow:slow"} <= set(experiments["experiment"].to_list())
+    ab = experiments.filter((pl.col("experiment") == "ab") & (pl.col("metric") == "hits_per_user")).row(0, named=True)
+    assert ab["looks"] == 1 and ab["variance_reduction"] > 0  # CUPED from the day before the experiment
+    assert ab["cuped_difference"] != ab["difference"] and ab["p_value"] is not None
     metadata = first.asset_materializations_for_node("monitoring__online_accuracy")[0].metadata
     assert "<svg" in metadata["ctr_over_time"].value and "live treatment" in metadata["ctr_over_time"].value
     assert not received
@@ -110,6 +115,9 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
         events.filter(pl.col("event_type") == "impression").with_columns(pl.col("event_timestamp") + timedelta(days=1)),
     )
     second = run(tmp_path, next_day, url)
+    pooled = lake.read_partition(ZONE, COMPARISONS_TABLE, next_day).filter(pl.col("experiment") == "ab")
+    assert set(pooled["looks"].to_list()) == {2} and set(pooled["first_day"].to_list()) == {str(day)}
+    assert pooled.filter(pl.col("metric") == "ctr")["control_users"][0] == ab["control_users"]  # the same users
     checks = {e.check_name: e for e in second.get_asset_check_evaluations()}
     assert checks["great_expectations"].passed and not checks[DROP_CHECK].passed
     assert checks[DROP_CHECK].metadata["notified"].value is True

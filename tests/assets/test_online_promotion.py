@@ -7,12 +7,14 @@ test, not a model); Ray is real, as the SDK starts it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from dagster import AssetSelection, DagsterInstance, DailyPartitionsDefinition, materialize
 
 from assets.pipelines import APPROVED_ALIAS, BASELINE_CHECK, GATE_CHECK, TrainedModel, TrainingRun, training_pipeline
 from engines.lake import Lake
-from engines.online_accuracy import COMPARISONS_TABLE, ZONE, by_experiment, scored_answers
+from engines.online_accuracy import COMPARISONS_TABLE, ZONE, by_experiment, experiment_users, scored_answers
 from engines.prediction_logs import frame
 from engines.registry import ModelRegistry
 from resources.lake import LakeResource
@@ -96,7 +98,9 @@ def registered(root, tmp_path, name: str = "toy_online") -> ModelRegistry:
 def test_the_online_gate_promotes_the_challenger_only_on_a_significant_online_lift(tmp_path, ray, lift, promoted):
     registry = registered(tmp_path / "registry", tmp_path)
     records, events = simulated(21, users=400, lift=lift)  # control served v1 (champion), treatment v2
-    comparisons = by_experiment(scored_answers(frame(records), events, SETTINGS), {"ab": "control"}, SETTINGS)
+    sized = dataclasses.replace(SETTINGS, minimum_effect=0.3)  # a plan 400 users nearly complete (one look)
+    answers = scored_answers(frame(records), events, sized)
+    comparisons = by_experiment(experiment_users(answers, T0.date()), {"ab": "control"}, sized)
     Lake(tmp_path / "lake").write_partition(ZONE, COMPARISONS_TABLE, T0.date(), comparisons)
     pipeline = toy("toy_online", auc=0.1, promotion_evidence="online")  # worse offline
     gate = run_checks(pipeline, tmp_path, ray)[GATE_CHECK]

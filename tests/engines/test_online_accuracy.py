@@ -23,6 +23,7 @@ from engines.online_accuracy import (
     by_model,
     credited_outcomes,
     drops,
+    experiment_users,
     online_verdict,
     sample_ratio,
     scored_answers,
@@ -249,13 +250,19 @@ def test_metrics_per_model_version_match_a_recomputation_from_the_raw_rows():
     assert table.filter(pl.col("variant") == "broken").is_empty()  # a failed shadow showed nothing
 
 
+def pooled(records, interactions, controls, settings=SETTINGS, covariates=None):
+    """by_experiment over one day of answers."""
+    answers = scored_answers(frame(records), interactions, settings)
+    return by_experiment(experiment_users(answers, T0.date()), controls, settings, covariates)
+
+
 def test_experiment_differences_tests_and_sample_sizes_match_a_recomputation():
     records, interactions = simulated(5, users=400, lift=0.1)
-    answers = scored_answers(frame(records), interactions, SETTINGS)
-    table = by_experiment(answers, {"ab": "control", "other": "a"}, SETTINGS)
+    table = pooled(records, interactions, {"ab": "control", "other": "a"})
     truth = [t for t in recompute(records, interactions) if t["record"].role == LIVE]
-    assert sorted(table["experiment"].to_list()) == ["ab", "other"]
-    for row in table.iter_rows(named=True):
+    assert sorted(set(table["experiment"].to_list())) == ["ab", "other"]
+    assert sorted(table["metric"].to_list()) == sorted(["ctr", "ndcg", "hits_per_user"] * 2)
+    for row in table.filter(pl.col("metric") == "ctr").iter_rows(named=True):
         arms = {}
         for arm in (row["control"], row["variant"]):
             users = defaultdict(lambda: [0.0, 0.0])
@@ -268,14 +275,61 @@ def test_experiment_differences_tests_and_sample_sizes_match_a_recomputation():
         se = math.sqrt(c_se**2 + v_se**2)
         p = math.erfc(abs(v - c) / se / math.sqrt(2))
         needed = math.ceil((Z95 + 0.8416212335729143) ** 2 * (c_se**2 * c_n + v_se**2 * v_n) / (0.05 * c) ** 2)
-        assert (row["control_users"], row["variant_users"]) == (c_n, v_n)
+        assert (row["control_users"], row["variant_users"], row["looks"]) == (c_n, v_n, 1)
         assert row["difference"] == pytest.approx(v - c, rel=1e-9)
-        assert row["p_value"] == pytest.approx(p, rel=1e-6, abs=1e-12)
+        assert row["cuped_difference"] == row["difference"]  # no covariate given: nothing to adjust
+        assert row["fixed_p_value"] == pytest.approx(p, rel=1e-6, abs=1e-12)
+        assert row["p_value"] >= row["fixed_p_value"] * 0.999  # alpha is spent by the information reached
+        assert row["adjusted_p_value"] >= row["p_value"]
         assert row["users_needed_per_arm"] == needed
         assert row["users_still_needed"] == max(0, needed - min(c_n, v_n))
-    ab = table.filter(pl.col("experiment") == "ab").row(0, named=True)
-    assert ab["significant"] and ab["difference"] > 0  # a real lift of 0.1 on 400 users is found
+    ab = table.filter((pl.col("experiment") == "ab") & (pl.col("metric") == "ctr")).row(0, named=True)
+    # sized for a 5% lift, 190 users per arm are 2% of the planned information: the first looks spend
+    # almost none of alpha, so even a lift of 0.1 (z above 4) is not yet significant
+    assert ab["fixed_p_value"] < 1e-4 and ab["information"] < 0.05 and not ab["significant"]
+    sized = dataclasses.replace(SETTINGS, minimum_effect=0.3)  # a plan these users nearly complete
+    ab = pooled(records, interactions, {"ab": "control"}, sized).filter(pl.col("metric") == "ctr").row(0, named=True)
+    assert ab["information"] > 0.5 and ab["significant"] and ab["difference"] > 0
+    assert ab["difference_low"] > 0 and ab["test"] == "group sequential, 1 looks; Holm over 3 tests"
     assert (ab["control_versions"], ab["variant_versions"]) == ("1", "2")
+
+
+def test_the_days_of_an_experiment_pool_into_one_test_with_one_look_per_day():
+    records, interactions = simulated(6, users=400, lift=0.05)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    morning = answers.filter(pl.col("served_at") < T0 + timedelta(hours=3))
+    day_one, day_two = T0.date() - timedelta(days=1), T0.date()
+    days = pl.concat(
+        [experiment_users(morning, day_one), experiment_users(answers.join(morning, on="answer", how="anti"), day_two)]
+    )
+    two_looks = by_experiment(days, {"ab": "control"}, SETTINGS).filter(pl.col("metric") == "ctr").row(0, named=True)
+    one_look = by_experiment(experiment_users(answers, day_two), {"ab": "control"}, SETTINGS)
+    first_day = by_experiment(experiment_users(morning, day_one), {"ab": "control"}, SETTINGS)
+    everything, morning_only = (t.filter(pl.col("metric") == "ctr").row(0, named=True) for t in (one_look, first_day))
+    assert (two_looks["looks"], two_looks["first_day"]) == (2, str(day_one))
+    for column in ("control_users", "variant_users", "difference", "fixed_p_value", "users_needed_per_arm"):
+        assert two_looks[column] == pytest.approx(everything[column], rel=1e-9)  # the days pool into one sample
+    assert two_looks["control_users"] > morning_only["control_users"]
+    assert two_looks["information"] == pytest.approx(everything["information"], rel=1e-9)
+
+
+def test_cuped_from_the_pre_experiment_outcomes_narrows_the_interval_and_is_reported_beside():
+    records, interactions = simulated(7, users=400, lift=0.05)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    users = experiment_users(answers, T0.date())
+    per_user = users.filter(pl.col("experiment") == "ab").group_by("user_id").agg(pl.col("hits").sum())
+    rng = np.random.default_rng(0)  # a pre-period that predicts each user's hits, as an active user stays active
+    covariate = per_user.select(
+        "user_id", (pl.col("hits") + pl.Series(rng.normal(0, 0.3, per_user.height))).alias("pre")
+    )
+    plain = by_experiment(users, {"ab": "control"}, SETTINGS).filter(pl.col("metric") == "hits_per_user")
+    cuped = by_experiment(users, {"ab": "control"}, SETTINGS, {"ab": covariate}).filter(
+        pl.col("metric") == "hits_per_user"
+    )
+    before, after = plain.row(0, named=True), cuped.row(0, named=True)
+    assert after["difference"] == before["difference"]  # the plain estimate is reported unchanged
+    assert after["variance_reduction"] > 0.5 and before["variance_reduction"] == 0
+    assert after["cuped_high"] - after["cuped_low"] < 0.7 * (before["cuped_high"] - before["cuped_low"])
 
 
 def test_a_shadow_publishes_agreement_with_other_live_versions_and_no_p_value():
@@ -313,8 +367,8 @@ def test_a_shadow_publishes_agreement_with_other_live_versions_and_no_p_value():
         pair = found[(row["control_versions"], row["variant_versions"])]
         u = np.array(list(pair["users"].values()))
         assert (row["pairs"], row["same_version_pairs"]) == (len(pair["overlaps"]), same)
-        assert row["variant_ctr"] == pytest.approx(u[:, 0].sum() / u[:, 1].sum(), rel=1e-9)
-        assert row["control_ctr"] == pytest.approx(u[:, 2].sum() / u[:, 3].sum(), rel=1e-9)
+        assert row["variant_value"] == pytest.approx(u[:, 0].sum() / u[:, 1].sum(), rel=1e-9)
+        assert row["control_value"] == pytest.approx(u[:, 2].sum() / u[:, 3].sum(), rel=1e-9)
         assert row["overlap_at_k"] == pytest.approx(np.mean(pair["overlaps"]), rel=1e-9)
         assert row["rank_correlation"] == pytest.approx(np.mean(pair["taus"]), rel=1e-9)
         assert row["score_shift"] == pytest.approx(np.mean(pair["shifts"]), rel=1e-9)
@@ -337,9 +391,10 @@ def test_a_significant_drop_is_found_and_the_verdict_reads_the_comparisons():
     found = drops(today, yesterday, threshold=0.2, alpha=0.01)
     assert {d.served_model for d in found} == {"personalization", "personalization-challenger"}
     assert not drops(yesterday, yesterday, threshold=0.2, alpha=0.01)
-    comparisons = by_experiment(answers, {"ab": "control"}, SETTINGS)
+    comparisons = by_experiment(experiment_users(answers, T0.date()), {"ab": "control"}, SETTINGS)
     verdict = online_verdict(comparisons, challenger="2", champion="1")
-    assert verdict.source == "ab" and verdict.p_value == comparisons.filter(pl.col("experiment") == "ab")["p_value"][0]
+    ab = comparisons.filter((pl.col("experiment") == "ab") & (pl.col("metric") == "ctr"))
+    assert verdict.source == "ab" and verdict.p_value == ab["adjusted_p_value"][0]
     assert not online_verdict(comparisons, challenger="7", champion="1").passed
 
 
@@ -501,8 +556,8 @@ def test_an_experiment_or_arm_missing_from_the_file_is_not_tested_and_says_why()
 
 def test_an_arm_under_the_minimum_users_gets_no_p_value_and_the_row_says_why():
     records, interactions = simulated(2, users=60, lift=0.5)
-    table = by_experiment(scored_answers(frame(records), interactions, SETTINGS), {"ab": "control"}, SETTINGS)
-    row = table.filter(pl.col("experiment") == "ab").row(0, named=True)
+    table = pooled(records, interactions, {"ab": "control"})
+    row = table.filter((pl.col("experiment") == "ab") & (pl.col("metric") == "ctr")).row(0, named=True)
     assert row["control_users"] < SETTINGS.minimum_users and row["variant_users"] < SETTINGS.minimum_users
     assert row["p_value"] is None and row["difference_low"] is None and not row["significant"]
     assert row["test"] == (
@@ -512,7 +567,7 @@ def test_an_arm_under_the_minimum_users_gets_no_p_value_and_the_row_says_why():
     verdict = online_verdict(table, challenger="2", champion="1")
     assert not verdict.passed and "not tested" in verdict.reason
     enough = dataclasses.replace(SETTINGS, minimum_users=2)
-    tested = by_experiment(scored_answers(frame(records), interactions, enough), {"ab": "control"}, enough)
+    tested = pooled(records, interactions, {"ab": "control"}, enough)
     assert tested.filter(pl.col("experiment") == "ab")["p_value"][0] is not None
 
 
@@ -523,8 +578,8 @@ def test_each_arms_served_version_mix_shows_another_experiments_variant():
         dataclasses.replace(r, model_version="3") if r.role == LIVE and r.variant == "treatment" and n % 5 == 0 else r
         for n, r in enumerate(records)
     ]
-    table = by_experiment(scored_answers(frame(mixed), interactions, SETTINGS), {"ab": "control"}, SETTINGS)
-    row = table.filter(pl.col("experiment") == "ab").row(0, named=True)
+    table = pooled(mixed, interactions, {"ab": "control"})
+    row = table.filter((pl.col("experiment") == "ab") & (pl.col("metric") == "ctr")).row(0, named=True)
     live = [r for r in mixed if r.role == LIVE]
     served = defaultdict(lambda: defaultdict(int))
     for r in live:

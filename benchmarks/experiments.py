@@ -1,0 +1,150 @@
+"""Experiment statistics: do the online A/B tests keep their false-positive rate under daily looks, find
+the effect they were sized for, catch a sample-ratio mismatch, and does CUPED pay?
+
+Simulated experiments on the simulator's users (engines.simulator.experiment_users: the world's taste
+clusters and activity, its click model, its impressions per active day), users joining over `--days`
+days and coming back on later ones, each user's clicks before the experiment as the CUPED covariate.
+The plan: detect a `--lift` relative CTR lift at alpha 0.05 with 80% power; its users per arm are the
+platform's own sample-size figure (engines.sequential.users_per_arm) from a pilot A/A of another seed.
+Then, on the same runs, the platform's test beside what simpler analyses give:
+
+- group sequential (the platform): pooled days, CUPED, alpha spent over the planned information;
+- mSPRT: pooled days, CUPED, the always-valid p-value;
+- fixed horizon: pooled days, one z-test at the last day only;
+- pooled z daily: pooled days, a z-test every day (peeking);
+- newest-day z: each day's rows alone, a z-test every day (the per-day comparison).
+
+    .venv/bin/python benchmarks/experiments.py                    # 1,000 runs per proof, a 2% lift
+    .venv/bin/python benchmarks/experiments.py --runs 200 --lift 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engines.online_accuracy import AccuracySettings, srm_test  # noqa: E402
+from engines.sequential import users_per_arm  # noqa: E402
+from engines.simulator.experiment_users import (  # noqa: E402
+    METRICS,
+    Plan,
+    Population,
+    pooled_effects,
+    rejections,
+    simulate,
+)
+
+METHODS = {
+    "group_sequential": "group sequential (platform)",
+    "msprt": "mSPRT always-valid",
+    "fixed_horizon": "fixed horizon, last day only",
+    "pooled_daily_z": "pooled z-test every day",
+    "newest_day_z": "newest day's z-test every day",
+}
+CHUNK = 50  # experiments simulated at once
+
+
+def sample_size(population: Population, plan: Plan, days: int, seed: int) -> int:
+    """The platform's sample-size figure for the plan, from a pilot A/A of 20 runs."""
+    pilot = pooled_effects(simulate(population, 20, 4_000, days, np.random.default_rng(seed)))
+    variances = (float(np.mean(pilot.control_variance[:, -1])), float(np.mean(pilot.variant_variance[:, -1])))
+    return users_per_arm(variances, plan.effect, plan.alpha, plan.power)
+
+
+def run(population, plan, users, days, runs, lift, seed):
+    """Per method the share of runs that rejected; per metric the plain and CUPED estimates at the end."""
+    rng, found = np.random.default_rng(seed), {m: 0 for m in METHODS}
+    estimates = {m: {"plain": [], "cuped": [], "control": [], "reduction": []} for m in METRICS}
+    for start in range(0, runs, CHUNK):
+        experiments = simulate(population, min(CHUNK, runs - start), 2 * users, days, rng, lift=lift)
+        for method, rejected in rejections(experiments, plan).items():
+            found[method] += int(rejected.sum())
+        for metric in METRICS:
+            effect = pooled_effects(experiments, metric)
+            estimates[metric]["plain"].extend(effect.difference[:, -1])
+            estimates[metric]["cuped"].extend(effect.cuped_difference[:, -1])
+            estimates[metric]["control"].extend(effect.control_value[:, -1])
+            estimates[metric]["reduction"].extend(effect.variance_reduction[:, -1])
+    arrays = {metric: {k: np.array(v) for k, v in e.items()} for metric, e in estimates.items()}
+    return {m: n / runs for m, n in found.items()}, arrays
+
+
+def binomial_interval(rate: float, runs: int) -> str:
+    half = 1.96 * math.sqrt(max(rate * (1 - rate), 1e-9) / runs)
+    return f"{rate:6.1%}  [{max(rate - half, 0):.1%}, {min(rate + half, 1):.1%}]"
+
+
+def print_rates(title: str, rates: dict[str, float], runs: int) -> None:
+    print(f"\n{title}")
+    for method, label in METHODS.items():
+        print(f"  {label:34s} {binomial_interval(rates[method], runs)}")
+
+
+def srm_rates(days: int, users: int, seed: int) -> None:
+    """How often the chi-square check at p < 0.001 flags a day of `users` users split 50/50."""
+    rng, settings = np.random.default_rng(seed), AccuracySettings()
+    split = {"control": 0.5, "treatment": 0.5}
+    print(f"\nsample-ratio check, {days} days of {users:,} users configured 50/50, flagged at p < {settings.srm_alpha}")
+    for label, share in (
+        ("as configured (false alarms)", 0.5),
+        ("one point off: 51/49", 0.51),
+        ("half a point off: 50.5/49.5", 0.505),
+        ("treatment loses 1% of its users", 0.5 / 0.995),
+    ):
+        flagged = sum(
+            srm_test("e", dict(zip(split, rng.multinomial(users, [share, 1 - share]))), split, settings)["mismatch"]
+            for _ in range(days)
+        )
+        print(f"  {label:34s} {flagged / days:6.1%}")
+
+
+def print_cuped(estimates: dict, lift: float) -> None:
+    """Per metric: the variance of the estimate over the runs, CUPED against plain, beside the squared
+    correlation of the metric with the covariate (CUPED removes about that share); each estimate's
+    mean against the known effect, and the mean of CUPED's adjustment (CUPED - plain, paired by run)."""
+    print("\nCUPED at the last look (covariate: each user's clicks in the 14 days before), the A/B runs")
+    for metric, e in estimates.items():
+        truth = lift * float(np.mean(e["control"]))
+        removed = 1 - np.var(e["cuped"]) / np.var(e["plain"])
+        print(f"  {metric}: variance removed {removed:.1%}, squared correlation {np.mean(e['reduction']):.1%}")
+        line = f"    known effect {truth:.3g}"
+        for name, values in (("plain", e["plain"]), ("CUPED", e["cuped"]), ("CUPED - plain", e["cuped"] - e["plain"])):
+            half = 1.96 * np.std(values) / math.sqrt(len(values))
+            line += f"; {name} mean {np.mean(values):+.3g} +- {half:.2g}"
+        print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1_000)
+    parser.add_argument("--days", type=int, default=14)
+    parser.add_argument("--lift", type=float, default=0.02, help="relative CTR lift the plan is sized for")
+    parser.add_argument("--seed", type=int, default=38)
+    args = parser.parse_args()
+    began = time.perf_counter()
+    population = Population.of_world()
+    plan = Plan(effect=args.lift * population.mean_click_probability)
+    users = sample_size(population, plan, args.days, args.seed + 1)
+    print(
+        f"{len(population.activity):,} simulator users, CTR {population.mean_click_probability:.4f}; plan: a "
+        f"{args.lift:.0%} relative lift ({plan.effect:.5f} absolute) at alpha {plan.alpha}, power {plan.power:.0%}"
+        f"\nsample-size figure: {users:,} users per arm; {args.runs:,} runs of {2 * users:,} users, {args.days} days"
+    )
+    null, _ = run(population, plan, users, args.days, args.runs, 0.0, args.seed + 2)
+    print_rates(f"A/A: false-positive rate over {args.days} daily looks (alpha {plan.alpha})", null, args.runs)
+    found, estimates = run(population, plan, users, args.days, args.runs, args.lift, args.seed + 3)
+    print_rates(f"A/B with a {args.lift:.0%} lift: power (promised {plan.power:.0%})", found, args.runs)
+    srm_rates(args.runs, 100_000, args.seed + 4)
+    print_cuped(estimates, args.lift)
+    print(f"\n{time.perf_counter() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
