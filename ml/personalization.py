@@ -79,7 +79,7 @@ class TrainConfig:
     learning_rate: float = 0.01
     weight_decay: float = 1e-4
     seed: int = 0
-    # items drawn uniformly from the day's catalogue per impression: what the user was not shown
+    # items drawn per impression from `negatives_from`, told apart from the shown one
     negatives: int = 4
     # weight of a clicked or played impression against a plain one among the shown pairs: the learnt term
     # then leans from what the feed shows toward what is clicked of it
