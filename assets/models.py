@@ -53,7 +53,8 @@ def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
     "personalization",
     description="Two-tower retrieval model (torch, Ray Train) over the point-in-time training set: trained "
     "daily on the newest partitions, evaluated on the newest day held out (AUC, recall@10, "
-    "NDCG@10 beside a popularity baseline), registered in MLflow as `challenger`; promoted only when it "
+    "NDCG@10 beside two baselines: popularity and the taste-cluster mixture of ml.taste_clusters, reported, "
+    "not gated), registered in MLflow as `challenger`; promoted only when it "
     "beats popularity on all three and, on the same held-out rows, is better than the champion on AUC (DeLong) "
     "and not worse by more than the promotion margin on any of the three (recall and NDCG: paired bootstrap "
     "over users).",

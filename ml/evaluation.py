@@ -1,5 +1,6 @@
-"""Held-out evaluation of the personalization model beside a popularity baseline: AUC of the scored
-impressions, recall@k and NDCG@k of each user's ranking of the catalogue. Plain Python, no Dagster."""
+"""Held-out evaluation of the personalization model beside two baselines, popularity and the taste-cluster
+mixture (ml.taste_clusters): AUC of the scored impressions, recall@k and NDCG@k of each user's ranking of
+the catalogue. Plain Python, no Dagster."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from ml import taste_clusters
 from ml.comparison import Comparison, delong, paired_bootstrap
 from ml.personalization import LABEL, PersonalizationModel, labelled, with_item_embeddings
 
@@ -114,7 +116,7 @@ def evaluate(
     item_embeddings: pl.DataFrame | None = None,
 ) -> dict[str, dict[str, float]]:
     """AUC on held-out impressions; recall@k and NDCG@k of ranking every item seen in training for
-    each held-out user with a positive; the same for the popularity baseline."""
+    each held-out user with a positive; the same for the popularity and taste-cluster baselines."""
     mine = held_out_scores(model, train_frame, held_out, k, item_embeddings)
     rows = labelled(with_item_embeddings(held_out, item_embeddings))  # the rows `mine` scored, in its order
     popular = popularity(train_frame)
@@ -128,7 +130,22 @@ def evaluate(
             "auc": auc(mine.labels, baseline_scores),
             **ranking_metrics({u: popular_order for u in relevant}, relevant, k),
         },
+        "taste_clusters": taste_cluster_metrics(train_frame, held_out, k),
     }
+
+
+def taste_cluster_metrics(train_frame: pl.DataFrame, held_out: pl.DataFrame, k: int = 10) -> dict[str, float]:
+    """The taste-cluster mixture fitted on the training rows, on the held-out day: AUC of its scores of the
+    impressions, recall@k and NDCG@k of its ranking of every item in the rows. Items' categories come from
+    both (a fixed attribute, known as of each row)."""
+    every = pl.concat([train_frame, held_out], how="diagonal_relaxed")
+    mixture = taste_clusters.fit(labelled(train_frame), LABEL, taste_clusters.item_categories(every))
+    rows = labelled(held_out)
+    scores = mixture.scores(rows.get_column("user_id").to_numpy(), rows.get_column("item_id").to_numpy())
+    relevant = relevant_items(rows)
+    catalogue = np.array(sorted(every.get_column("item_id").unique().to_list()))
+    ranked = mixture.rank(list(relevant), catalogue, k)
+    return {"auc": auc(rows.get_column(LABEL).to_numpy() > 0, scores), **ranking_metrics(ranked, relevant, k)}
 
 
 def paired_comparisons(champion: HeldOutScores, challenger: HeldOutScores) -> dict[str, Comparison]:

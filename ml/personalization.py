@@ -2,18 +2,25 @@
 
 The user tower sees the user's id and the user-side features of the `personalization_ranking`
 feature service, the item tower the item's id, its item-side features and, where present, its CLIP
-embedding (`USER_INPUTS`, `ITEM_INPUTS`: one line per feature view). Both towers end in vectors of
-the same size, so the item vectors go into the vector database and a user vector retrieves its
-candidates there; the same dot product is the ranking score.
+embedding (`USER_INPUTS`, `ITEM_INPUTS`: one line per feature view). A history of item ids (the
+last clicked items) enters twice: the mean of its items' id vectors, and the share of each item
+category among its items (`HISTORY_ATTRIBUTE`, each item's category looked up in a table the model
+saves), which states the user's taste in the terms of the item tower's category input. Both towers
+end in vectors of the same size, so the item vectors go into the vector database and a user vector
+retrieves its candidates there; the same dot product is the ranking score.
 
 What a user clicks is `P(shown) x P(click | shown)`: the feed shows popular items and items of
 the user's taste far more often, and most clicks land on them. The clicks are few (a few hundred a
 day here), the impressions twenty times as many, and an impression says what the feed found right
 for the user. So the score is a popularity prior, log(1 + the item's clicks and plays in the
-training rows), plus a learnt term trained to tell the items a user was shown from items drawn
-uniformly from that day's catalogue: the user's taste, learnt from every impression, on top of what
-is clicked overall. (A separate head for `P(click | shown)`, trained on the impressions' labels,
-learnt from so few clicks that its guesses for items a user was never shown lowered the ranking.)
+training rows), plus a learnt term trained to tell the items a user was shown (a clicked or played
+one weighted `click_weight` times) from the impressions of that day drawn at random
+(`negatives_from="impressions"`): a popular item is drawn as often as it is shown, so the term
+learns what this user is shown and clicks beyond what everyone is, the user's taste, and the prior
+adds what is clicked overall. Negatives drawn uniformly from the day's catalogue (`"catalogue"`)
+make the term learn popularity a second time. (A separate head for `P(click | shown)`, trained on
+the impressions' labels, learnt from so few clicks that its guesses for items a user was never
+shown lowered the ranking.)
 
 Training runs on Ray Train (`TorchTrainer`): data-parallel, each worker takes its shard of the rows;
 with no workers (`num_workers=0`), in the calling process (ml/ray_train.py).
@@ -54,6 +61,9 @@ ITEM_INPUTS = (
     TowerInput("item_popularity", log_counts=True),
     TowerInput("item_geometry", log_counts=True),
 )
+# The item attribute a user's history is pooled through: the shares of each category among the items
+# of a history say the user's taste, where the mean of the items' id vectors learns it from few clicks.
+HISTORY_ATTRIBUTE = "item_content__category"
 LABEL = "label"
 MODEL_FILE = "model.pt"
 SPEC_FILE = "model.json"
@@ -69,8 +79,16 @@ class TrainConfig:
     learning_rate: float = 0.01
     weight_decay: float = 1e-4
     seed: int = 0
-    # items drawn uniformly from the day's catalogue per impression: what the user was not shown
+    # items drawn per impression from `negatives_from`, told apart from the shown one
     negatives: int = 4
+    # weight of a clicked or played impression against a plain one among the shown pairs: the learnt term
+    # then leans from what the feed shows toward what is clicked of it
+    click_weight: float = 4.0
+    # where the negatives come from: "catalogue", items drawn uniformly from the day's catalogue (the
+    # learnt term then learns exposure, popularity included); "impressions", the day's impressions
+    # (popular items drawn as often as they are shown: the term learns what the user is shown beyond
+    # what everyone is, and the prior adds popularity)
+    negatives_from: str = "impressions"
     # share of training ids replaced by the unseen bucket, so that new users and items get a learnt
     # vector (the average newcomer) rather than an untrained one
     unseen_share: float = 0.05
@@ -93,6 +111,8 @@ class TowerSpec:
     embedding_column: str | None = None
     embedding_dim: int = 0
     log_numeric: list[str] = field(default_factory=list)  # numeric columns read as log(1 + x)
+    # the values of HISTORY_ATTRIBUTE a history's items are counted by (index + 1; 0: unknown)
+    history_categories: list[str] = field(default_factory=list)
 
     @property
     def columns(self) -> list[str]:
@@ -163,7 +183,16 @@ class Tower(nn.Module):
         self.categories = nn.ModuleList(nn.Embedding(len(v) + 1, 8) for v in spec.categorical.values())
         self.item_ids = item_ids  # shared with the item tower: a history is the mean of its items
         self.histories = len(spec.histories)
-        width = id_dim + len(spec.numeric) + 8 * len(spec.categorical) + spec.embedding_dim + id_dim * self.histories
+        self.categories_of_history = (
+            len(spec.history_categories) + 1 if spec.history_categories and item_ids is not None else 0
+        )
+        if self.categories_of_history:
+            # item id bucket -> its category's index (0: unknown); filled by TwoTower.set_history_categories
+            self.register_buffer("item_category", torch.zeros(item_ids.num_embeddings, dtype=torch.long))
+        per_history = id_dim + self.categories_of_history
+        width = (
+            id_dim + len(spec.numeric) + 8 * len(spec.categorical) + spec.embedding_dim + per_history * self.histories
+        )
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, outputs))
         # each id's own output vector next to the features' (a matrix factorization term): who was
         # shown what is learnt per user and item directly, not only through the hidden layer
@@ -177,8 +206,12 @@ class Tower(nn.Module):
             ids = inputs[f"history{i}"]  # item id + 1, 0 pads
             present = (ids > 0).unsqueeze(-1).float()
             known = (ids > 0) & (ids < self.item_ids.num_embeddings + 1)  # else the unseen bucket
-            vectors = self.item_ids(torch.where(known, ids - 1, UNSEEN)) * present
+            buckets = torch.where(known, ids - 1, UNSEEN)
+            vectors = self.item_ids(buckets) * present
             parts.append(vectors.sum(dim=1) / present.sum(dim=1).clamp(min=1.0))
+            if self.categories_of_history:
+                counts = nn.functional.one_hot(self.item_category[buckets], self.categories_of_history) * present
+                parts.append(counts.sum(dim=1) / present.sum(dim=1).clamp(min=1.0))
         if "embedding" in inputs:
             parts.append(inputs["embedding"])
         return self.mlp(torch.cat(parts, dim=1)) + self.direct(inputs["ids"])
@@ -197,7 +230,9 @@ class TwoTower(nn.Module):
         # log(1 + the item's positives in the training rows) per id bucket (0 for an unseen item):
         # the popularity prior the score starts from (`set_prior`), saved with the weights
         self.register_buffer("item_prior", torch.zeros(spec.item.id_buckets))
-        self.prior_weight = nn.Parameter(torch.zeros(1))  # learnt change of the prior's weight 1
+        # learnt change of the prior's weight 1, where training sees the prior (data-parallel training
+        # refuses a parameter without gradients)
+        self.prior_weight = nn.Parameter(torch.zeros(1), requires_grad=spec.config.negatives_from == "catalogue")
 
     def set_prior(self, frame: pl.DataFrame) -> None:
         """The prior from labelled training rows."""
@@ -209,13 +244,28 @@ class TwoTower(nn.Module):
         prior[UNSEEN] = 0.0
         self.item_prior.copy_(prior)
 
+    def set_history_categories(self, frame: pl.DataFrame) -> None:
+        """Each item's category (its newest known value in the training rows) for pooling histories."""
+        categories = self.spec.user.history_categories
+        if not self.user_tower.categories_of_history:
+            return
+        known = frame.drop_nulls(HISTORY_ATTRIBUTE).sort("event_timestamp").unique("item_id", keep="last")
+        index = {v: k + 1 for k, v in enumerate(categories)}
+        lookup = torch.zeros_like(self.user_tower.item_category)
+        for item, category in known.select(self.spec.item.id_column, HISTORY_ATTRIBUTE).iter_rows():
+            if 0 < item < len(lookup):
+                lookup[item] = index.get(category, 0)
+        self.user_tower.item_category.copy_(lookup)
+
     def user_vectors(self, user_inputs: dict) -> torch.Tensor:
         vectors = self.user_tower(user_inputs)
         return torch.cat([vectors, torch.ones_like(vectors[:, :1])], dim=1)  # a traced export keeps the batch free
 
-    def item_vectors(self, item_inputs: dict) -> torch.Tensor:
+    def item_vectors(self, item_inputs: dict, with_prior: bool = True) -> torch.Tensor:
         """The tower's output with the popularity prior added to its bias (the last value)."""
         vectors = self.item_tower(item_inputs)
+        if not with_prior:
+            return vectors
         prior = self.item_prior[item_inputs["ids"]] * (1.0 + self.prior_weight)
         return torch.cat([vectors[:, :-1], vectors[:, -1:] + prior.unsqueeze(1)], dim=1)
 
@@ -264,6 +314,25 @@ def labelled(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns((pl.col("label_click") | pl.col("label_play")).cast(pl.Float32).alias(LABEL))
 
 
+def with_fixed_item_attributes(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows whose item category is null (read before the item's first daily feature run) given the
+    item's first known one: a category never changes, and a null there would teach the item tower an
+    "unknown" that serving never meets."""
+    if HISTORY_ATTRIBUTE not in frame.columns:
+        return frame
+    first = (
+        frame.drop_nulls(HISTORY_ATTRIBUTE)
+        .sort("event_timestamp")
+        .unique("item_id", keep="first")
+        .select("item_id", pl.col(HISTORY_ATTRIBUTE).alias("_first"))
+    )
+    return (
+        frame.join(first, on="item_id", how="left", maintain_order="left")
+        .with_columns(pl.col(HISTORY_ATTRIBUTE).fill_null(pl.col("_first")))
+        .drop("_first")
+    )
+
+
 def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.DataFrame | None = None) -> ModelSpec:
     """Tower specs from the training frame's columns (`<view>__<feature>`) and statistics."""
 
@@ -299,7 +368,10 @@ def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.Dat
     if item_embeddings is not None and item_embeddings.height:
         item.embedding_column = "item_embedding"
         item.embedding_dim = len(item_embeddings.get_column("item_embedding")[0])
-    return ModelSpec(user=tower("user_id", USER_INPUTS), item=item, config=config)
+    user = tower("user_id", USER_INPUTS)
+    if user.histories:
+        user.history_categories = item.categorical.get(HISTORY_ATTRIBUTE, [])
+    return ModelSpec(user=user, item=item, config=config)
 
 
 def with_item_embeddings(frame: pl.DataFrame, item_embeddings: pl.DataFrame | None) -> pl.DataFrame:
@@ -338,11 +410,14 @@ class Objective(nn.Module):
         self.network = network
 
     def forward(self, users: dict, shown: dict, drawn: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        # negatives drawn as often as shown carry no popularity to learn: with the prior in the logit,
+        # training would only learn to cancel it, so the term learns beside it and the score adds it
+        with_prior = self.network.spec.config.negatives_from == "catalogue"
         user_vectors = self.network.user_vectors(users)
         repeats = len(drawn["ids"]) // len(user_vectors)
         return (
-            (user_vectors * self.network.item_vectors(shown)).sum(dim=1),
-            (user_vectors.repeat(repeats, 1) * self.network.item_vectors(drawn)).sum(dim=1),
+            (user_vectors * self.network.item_vectors(shown, with_prior)).sum(dim=1),
+            (user_vectors.repeat(repeats, 1) * self.network.item_vectors(drawn, with_prior)).sum(dim=1),
         )
 
 
@@ -354,9 +429,9 @@ def fit(
     spec: ModelSpec = (objective.module if hasattr(objective, "module") else objective).network.spec
     config = spec.config
     user_inputs, item_inputs = spec.user.encode(frame), spec.item.encode(frame)
-    catalogue, first, size = _daily_catalogues(frame, spec.item)
+    pool, first, size, pool_rows = _negative_pool(frame, spec.item, item_inputs, config.negatives_from)
     optimizer = torch.optim.Adam(objective.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    bce = nn.BCEWithLogitsLoss()
+    labels = torch.from_numpy(frame.get_column(LABEL).to_numpy().astype(np.float32))
     generator = torch.Generator().manual_seed(config.seed + rank)
     losses: list[float] = []
     for epoch in range(config.epochs):
@@ -365,16 +440,19 @@ def fit(
         total, batches = 0.0, 0
         for start in range(0, len(order), config.batch_size):
             index = order[start : start + config.batch_size]
-            # per row, items drawn uniformly from its day's catalogue (with that day's features)
+            # per row, negatives drawn from its day's pool (with that day's features)
             rows = index.repeat(config.negatives)
-            sampled = first[rows] + (torch.rand(len(rows), generator=generator) * size[rows]).long()
+            sampled = pool_rows[first[rows] + (torch.rand(len(rows), generator=generator) * size[rows]).long()]
             shown, unshown = objective(
                 _batch(user_inputs, index, config.unseen_share, generator, device),
                 _batch(item_inputs, index, config.unseen_share, generator, device),
-                _batch(catalogue, sampled, config.unseen_share, generator, device),
+                _batch(pool, sampled, config.unseen_share, generator, device),
             )
             target = torch.cat([torch.ones(len(shown)), torch.zeros(len(unshown))]).to(device)
-            loss = bce(torch.cat([shown, unshown]), target)
+            weight = torch.cat([1.0 + (config.click_weight - 1.0) * labels[index], torch.ones(len(unshown))])
+            loss = nn.functional.binary_cross_entropy_with_logits(
+                torch.cat([shown, unshown]), target, weight=weight.to(device)
+            )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -383,6 +461,21 @@ def fit(
         if on_epoch is not None:
             on_epoch(epoch, losses)
     return losses
+
+
+def _negative_pool(frame: pl.DataFrame, item: TowerSpec, item_inputs: dict, source: str):
+    """Encoded item rows to draw negatives from and, per training row, the first position and the
+    count of its day's rows among them, positions mapped to rows by the last tensor."""
+    if source == "catalogue":
+        catalogue, first, size = _daily_catalogues(frame, item)
+        return catalogue, first, size, torch.arange(len(catalogue["ids"]))
+    if source != "impressions":
+        raise ValueError(f"negatives_from must be catalogue or impressions, not {source!r}")
+    days = frame.get_column("event_timestamp").dt.date().to_physical().to_numpy()
+    order = np.argsort(days, kind="stable")
+    values, starts, counts = np.unique(days[order], return_index=True, return_counts=True)
+    at = np.searchsorted(values, days)
+    return item_inputs, torch.from_numpy(starts[at]), torch.from_numpy(counts[at]), torch.from_numpy(order)
 
 
 def _daily_catalogues(
@@ -435,6 +528,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     network = TwoTower(spec)
     network.set_prior(loop_config["train"])  # from every row, the same on every worker
+    network.set_history_categories(loop_config["train"])
     objective = ray.train.torch.prepare_model(Objective(network))
 
     def report(epoch: int, losses: list[float]) -> None:
@@ -464,7 +558,7 @@ def train(
 
     if train_frame.is_empty():
         raise ValueError("no training rows")
-    frame = labelled(with_item_embeddings(train_frame, item_embeddings))
+    frame = with_fixed_item_attributes(labelled(with_item_embeddings(train_frame, item_embeddings)))
     spec = build_spec(frame, config, item_embeddings)
     network = TwoTower(spec)
     scaling = ScalingConfig(

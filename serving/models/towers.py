@@ -104,6 +104,9 @@ class UserTowerKernel:
         self.categories = [weights(e) for e in tower.categories]
         self.histories = tower.histories
         self.items = weights(tower.item_ids) if tower.histories else None
+        self.history_categories = tower.categories_of_history
+        if self.history_categories:
+            self.item_category = tower.item_category.detach().cpu().numpy()
         first, second = tower.mlp[0], tower.mlp[2]
         self.w1, self.b1 = np.ascontiguousarray(weights(first).T), first.bias.detach().cpu().numpy()
         self.w2, self.b2 = np.ascontiguousarray(weights(second).T), second.bias.detach().cpu().numpy()
@@ -116,8 +119,12 @@ class UserTowerKernel:
             ids = inputs[f"history{i}"]  # item id + 1, 0 pads
             present = (ids > 0)[..., None].astype(np.float32)
             known = (ids > 0) & (ids < len(self.items) + 1)  # else the unseen bucket, as in training
-            vectors = self.items[np.where(known, ids - 1, UNSEEN)] * present
+            buckets = np.where(known, ids - 1, UNSEEN)
+            vectors = self.items[buckets] * present
             parts.append(vectors.sum(axis=1) / np.maximum(present.sum(axis=1), 1.0))
+            if self.history_categories:  # the shares of each category among the history's items
+                counts = np.eye(self.history_categories, dtype=np.float32)[self.item_category[buckets]] * present
+                parts.append(counts.sum(axis=1) / np.maximum(present.sum(axis=1), 1.0))
         if "embedding" in inputs:
             parts.append(inputs["embedding"])
         hidden = np.maximum(np.concatenate(parts, axis=1) @ self.w1 + self.b1, 0.0)

@@ -19,8 +19,10 @@ from ml.personalization import (
     TrainConfig,
     TwoTower,
     _daily_catalogues,
+    _negative_pool,
     build_spec,
     labelled,
+    with_fixed_item_attributes,
 )
 
 POPULAR = "item_popularity__clicks_7d"
@@ -98,3 +100,39 @@ def test_a_column_constant_in_training_is_left_out():
     spec = build_spec(rows, TrainConfig(dim=4, hidden=8))
     assert "item_content__price" not in spec.item.numeric and POPULAR in spec.item.numeric
     assert torch.isfinite(torch.tensor(spec.item.stds)).all()
+
+
+def test_impression_negatives_are_the_days_impressions_drawn_as_often_as_shown():
+    base = frame(rows=2000)
+    # one item shown as often as all the others together: drawn uniformly it would be a rare negative
+    rows = labelled(pl.concat([base, base.with_columns(pl.lit(3, pl.Int64).alias("item_id"))]))
+    spec = build_spec(rows, TrainConfig(dim=4, hidden=8))
+    inputs = spec.item.encode(rows)
+    pool, first, size, pool_rows = _negative_pool(rows, spec.item, inputs, "impressions")
+    days = rows.get_column("event_timestamp").dt.date().to_list()
+    generator = torch.Generator().manual_seed(0)
+    row = 7  # many draws for one row: every one a row of its day, items as often as that day shows them
+    draws = pool_rows[first[row] + (torch.rand(20_000, generator=generator) * size[row]).long()].numpy()
+    assert {days[d] for d in draws} == {days[row]}
+    shown = rows.filter(pl.col("event_timestamp").dt.date() == days[row]).get_column("item_id").value_counts()
+    drawn = pl.Series("item_id", rows.get_column("item_id").to_numpy()[draws]).value_counts(name="drawn")
+    share = shown.join(drawn, on="item_id")
+    expected = share.get_column("count") / share.get_column("count").sum()
+    observed = share.get_column("drawn") / share.get_column("drawn").sum()
+    assert float((expected - observed).abs().max()) < 0.01
+
+
+def test_a_first_day_null_category_is_filled_from_the_items_first_known_one():
+    rows = frame().with_columns(
+        pl.when(pl.col("event_timestamp").dt.day() == 1)
+        .then(None)
+        .otherwise(pl.format("c{}", pl.col("item_id") % 3))
+        .alias("item_content__category")
+    )
+    filled = with_fixed_item_attributes(rows)
+    assert filled.select("user_id", "item_id", "event_timestamp").equals(
+        rows.select("user_id", "item_id", "event_timestamp")
+    )
+    later = set(rows.drop_nulls("item_content__category").get_column("item_id").to_list())
+    for item, category in filled.select("item_id", "item_content__category").iter_rows():
+        assert category == (f"c{item % 3}" if item in later else None)

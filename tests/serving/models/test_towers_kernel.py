@@ -33,6 +33,9 @@ def test_numpy_kernel_gives_the_torch_networks_vectors(seed):
     with torch.no_grad():  # every weight random, the per-id terms too (training starts those at zero)
         for parameter in model.network.parameters():
             parameter.normal_(0.0, 0.5)
+        # every item of a history in some category, or none (the pooled category shares)
+        lookup = model.network.user_tower.item_category
+        lookup.random_(0, model.network.user_tower.categories_of_history)
     served = TwoTowerModel(model, None, "personalization_ranking")
     rng = np.random.default_rng(seed)
     for rows in (1, 2, 7, 64):
