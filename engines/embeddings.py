@@ -325,7 +325,11 @@ def item_payloads(items: pl.DataFrame, flags: dict[int, list[str]] | None = None
 
 
 def sync_vector_store(
-    store, embeddings: pl.DataFrame, catalogue: pl.DataFrame, flags: dict[int, list[str]] | None = None
+    store,
+    embeddings: pl.DataFrame,
+    catalogue: pl.DataFrame,
+    flags: dict[int, list[str]] | None = None,
+    collection: str = COLLECTION,
 ) -> dict:
     """Upsert every embedded item of the catalogue into the `items` collection (image and text
     vectors, the keyword vector of its title, description and category, payload) and delete points of
@@ -334,20 +338,20 @@ def sync_vector_store(
     if embeddings.is_empty():
         return {"upserted": 0, "deleted": 0}
     dim = len(embeddings["image_embedding"][0])
-    store.ensure_collection(COLLECTION, {"image": dim, "text": dim}, PAYLOAD_INDEXES, sparse=[KEYWORD_VECTOR])
+    store.ensure_collection(collection, {"image": dim, "text": dim}, PAYLOAD_INDEXES, sparse=[KEYWORD_VECTOR])
     wanted = ("item_id", "category", "creator_id", "price", "title", "description")
     columns = [c for c in wanted if c in catalogue.columns]
     rows = embeddings.join(catalogue.select(columns), on="item_id", how="inner").sort("item_id")
     store.upsert(
-        COLLECTION,
+        collection,
         [str(i) for i in rows["item_id"]],
         {"image": np.stack(rows["image_embedding"].to_numpy()), "text": np.stack(rows["text_embedding"].to_numpy())},
         item_payloads(rows, flags),
         sparse={KEYWORD_VECTOR: document_vectors(item_documents(rows), average_length(item_documents(catalogue)))},
     )
     known = {str(i) for i in catalogue["item_id"]}
-    removed = [i for i in store.ids(COLLECTION) if i not in known]
-    store.delete(COLLECTION, removed)
+    removed = [i for i in store.ids(collection) if i not in known]
+    store.delete(collection, removed)
     return {"upserted": rows.height, "deleted": len(removed)}
 
 

@@ -31,12 +31,20 @@ KEYWORD_WEIGHT = 3.0
 class ItemSearch:
     """Holds the model once; each query is one encode plus one (fused) vector search."""
 
-    def __init__(self, store: VectorStore, spec: ClipSpec, geometry: pl.DataFrame | None = None):
+    def __init__(
+        self,
+        store: VectorStore,
+        spec: ClipSpec,
+        geometry: pl.DataFrame | None = None,
+        collection: str = COLLECTION,
+        model=None,
+    ):
         self.store = store
         self.spec = spec
-        self.model = load_model(spec)
+        self.model = model if model is not None else load_model(spec)
         self.geometry = geometry  # item_geometry's current rows (engines.geometry_job.current_geometry)
-        self.has_keywords = KEYWORD_VECTOR in store.sparse_vectors(COLLECTION)
+        self.collection = collection
+        self.has_keywords = KEYWORD_VECTOR in store.sparse_vectors(collection)
 
     def search(
         self,
@@ -66,9 +74,9 @@ class ItemSearch:
         query = self._encode(text, image)
         keywords = query_vector(text) if text is not None and self.has_keywords and not dense_only else None
         if keywords is None or not keywords.indices:
-            return self.store.search(COLLECTION, query, using=using, k=k, filters=filters)
+            return self.store.search(self.collection, query, using=using, k=k, filters=filters)
         return self.store.fused_search(
-            COLLECTION,
+            self.collection,
             {using: query, KEYWORD_VECTOR: keywords},
             k=k,
             filters=filters,
