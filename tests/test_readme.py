@@ -128,6 +128,7 @@ WAYS = {
     ".venv/bin/python benchmarks/batch_inference.py": Way(small={"--users 100000 --repeat 5": "--help"}),
     ".venv/bin/python benchmarks/labeling.py": Way(small={"--annotators 20 --items 500": "--annotators 4 --items 20"}),
     ".venv/bin/python benchmarks/model_quality.py": Way(small={"model_quality.py": "model_quality.py --help"}),
+    ".venv/bin/python benchmarks/search_quality.py": Way(small={"search_quality.py": "search_quality.py --help"}),
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),
     ".venv/bin/mlplane labeling serve": Way(serves=8700),
     ".venv/bin/mlplane serve models": Way(serves=8500),
