@@ -126,10 +126,10 @@ class VectorStore:
                     f"upsert into {name!r}: vector {vector_name!r} has shape {array.shape}, expected ({len(ids)}, dim)"
                 )
             arrays[vector_name] = array
-        for vector_name, rows in (sparse or {}).items():
+        sparse = sparse or {}
+        for vector_name, rows in sparse.items():
             if len(rows) != len(ids):
                 raise ValueError(f"upsert into {name!r}: sparse {vector_name!r} has {len(rows)} rows, {len(ids)} ids")
-        sparse = sparse or {}
         for start in range(0, len(ids), UPSERT_BATCH):
             end = min(start + UPSERT_BATCH, len(ids))
             self._engine.upsert(
