@@ -22,6 +22,7 @@ from engines.embeddings import (
     embed_items,
     holdout_mask,
     latest_item_embeddings,
+    needs_keyword_backfill,
     save_model_manifest,
     sync_vector_store,
     write_item_embeddings,
@@ -351,7 +352,8 @@ def day_embeddings(store, day) -> pl.DataFrame:
 @asset(
     key=ITEM_VECTORS,
     group_name="embeddings",
-    description="The Qdrant collection `items`: image and text vectors of every embedded item with payload "
+    description="The Qdrant collection `items`: image and text vectors of every embedded item, a BM25 keyword "
+    "sparse vector (title, description, category) for hybrid search, payload "
     "(category, creator, price, flags) and payload indexes; idempotent upserts of each day's "
     "embeddings, items gone from the catalogue deleted.",
     partitions_def=daily_partitions,
@@ -382,6 +384,8 @@ def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource)
         else pl.DataFrame()
     )
     with vector_store.get_client() as vectors:
+        if needs_keyword_backfill(vectors):  # an index from before keyword vectors: all items again
+            embeddings = latest_item_embeddings(store.root)
         result = sync_vector_store(vectors, embeddings, catalogue, flags)
         count = vectors.count("items") if embeddings.height else 0
     context.log.info(f"vectors/items: {result}, {count} points")

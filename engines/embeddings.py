@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from engines.keywords import KEYWORD_VECTOR, average_length, document_vectors, item_documents
 from engines.lake import Lake
 from engines.ray_objects import Shipped, block_rows, blocks_dataset, cached
 from ml.clip import ClipSpec
@@ -324,27 +325,39 @@ def item_payloads(items: pl.DataFrame, flags: dict[int, list[str]] | None = None
 
 
 def sync_vector_store(
-    store, embeddings: pl.DataFrame, catalogue: pl.DataFrame, flags: dict[int, list[str]] | None = None
+    store,
+    embeddings: pl.DataFrame,
+    catalogue: pl.DataFrame,
+    flags: dict[int, list[str]] | None = None,
+    collection: str = COLLECTION,
 ) -> dict:
     """Upsert every embedded item of the catalogue into the `items` collection (image and text
-    vectors, payload) and delete points of items no longer in the catalogue."""
+    vectors, the keyword vector of its title, description and category, payload) and delete points of
+    items no longer in the catalogue. BM25's length normalization is relative to the whole catalogue's
+    average document length."""
     if embeddings.is_empty():
         return {"upserted": 0, "deleted": 0}
     dim = len(embeddings["image_embedding"][0])
-    store.ensure_collection(COLLECTION, {"image": dim, "text": dim}, PAYLOAD_INDEXES)
-    rows = embeddings.join(
-        catalogue.select("item_id", "category", "creator_id", "price", "title"), on="item_id", how="inner"
-    ).sort("item_id")
+    store.ensure_collection(collection, {"image": dim, "text": dim}, PAYLOAD_INDEXES, sparse=[KEYWORD_VECTOR])
+    wanted = ("item_id", "category", "creator_id", "price", "title", "description")
+    columns = [c for c in wanted if c in catalogue.columns]
+    rows = embeddings.join(catalogue.select(columns), on="item_id", how="inner").sort("item_id")
     store.upsert(
-        COLLECTION,
+        collection,
         [str(i) for i in rows["item_id"]],
         {"image": np.stack(rows["image_embedding"].to_numpy()), "text": np.stack(rows["text_embedding"].to_numpy())},
         item_payloads(rows, flags),
+        sparse={KEYWORD_VECTOR: document_vectors(item_documents(rows), average_length(item_documents(catalogue)))},
     )
     known = {str(i) for i in catalogue["item_id"]}
-    removed = [i for i in store.ids(COLLECTION) if i not in known]
-    store.delete(COLLECTION, removed)
+    removed = [i for i in store.ids(collection) if i not in known]
+    store.delete(collection, removed)
     return {"upserted": rows.height, "deleted": len(removed)}
+
+
+def needs_keyword_backfill(store) -> bool:
+    """An `items` collection built before keyword vectors: every item must be upserted again."""
+    return store.exists(COLLECTION) and KEYWORD_VECTOR not in store.sparse_vectors(COLLECTION)
 
 
 # --- the CLIP model the pipeline uses -------------------------------------------------------------

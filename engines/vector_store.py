@@ -12,6 +12,11 @@ the same ids again replaces the same points (idempotent). Cosine distance throug
 
 Filters (`search(..., filters=...)`): `{"field": value}` equality (a list matches any of its values),
 `{"field": {"gte": 1, "lte": 5}}` ranges (gt/gte/lt/lte), `{"id": {"not_in": [...]}}` excludes ids.
+
+Sparse vectors (`ensure_collection(..., sparse=[name])`, `Sparse(indices, values)`) sit beside the dense
+ones with Qdrant's IDF modifier (dot product, each term weighted by its inverse document frequency in the
+collection). `fused_search` runs one prefetch per named vector, each with the filters, and fuses them by
+reciprocal rank (Qdrant's RRF query, weights per vector).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ ID_KEY = "_id"  # payload key holding the caller's string id (uuid5 cannot be re
 PAYLOAD_INDEX_TYPES = ("keyword", "integer", "float", "bool")
 RANGE_KEYS = ("gt", "gte", "lt", "lte")
 UPSERT_BATCH = 512
+RRF_K = 2  # Qdrant's default
 
 
 def point_id(item_id: str) -> str:
@@ -41,6 +47,18 @@ class Hit:
     id: str
     score: float
     payload: dict
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A sparse vector: term indices and their weights."""
+
+    indices: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.indices) != len(self.values):
+            raise ValueError(f"sparse vector: {len(self.indices)} indices but {len(self.values)} values")
 
 
 class VectorStore:
@@ -62,18 +80,39 @@ class VectorStore:
         return cls(_EdgeEngine(Path(location)), location)
 
     def ensure_collection(
-        self, name: str, vectors: dict[str, int], payload_indexes: dict[str, str] | None = None
+        self,
+        name: str,
+        vectors: dict[str, int],
+        payload_indexes: dict[str, str] | None = None,
+        sparse: Sequence[str] = (),
     ) -> None:
-        """Create the collection if missing (named vectors -> dimension), and its payload indexes.
-        An existing collection with other vectors is an error, not silently recreated."""
+        """Create the collection if missing (named vectors -> dimension, `sparse` vector names), and its
+        payload indexes. An existing collection with other dense vectors is an error, not silently
+        recreated; a sparse vector it lacks is added by the embedded engine (its points get values when
+        next upserted), while a Qdrant server cannot add one (an error says to index again)."""
         if not vectors:
             raise ValueError(f"collection {name!r} needs at least one named vector")
         for field, kind in (payload_indexes or {}).items():
             if kind not in PAYLOAD_INDEX_TYPES:
                 raise ValueError(f"payload index {field!r}: type {kind!r} is not one of {PAYLOAD_INDEX_TYPES}")
-        self._engine.ensure_collection(name, {k: int(v) for k, v in vectors.items()}, payload_indexes or {})
+        if set(sparse) & set(vectors):
+            raise ValueError(f"collection {name!r}: {sorted(set(sparse) & set(vectors))} both dense and sparse")
+        self._engine.ensure_collection(
+            name, {k: int(v) for k, v in vectors.items()}, payload_indexes or {}, sorted(set(sparse))
+        )
 
-    def upsert(self, name: str, ids: Sequence[str], vectors: dict[str, np.ndarray], payloads: Sequence[dict]) -> None:
+    def sparse_vectors(self, name: str) -> set[str]:
+        """The collection's sparse vector names (empty when it does not exist)."""
+        return self._engine.sparse_vectors(name)
+
+    def upsert(
+        self,
+        name: str,
+        ids: Sequence[str],
+        vectors: dict[str, np.ndarray],
+        payloads: Sequence[dict],
+        sparse: dict[str, Sequence[Sparse]] | None = None,
+    ) -> None:
         ids = [str(i) for i in ids]
         if len(set(ids)) != len(ids):
             raise ValueError(f"upsert into {name!r}: duplicate ids")
@@ -87,12 +126,19 @@ class VectorStore:
                     f"upsert into {name!r}: vector {vector_name!r} has shape {array.shape}, expected ({len(ids)}, dim)"
                 )
             arrays[vector_name] = array
+        sparse = sparse or {}
+        for vector_name, rows in sparse.items():
+            if len(rows) != len(ids):
+                raise ValueError(f"upsert into {name!r}: sparse {vector_name!r} has {len(rows)} rows, {len(ids)} ids")
         for start in range(0, len(ids), UPSERT_BATCH):
-            end = start + UPSERT_BATCH
+            end = min(start + UPSERT_BATCH, len(ids))
             self._engine.upsert(
                 name,
                 [point_id(i) for i in ids[start:end]],
-                [{n: a[row].tolist() for n, a in arrays.items()} for row in range(start, min(end, len(ids)))],
+                [
+                    {**{n: a[row].tolist() for n, a in arrays.items()}, **{n: s[row] for n, s in sparse.items()}}
+                    for row in range(start, end)
+                ],
                 [{**p, ID_KEY: i} for p, i in zip(payloads[start:end], ids[start:end])],
             )
 
@@ -100,13 +146,45 @@ class VectorStore:
         if len(ids):
             self._engine.delete(name, [point_id(i) for i in ids])
 
-    def search(self, name: str, query: np.ndarray, using: str, k: int, filters: dict | None = None) -> list[Hit]:
-        query = np.asarray(query, dtype=np.float32)
-        if query.ndim != 1:
-            raise ValueError(f"search {name!r}: query must be one vector, got shape {query.shape}")
+    def search(
+        self, name: str, query: np.ndarray | Sparse, using: str, k: int, filters: dict | None = None
+    ) -> list[Hit]:
+        """The k nearest points to one dense or sparse query vector on the named vector `using`."""
+        query = _query(name, query)
         if k <= 0:
             return []
-        points = self._engine.search(name, query.tolist(), using, k, _parse_filters(filters or {}))
+        points = self._engine.search(name, query, using, k, _parse_filters(filters or {}))
+        return [Hit(id=payload.pop(ID_KEY), score=float(score), payload=payload) for score, payload in points]
+
+    def fused_search(
+        self,
+        name: str,
+        queries: dict[str, np.ndarray | Sparse],
+        k: int,
+        filters: dict | None = None,
+        candidates: int | None = None,
+        weights: dict[str, float] | None = None,
+        rrf_k: int = RRF_K,
+    ) -> list[Hit]:
+        """Top k by reciprocal rank fusion of one search per named vector (`queries`: vector name ->
+        query), each over `candidates` points (default 4 k) passing the filters. Qdrant's RRF: a point
+        at 0-based position p of a list with weight w scores 1 / ((p + 1) / w + rrf_k - 1) there, summed
+        over the lists. The score is the fused one (higher is better)."""
+        if not queries:
+            raise ValueError(f"fused search {name!r}: no queries")
+        if k <= 0:
+            return []
+        parsed = {using: _query(name, q) for using, q in queries.items()}
+        weights = weights or {}
+        points = self._engine.fused_search(
+            name,
+            parsed,
+            [float(weights.get(using, 1.0)) for using in parsed],
+            k,
+            max(k, candidates or 4 * k),
+            _parse_filters(filters or {}),
+            rrf_k,
+        )
         return [Hit(id=payload.pop(ID_KEY), score=float(score), payload=payload) for score, payload in points]
 
     def search_batch(self, name: str, queries: np.ndarray, using: str, k: int) -> list[list[Hit]]:
@@ -136,6 +214,9 @@ class VectorStore:
 
     def count(self, name: str) -> int:
         return self._engine.count(name)
+
+    def exists(self, name: str) -> bool:
+        return self._engine.exists(name)
 
     def close(self) -> None:
         self._engine.close()
@@ -168,7 +249,8 @@ class Replica:
             return VectorStore.open(self.url)
         store = VectorStore.open(folder)
         points = self.points
-        store._engine.ensure_collection(self.name, {n: int(v.shape[1]) for n, v in points.vectors.items()}, {})
+        dims = {n: int(v.shape[1]) for n, v in points.vectors.items()}
+        store._engine.ensure_collection(self.name, dims, {}, [])  # dense only: what other processes query
         for start in range(0, len(points.point_ids), UPSERT_BATCH):
             end = start + UPSERT_BATCH
             vectors = [
@@ -177,6 +259,18 @@ class Replica:
             ]
             store._engine.upsert(self.name, points.point_ids[start:end], vectors, points.payloads[start:end])
         return store
+
+
+def _query(name: str, query: np.ndarray | Sparse) -> list[float] | Sparse:
+    """A query as the engines take it: a dense vector as a list, a sparse one as is."""
+    if isinstance(query, Sparse):
+        if not query.indices:
+            raise ValueError(f"search {name!r}: the sparse query has no terms")
+        return query
+    query = np.asarray(query, dtype=np.float32)
+    if query.ndim != 1:
+        raise ValueError(f"search {name!r}: query must be one vector, got shape {query.shape}")
+    return query.tolist()
 
 
 def _points(ids: list[str], vectors: list[dict], payloads: list[dict], dims: dict[str, int]) -> _Points:
@@ -220,11 +314,24 @@ def _parse_filters(filters: dict) -> _Conditions:
 
 
 class _Engine:
-    def ensure_collection(self, name: str, vectors: dict[str, int], payload_indexes: dict[str, str]) -> None: ...
+    def ensure_collection(
+        self, name: str, vectors: dict[str, int], payload_indexes: dict[str, str], sparse: list[str]
+    ) -> None: ...
+    def sparse_vectors(self, name: str) -> set[str]: ...
     def upsert(self, name: str, point_ids: list[str], vectors: list[dict], payloads: list[dict]) -> None: ...
     def delete(self, name: str, point_ids: list[str]) -> None: ...
     def search(
-        self, name: str, query: list[float], using: str, k: int, conditions: _Conditions
+        self, name: str, query: list[float] | Sparse, using: str, k: int, conditions: _Conditions
+    ) -> list[tuple[float, dict]]: ...
+    def fused_search(
+        self,
+        name: str,
+        queries: dict[str, list[float] | Sparse],
+        weights: list[float],
+        k: int,
+        candidates: int,
+        conditions: _Conditions,
+        rrf_k: int,
     ) -> list[tuple[float, dict]]: ...
     def search_batch(
         self, name: str, queries: list[list[float]], using: str, k: int
@@ -232,6 +339,7 @@ class _Engine:
     def export(self, name: str) -> _Points: ...
     def ids(self, name: str) -> list[str]: ...
     def count(self, name: str) -> int: ...
+    def exists(self, name: str) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -255,20 +363,25 @@ class _EdgeEngine(_Engine):
             self._shards[name] = self._q.EdgeShard.load(str(folder))
         return self._shards[name]
 
-    def ensure_collection(self, name, vectors, payload_indexes):
+    def _config(self, name) -> dict:
+        return json.loads((self._root / name / "edge_config.json").read_text())
+
+    def ensure_collection(self, name, vectors, payload_indexes, sparse):
         q = self._q
         folder = self._root / name
         if (folder / "edge_config.json").exists():
             shard = self._shard(name)
-            persisted = json.loads((folder / "edge_config.json").read_text())["vectors"]
-            existing = {n: p["size"] for n, p in persisted.items()}
+            existing = self._dims(name)
             if existing != vectors:
                 raise ValueError(f"collection {name!r} exists with vectors {existing}, not {vectors}")
+            for vector_name in sorted(set(sparse) - self.sparse_vectors(name)):
+                shard.update(q.UpdateOperation.create_sparse_vector(vector_name, modifier=q.Modifier.Idf))
         else:
             if folder.exists():
                 shutil.rmtree(folder)  # a create that failed half-way
             config = q.EdgeConfig(
-                vectors={n: q.EdgeVectorParams(size=d, distance=q.Distance.Cosine) for n, d in vectors.items()}
+                vectors={n: q.EdgeVectorParams(size=d, distance=q.Distance.Cosine) for n, d in vectors.items()},
+                sparse_vectors={n: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf) for n in sparse} or None,
             )
             self._shards[name] = shard = q.EdgeShard.create(str(folder), config)
         indexed = shard.info().payload_schema
@@ -283,12 +396,17 @@ class _EdgeEngine(_Engine):
                 shard.update(q.UpdateOperation.create_field_index(field, kinds[kind]))
         shard.flush()
 
+    def sparse_vectors(self, name):
+        if not self.exists(name):
+            return set()
+        return set(self._config(name).get("sparse_vectors", {}))
+
     def upsert(self, name, point_ids, vectors, payloads):
         q = self._q
         shard = self._shard(name)
         shard.update(
             q.UpdateOperation.upsert_points(
-                [q.Point(pid, vec, payload) for pid, vec, payload in zip(point_ids, vectors, payloads)]
+                [q.Point(pid, self._vector(vec), payload) for pid, vec, payload in zip(point_ids, vectors, payloads)]
             )
         )
         self._dirty.add(name)
@@ -317,12 +435,39 @@ class _EdgeEngine(_Engine):
             self._dirty.discard(name)
         return shard
 
+    def _vector(self, vector):
+        """A named vector (or a point's dict of them) as Qdrant Edge takes it."""
+        if isinstance(vector, dict):
+            return {n: self._vector(v) for n, v in vector.items()}
+        return self._q.SparseVector(list(vector.indices), list(vector.values)) if isinstance(vector, Sparse) else vector
+
     def search(self, name, query, using, k, conditions):
         q = self._q
         shard = self._prepare(name)
         points = shard.query(
             q.QueryRequest(
-                limit=k, query=q.Query.Nearest(query, using=using), filter=self._filter(conditions), with_payload=True
+                limit=k,
+                query=q.Query.Nearest(self._vector(query), using=using),
+                filter=self._filter(conditions),
+                with_payload=True,
+            )
+        )
+        return [(p.score, dict(p.payload)) for p in points]
+
+    def fused_search(self, name, queries, weights, k, candidates, conditions, rrf_k):
+        q = self._q
+        shard = self._prepare(name)
+        prefetches = [
+            q.Prefetch(
+                limit=candidates,
+                query=q.Query.Nearest(self._vector(query), using=using),
+                filter=self._filter(conditions),
+            )
+            for using, query in queries.items()
+        ]
+        points = shard.query(
+            q.QueryRequest(
+                limit=k, prefetches=prefetches, query=q.Fusion.Rrf(k=rrf_k, weights=weights), with_payload=True
             )
         )
         return [(p.score, dict(p.payload)) for p in points]
@@ -356,8 +501,7 @@ class _EdgeEngine(_Engine):
                 return _points(ids, vectors, payloads, self._dims(name))
 
     def _dims(self, name) -> dict[str, int]:
-        persisted = json.loads((self._root / name / "edge_config.json").read_text())["vectors"]
-        return {n: p["size"] for n, p in persisted.items()}
+        return {n: p["size"] for n, p in self._config(name)["vectors"].items()}
 
     def ids(self, name):
         q = self._q
@@ -370,6 +514,9 @@ class _EdgeEngine(_Engine):
 
     def count(self, name):
         return self._shard(name).count(self._q.CountRequest(exact=True))
+
+    def exists(self, name):
+        return (self._root / name / "edge_config.json").exists()
 
     def close(self):
         for name, shard in self._shards.items():
@@ -389,16 +536,21 @@ class _ServerEngine(_Engine):
         self._models = models
         self._client = QdrantClient(url=url, timeout=60) if url else QdrantClient(path=path)
 
-    def ensure_collection(self, name, vectors, payload_indexes):
+    def ensure_collection(self, name, vectors, payload_indexes, sparse):
         m = self._models
         if self._client.collection_exists(name):
             params = self._client.get_collection(name).config.params.vectors
             existing = {n: p.size for n, p in params.items()} if isinstance(params, dict) else {}
             if existing != vectors:
                 raise ValueError(f"collection {name!r} exists with vectors {existing}, not {vectors}")
+            missing = sorted(set(sparse) - self.sparse_vectors(name))
+            if missing:  # a Qdrant server adds no vector to an existing collection
+                raise ValueError(f"collection {name!r} has no sparse vector {missing}: delete it and index again")
         else:
             self._client.create_collection(
-                name, vectors_config={n: m.VectorParams(size=d, distance=m.Distance.COSINE) for n, d in vectors.items()}
+                name,
+                vectors_config={n: m.VectorParams(size=d, distance=m.Distance.COSINE) for n, d in vectors.items()},
+                sparse_vectors_config={n: m.SparseVectorParams(modifier=m.Modifier.IDF) for n in sparse} or None,
             )
         kinds = {
             "keyword": m.PayloadSchemaType.KEYWORD,
@@ -409,12 +561,25 @@ class _ServerEngine(_Engine):
         for field, kind in payload_indexes.items():
             self._client.create_payload_index(name, field, kinds[kind], wait=True)
 
+    def sparse_vectors(self, name):
+        if not self.exists(name):
+            return set()
+        return set(self._client.get_collection(name).config.params.sparse_vectors or {})
+
+    def _vector(self, vector):
+        """A named vector (or a point's dict of them) as qdrant-client takes it."""
+        if isinstance(vector, dict):
+            return {n: self._vector(v) for n, v in vector.items()}
+        if isinstance(vector, Sparse):
+            return self._models.SparseVector(indices=list(vector.indices), values=list(vector.values))
+        return vector
+
     def upsert(self, name, point_ids, vectors, payloads):
         m = self._models
         self._client.upsert(
             name,
             [
-                m.PointStruct(id=pid, vector=vec, payload=payload)
+                m.PointStruct(id=pid, vector=self._vector(vec), payload=payload)
                 for pid, vec, payload in zip(point_ids, vectors, payloads)
             ],
             wait=True,
@@ -436,7 +601,28 @@ class _ServerEngine(_Engine):
 
     def search(self, name, query, using, k, conditions):
         points = self._client.query_points(
-            name, query=query, using=using, limit=k, query_filter=self._filter(conditions), with_payload=True
+            name,
+            query=self._vector(query),
+            using=using,
+            limit=k,
+            query_filter=self._filter(conditions),
+            with_payload=True,
+        ).points
+        return [(p.score, dict(p.payload)) for p in points]
+
+    def fused_search(self, name, queries, weights, k, candidates, conditions, rrf_k):
+        m = self._models
+        query_filter = self._filter(conditions)
+        prefetch = [
+            m.Prefetch(query=self._vector(query), using=using, limit=candidates, filter=query_filter)
+            for using, query in queries.items()
+        ]
+        points = self._client.query_points(
+            name,
+            prefetch=prefetch,
+            query=m.RrfQuery(rrf=m.Rrf(k=rrf_k, weights=weights)),
+            limit=k,
+            with_payload=True,
         ).points
         return [(p.score, dict(p.payload)) for p in points]
 
@@ -469,6 +655,9 @@ class _ServerEngine(_Engine):
 
     def count(self, name):
         return self._client.count(name, exact=True).count
+
+    def exists(self, name):
+        return self._client.collection_exists(name)
 
     def close(self):
         self._client.close()

@@ -29,6 +29,9 @@ import click
 )
 @click.option("--max-faces", type=int, default=None, help="Only items whose mesh has at most this many faces.")
 @click.option("--watertight", is_flag=True, help="Only items with a watertight mesh.")
+@click.option(
+    "--dense-only", is_flag=True, help="CLIP vectors alone, without the keyword search fused in (to compare)."
+)
 @click.option("--data-dir", default=None, help="Lake root (default: $MLPLANE_DATA_DIR or ./data).")
 def search(
     text: str | None,
@@ -40,9 +43,11 @@ def search(
     using: str,
     max_faces: int | None,
     watertight: bool,
+    dense_only: bool,
     data_dir: str | None,
 ) -> None:
-    """Top-k catalogue items for a TEXT query (or --image PATH), with optional filters."""
+    """Top-k catalogue items for a TEXT query (or --image PATH), with optional filters. A TEXT query
+    fuses the CLIP search with a keyword search of titles, descriptions and categories."""
     from engines.embeddings import current_model
     from engines.geometry_job import current_geometry
     from engines.search import ItemSearch
@@ -65,6 +70,7 @@ def search(
                     using=using,
                     max_faces=max_faces,
                     watertight=watertight,
+                    dense_only=dense_only,
                 )
             except (ValueError, KeyError) as error:
                 raise click.ClickException(str(error)) from error

@@ -131,6 +131,7 @@ WAYS = {
     ".venv/bin/python benchmarks/experiments.py": Way(
         small={"experiments.py": "experiments.py --runs 100 --lift 0.1"}, prints=r"group sequential \(platform\)"
     ),
+    ".venv/bin/python benchmarks/search_quality.py": Way(small={"search_quality.py": "search_quality.py --help"}),
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),
     ".venv/bin/mlplane labeling serve": Way(serves=8700),
     ".venv/bin/mlplane serve models": Way(serves=8500),

@@ -99,6 +99,19 @@ ADJECTIVE_SYNONYMS = {
 }
 ADJECTIVES = np.array(list(ADJECTIVE_SYNONYMS))
 
+
+def paraphrase(title: str) -> str:
+    """An ordinary title ("Colour material adjective noun") with its adjective and noun swapped for their
+    synonyms: a query for the same item that shares only the colour and material words with it."""
+    words = title.lower().split(" ")
+    for noun, synonym in NOUN_SYNONYMS.items():
+        noun_words = noun.split(" ")
+        if words[-len(noun_words) :] == noun_words:
+            words = words[: -len(noun_words)] + [synonym]
+            break
+    return " ".join(ADJECTIVE_SYNONYMS.get(w, w) for w in words)
+
+
 # The colour and material words of a title drive the thumbnail's colour and texture.
 COLOURS = {
     "red": (205, 40, 40),

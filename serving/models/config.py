@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-KINDS = ("two_tower", "clip_text", "clip_image", "content_violation", "vision_llm")
+KINDS = ("two_tower", "clip_text", "clip_image", "content_violation", "item_search", "vision_llm")
 
 
 class ModelEntry(BaseModel):
@@ -114,6 +114,7 @@ class ServerConfig(BaseModel):
             ModelEntry(name="clip_text", registry_model="clip", kind="clip_text"),
             ModelEntry(name="clip_image", registry_model="clip", kind="clip_image"),
             ModelEntry(name="content_violation", registry_model="clip", kind="content_violation"),
+            ModelEntry(name="item_search", registry_model="clip", kind="item_search"),
         ]
         if vision:
             models.append(VISION_CAPTIONER)

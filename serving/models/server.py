@@ -134,6 +134,12 @@ class ModelServer:
             return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer)
         if entry.kind == "content_violation":
             return ContentViolationScorer(folder, self.lake, batching, device, observer)
+        if entry.kind == "item_search":
+            from serving.models.search import ItemSearchModel
+
+            location = self.config.vector_location()  # a server's, or the version's own folder (one process's)
+            local = not location.startswith(("http://", "https://"))
+            return ItemSearchModel(folder, self.lake, str(folder / "index") if local else location, version.version)
         if entry.kind == "vision_llm":
             from serving.models.captioner import VisionCaptioner
 

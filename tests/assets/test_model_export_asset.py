@@ -61,6 +61,7 @@ def test_export_follows_promotion_and_rollback(tmp_path):
         "mlplane-clip-image.yaml",
         "mlplane-clip-text.yaml",
         "mlplane-content-violation.yaml",
+        "mlplane-item-search.yaml",
         "mlplane-personalization-challenger.yaml",
         "mlplane-personalization.yaml",
         "mlplane-triton.yaml",
