@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,20 +112,24 @@ class Experiment:
         return self.variants[-1]
 
 
-def assignments(experiments: tuple[Experiment, ...] | list[Experiment], unit: int | str) -> dict[str, str]:
-    """Experiment -> variant for every experiment that includes the unit (what the server logs); each
-    layer's bucket is hashed once."""
+def included(experiments: tuple[Experiment, ...] | list[Experiment], unit: int | str) -> Iterator[Experiment]:
+    """The experiments whose slice holds the unit, in file order; each layer's bucket is hashed once."""
     buckets: dict[str, int] = {}
-    assigned = {}
     for experiment in experiments:
-        if experiment.slice != WHOLE:
-            salt = experiment.layer_salt
-            if salt not in buckets:
-                buckets[salt] = layer_bucket(salt, unit)
-            if not experiment.holds(buckets[salt]):
-                continue
-        assigned[experiment.name] = experiment.variant_of(unit).name
-    return assigned
+        if experiment.slice == WHOLE:
+            yield experiment
+            continue
+        salt = experiment.layer_salt
+        if salt not in buckets:
+            buckets[salt] = layer_bucket(salt, unit)
+        if experiment.holds(buckets[salt]):
+            yield experiment
+
+
+def assignments(experiments: tuple[Experiment, ...] | list[Experiment], unit: int | str) -> dict[str, str]:
+    """Experiment -> variant for every experiment that includes the unit (what the server logs)."""
+    return {e.name: e.variant_of(unit).name for e in included(experiments, unit)}
+
 
 def deciding(
     experiments: tuple[Experiment, ...] | list[Experiment], model: str, unit: int | str
@@ -132,9 +137,8 @@ def deciding(
     """The experiment that decides which version of `model` serves the unit, and its variant; None when
     no experiment on `model` includes the unit (the model's default serves). At most one can: the
     experiments on one model share a layer and their slices do not overlap (`parse`)."""
-    for experiment in experiments:
-        if experiment.model == model and (variant := experiment.assign(unit)) is not None:
-            return experiment, variant
+    for experiment in included([e for e in experiments if e.model == model], unit):
+        return experiment, experiment.variant_of(unit)
     return None
 
 
@@ -192,7 +196,10 @@ def parse_variants(entry: dict, where: str) -> tuple[Variant, ...]:
             raise ExperimentConfigError(f"{vwhere}: traffic must be in (0, 1], got {traffic}")
         variants.append(
             Variant(
-                str(v["name"]), traffic, v.get("model_alias"), str(v["model_version"]) if v.get("model_version") else None
+                str(v["name"]),
+                traffic,
+                v.get("model_alias"),
+                str(v["model_version"]) if v.get("model_version") else None,
             )
         )
     if len(variants) < 2 or len({v.name for v in variants}) != len(variants):

@@ -25,7 +25,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.experiments import Experiment, ExperimentConfigError, ExperimentsFile, Layer, Shadow, assignments, deciding, parse_file
+from engines.experiments import (
+    Experiment,
+    ExperimentConfigError,
+    ExperimentsFile,
+    Layer,
+    Shadow,
+    assignments,
+    deciding,
+    parse_file,
+)
 from serving.models.config import ModelEntry
 from serving.models.recommend import Route
 from serving.models.repository import ModelRepository
