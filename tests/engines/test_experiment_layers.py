@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from scipy.stats import chi2_contingency, chisquare
 
-from engines.experiments import Experiment, ExperimentConfigError, assignments, deciding, parse
+from engines.experiments import Experiment, ExperimentConfigError, assignments, deciding, load, parse
+from engines.online_accuracy import version_mix
 
 USERS = 20_000
 SEEDS = 8
@@ -242,3 +245,38 @@ def test_two_layers_or_two_unlayered_experiments_on_one_model_are_refused():
     old["experiments"] = old["experiments"][:1]  # one experiment alone needs no layer
     (alone,) = parse(old)
     assert alone.slice == (0.0, 1.0) and all(alone.assign(u) is not None for u in range(1000))
+
+
+DEPLOYED = Path(__file__).parents[2] / "deploy" / "experiments.yaml"
+VERSIONS = {"@champion": "1", "@challenger": "2", "v1": "1"}  # as the demo's registry has them
+
+
+def version_mixes(experiments: list[Experiment], answering) -> dict[str, str]:
+    """Each arm's served-version mix as online accuracy reports it (`version_mix`), for users answered
+    by `answering(experiments, user)`: the variant that answers, None for the recommend entry (v1)."""
+    rows = []
+    for user in range(USERS):
+        variant = answering(experiments, user)
+        version = VERSIONS[variant.model_ref] if variant else "1"
+        rows += [{"arm": f"{e}:{arm}", "model_version": version} for e, arm in assignments(experiments, user).items()]
+    return {arm: version_mix(group) for (arm,), group in pl.DataFrame(rows).group_by("arm")}
+
+
+def test_each_arm_of_the_deployed_file_is_served_its_own_version_and_the_mix_says_so():
+    experiments = load(DEPLOYED)
+    layered_mix = version_mixes(experiments, lambda es, u: (deciding(es, "personalization", u) or (None, None))[1])
+    assert {arm: mix.split(" ")[0] for arm, mix in layered_mix.items()} == {
+        "personalization_challenger:control": "v1",
+        "personalization_challenger:treatment": "v2",
+        "personalization_first_version:control": "v1",
+        "personalization_first_version:first_version": "v1",
+    }
+    assert all(mix.endswith("(100.0%)") for mix in layered_mix.values()), layered_mix
+    # the same experiments before layers: first_version's control was answered half by the challenger
+    unlayered = [Experiment(e.name, e.model, e.salt, e.variants) for e in experiments]
+
+    def first_non_control(es, user):
+        return next((v for e in es if (v := e.assign(user)) is not e.variants[0]), None)
+
+    old_mix = version_mixes(unlayered, first_non_control)["personalization_first_version:control"]
+    assert old_mix.startswith("v") and ", " in old_mix and "v2" in old_mix, old_mix
