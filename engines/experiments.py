@@ -10,6 +10,10 @@ slice an experiment hashes `salt:name:unit` to pick the variant. An experiment o
 layer of its own over all units, assigned exactly as before layers existed. A model is decided by at
 most one layer, so a unit meets at most one experiment per model (`deciding`); a file that breaks that
 is refused with the layer and experiments named.
+
+Domains set units apart: each takes a slice of one fixed hash (`domain:unit`), and a layer in a domain
+sees only its units; layers outside any domain see the units outside every domain. A model may then be
+decided by one layer in each domain, as the domains never share a unit.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ WHOLE = (0.0, 1.0)
 
 class ExperimentConfigError(ValueError):
     """An experiments file that cannot be used, with the experiment and field named."""
+
+
+def domain_bucket(unit: int | str) -> int:
+    digest = hashlib.sha256(f"domain:{unit}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % BUCKETS
+
+
+def in_ranges(bucket: int, ranges: tuple[tuple[float, float], ...]) -> bool:
+    return any(round(start * BUCKETS) <= bucket < round(end * BUCKETS) for start, end in ranges)
 
 
 def layer_bucket(salt: str, unit: int | str) -> int:
@@ -63,6 +76,7 @@ class Layer:
     model: str
     salt: str
     description: str = ""
+    domain: str = ""  # "" for the units outside every domain
 
     def bucket(self, unit: int | str) -> int:
         return layer_bucket(self.salt, unit)
@@ -78,18 +92,22 @@ class Experiment:
     layer: str = ""  # "" for an experiment outside any layer
     layer_salt: str = ""
     slice: tuple[float, float] = WHOLE  # its share [start, end) of the layer's buckets
+    domain: tuple[tuple[float, float], ...] = ()  # the ranges of the domain hash its layer sees; () all
 
     @property
     def traffic(self) -> float:
         """The share of all units in the experiment."""
-        return self.slice[1] - self.slice[0]
+        seen = sum(end - start for start, end in self.domain) if self.domain else 1.0
+        return (self.slice[1] - self.slice[0]) * seen
 
     def bucket(self, unit: int | str) -> int:
         digest = hashlib.sha256(f"{self.salt}:{self.name}:{unit}".encode()).digest()
         return int.from_bytes(digest[:8], "big") % BUCKETS
 
     def includes(self, unit: int | str) -> bool:
-        """Whether the unit falls in this experiment's slice of its layer."""
+        """Whether the unit falls in this experiment's slice of its layer (and in its layer's domain)."""
+        if self.domain and not in_ranges(domain_bucket(unit), self.domain):
+            return False
         return self.slice == WHOLE or self.holds(layer_bucket(self.layer_salt, unit))
 
     def holds(self, bucket: int) -> bool:
@@ -115,7 +133,12 @@ class Experiment:
 def included(experiments: tuple[Experiment, ...] | list[Experiment], unit: int | str) -> Iterator[Experiment]:
     """The experiments whose slice holds the unit, in file order; each layer's bucket is hashed once."""
     buckets: dict[str, int] = {}
+    domain = None
     for experiment in experiments:
+        if experiment.domain:
+            domain = domain_bucket(unit) if domain is None else domain
+            if not in_ranges(domain, experiment.domain):
+                continue
         if experiment.slice == WHOLE:
             yield experiment
             continue
@@ -135,8 +158,8 @@ def deciding(
     experiments: tuple[Experiment, ...] | list[Experiment], model: str, unit: int | str
 ) -> tuple[Experiment, Variant] | None:
     """The experiment that decides which version of `model` serves the unit, and its variant; None when
-    no experiment on `model` includes the unit (the model's default serves). At most one can: the
-    experiments on one model share a layer and their slices do not overlap (`parse`)."""
+    no experiment on `model` includes the unit (the model's default serves). At most one can: in each
+    domain the experiments on one model share a layer and their slices do not overlap (`parse`)."""
     for experiment in included([e for e in experiments if e.model == model], unit):
         return experiment, experiment.variant_of(unit)
     return None
@@ -145,7 +168,8 @@ def deciding(
 def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
     if not isinstance(raw, dict) or not isinstance(raw.get("experiments"), list):
         raise ExperimentConfigError(f"{source}: expected a mapping with a list under 'experiments'")
-    layers = parse_layers(raw, source)
+    domains = parse_domains(raw, source)
+    layers = parse_layers(raw, source, domains)
     experiments, salts = [], {}
     for i, entry in enumerate(raw["experiments"]):
         where = f"{source}: experiment #{i + 1} ({entry.get('name', '?') if isinstance(entry, dict) else '?'})"
@@ -177,6 +201,7 @@ def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
                 layer.name if layer else "",
                 layer.salt if layer else "",
                 parse_slice(entry, where) if layer else WHOLE,
+                seen_by(layer.domain if layer else "", domains),
             )
         )
     check_layers(experiments, layers, source)
@@ -210,7 +235,47 @@ def parse_variants(entry: dict, where: str) -> tuple[Variant, ...]:
     return tuple(variants)
 
 
-def parse_layers(raw: dict, source: str) -> dict[str, Layer]:
+def parse_domains(raw: dict, source: str) -> dict[str, tuple[float, float]]:
+    """Domain name -> its slice of the domain hash; the slices must not overlap."""
+    entries = raw.get("domains") or []
+    if not isinstance(entries, list):
+        raise ExperimentConfigError(f"{source}: 'domains' must be a list")
+    domains: dict[str, tuple[float, float]] = {}
+    for i, entry in enumerate(entries):
+        where = f"{source}: domain #{i + 1} ({entry.get('name', '?') if isinstance(entry, dict) else '?'})"
+        if not isinstance(entry, dict) or not NAME.match(str(entry.get("name", ""))) or "slice" not in entry:
+            raise ExperimentConfigError(f"{where}: needs a lower_snake_case name and a slice")
+        if entry["name"] in domains:
+            raise ExperimentConfigError(f"{where}: duplicate domain name {entry['name']!r}")
+        start, end = parse_slice(entry, where, f"the domains' units (domain {entry['name']!r})")
+        for other, (a, b) in domains.items():
+            if round(start * BUCKETS) < round(b * BUCKETS) and round(a * BUCKETS) < round(end * BUCKETS):
+                raise ExperimentConfigError(
+                    f"{source}: domains {other!r} {[a, b]} and {entry['name']!r} {[start, end]} overlap; "
+                    "domains must not share a unit"
+                )
+        domains[str(entry["name"])] = (start, end)
+    return domains
+
+
+def seen_by(domain: str, domains: dict[str, tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The ranges of the domain hash that a layer in `domain` sees ("": outside every domain; () for
+    every unit when there are no domains)."""
+    if domain:
+        return (domains[domain],)
+    if not domains:
+        return ()
+    gaps, start = [], 0.0
+    for a, b in sorted(domains.values()):
+        if a > start:
+            gaps.append((start, a))
+        start = max(start, b)
+    if start < 1.0:
+        gaps.append((start, 1.0))
+    return tuple(gaps) or ((0.0, 0.0),)  # domains cover every unit: nothing is left outside them
+
+
+def parse_layers(raw: dict, source: str, domains: dict[str, tuple[float, float]]) -> dict[str, Layer]:
     entries = raw.get("layers") or []
     if not isinstance(entries, list):
         raise ExperimentConfigError(f"{source}: 'layers' must be a list")
@@ -220,7 +285,15 @@ def parse_layers(raw: dict, source: str) -> dict[str, Layer]:
         missing = [k for k in ("name", "model", "salt") if not isinstance(entry, dict) or not entry.get(k)]
         if missing:
             raise ExperimentConfigError(f"{where}: missing {', '.join(missing)}")
-        layer = Layer(str(entry["name"]), str(entry["model"]), str(entry["salt"]), str(entry.get("description", "")))
+        layer = Layer(
+            str(entry["name"]),
+            str(entry["model"]),
+            str(entry["salt"]),
+            str(entry.get("description", "")),
+            str(entry.get("domain") or ""),
+        )
+        if layer.domain and layer.domain not in domains:
+            raise ExperimentConfigError(f"{where}: domain {layer.domain!r} is not declared under 'domains'")
         if not NAME.match(layer.name):
             raise ExperimentConfigError(f"{where}: name must be lower_snake_case")
         if layer.name in layers:
@@ -252,7 +325,7 @@ def placement(entry: dict, where: str, layers: dict[str, Layer]) -> Layer | None
     return layer
 
 
-def parse_slice(entry: dict, where: str) -> tuple[float, float]:
+def parse_slice(entry: dict, where: str, of: str = "") -> tuple[float, float]:
     bounds = entry.get("slice", list(WHOLE))
     try:
         start, end = (float(b) for b in bounds)
@@ -260,8 +333,8 @@ def parse_slice(entry: dict, where: str) -> tuple[float, float]:
         raise ExperimentConfigError(f"{where}: slice must be [start, end], got {bounds!r}") from None
     if not 0 <= start < end <= 1:
         raise ExperimentConfigError(
-            f"{where}: slice [{start}, {end}] of layer {entry['layer']!r} must lie within [0, 1] with start < end "
-            f"(its traffic {end - start:g} of the layer's users)"
+            f"{where}: slice [{start}, {end}] of {of or 'layer ' + repr(entry['layer'])} must lie within [0, 1] "
+            f"with start < end (its traffic {end - start:g})"
         )
     if round(start * BUCKETS) == round(end * BUCKETS):
         raise ExperimentConfigError(f"{where}: slice [{start}, {end}] is narrower than one bucket in {BUCKETS}")
@@ -272,17 +345,19 @@ def check_layers(experiments: list[Experiment], layers: dict[str, Layer], source
     """Refuse experiments in one layer whose slices overlap, and a model decided from two layers (an
     experiment outside any layer is a layer of its own): either would give a unit two experiments
     changing the same thing."""
-    deciders: dict[str, list[str]] = {}
+    deciders: dict[tuple[str, str], list[str]] = {}
     for layer in layers.values():
-        deciders.setdefault(layer.model, []).append(f"layer {layer.name!r}")
+        deciders.setdefault((layer.domain, layer.model), []).append(f"layer {layer.name!r}")
     for experiment in experiments:
         if not experiment.layer:
-            deciders.setdefault(experiment.model, []).append(f"experiment {experiment.name!r} (outside any layer)")
-    for model, who in deciders.items():
+            who = f"experiment {experiment.name!r} (outside any layer)"
+            deciders.setdefault(("", experiment.model), []).append(who)
+    for (domain, model), who in deciders.items():
         if len(who) > 1:
+            where = f" in domain {domain!r}" if domain else ""
             raise ExperimentConfigError(
-                f"{source}: the version of model {model!r} is decided by {' and by '.join(who)}; experiments that "
-                "change the same thing must share one layer, each with its own slice of the layer's traffic"
+                f"{source}: the version of model {model!r} is decided{where} by {' and by '.join(who)}; experiments "
+                "that change the same thing must share one layer, each with its own slice of the layer's traffic"
             )
     for layer in layers.values():
         members = sorted((e for e in experiments if e.layer == layer.name), key=lambda e: e.slice)
@@ -367,4 +442,8 @@ def parse_file(data: bytes, source: str) -> ExperimentsFile:
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ExperimentConfigError(f"{source}: not valid YAML: {error}") from error
     experiments = tuple(parse(raw, source))  # checks the layers too
-    return ExperimentsFile(experiments, tuple(parse_shadows(raw, source)), tuple(parse_layers(raw, source).values()))
+    return ExperimentsFile(
+        experiments,
+        tuple(parse_shadows(raw, source)),
+        tuple(parse_layers(raw, source, parse_domains(raw, source)).values()),
+    )

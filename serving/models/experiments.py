@@ -106,7 +106,13 @@ class ExperimentRouter:
                 for e in snap.experiments
             ],
             "layers": [
-                {"name": layer.name, "model": layer.model, "salt": layer.salt, "description": layer.description}
+                {
+                    "name": layer.name,
+                    "model": layer.model,
+                    "salt": layer.salt,
+                    "domain": layer.domain,
+                    "description": layer.description,
+                }
                 for layer in snap.layers
             ],
             "shadows": [

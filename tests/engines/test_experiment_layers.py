@@ -280,3 +280,52 @@ def test_each_arm_of_the_deployed_file_is_served_its_own_version_and_the_mix_say
 
     old_mix = version_mixes(unlayered, first_non_control)["personalization_first_version:control"]
     assert old_mix.startswith("v") and ", " in old_mix and "v2" in old_mix, old_mix
+
+
+def with_a_domain() -> dict:
+    """The ranking layer outside any domain, and a domain of a fifth of the users whose own layer tries a
+    second version of the same model on all of them."""
+    raw = layered_file(2)
+    raw["domains"] = [{"name": "rewrite", "slice": [0.0, 0.2]}]
+    raw["layers"].append({"name": "ranking_rewrite", "model": "personalization", "salt": "rr-2", "domain": "rewrite"})
+    variants = [
+        {"name": "control", "model_alias": "champion", "traffic": 0.5},
+        {"name": "rewrite", "model_version": 9, "traffic": 0.5},
+    ]
+    raw["experiments"].append(
+        {"name": "e20", "model": "personalization", "layer": "ranking_rewrite", "salt": "e20-2", "variants": variants}
+    )
+    return raw
+
+
+def test_a_domain_sets_its_users_apart_so_its_layer_may_decide_the_same_model():
+    experiments = parse(with_a_domain())
+    ranking = [e for e in experiments if e.model == "personalization"]
+    cells = [[e.name for e in ranking if e.includes(u)] for u in range(USERS)]
+    assert all(len(c) <= 1 for c in cells)  # one experiment decides a user's version, whichever domain
+    assert all(deciding(experiments, "personalization", u) is None for u, c in enumerate(cells) if not c)
+    counts = Counter(c[0] if c else "none" for c in cells)
+    shares = {e.name: e.traffic for e in ranking}  # the default domain's slices shrink to its 80%
+    assert shares["e20"] == pytest.approx(0.2) and shares["e00"] == pytest.approx(0.12 * 0.8)
+    shares["none"] = 1 - sum(shares.values())
+    assert chisquare([counts[n] for n in shares], [p * USERS for p in shares.values()]).pvalue > 0.001
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda raw: raw["domains"].append({"name": "other", "slice": [0.1, 0.3]}), "domains 'rewrite'.*overlap"),
+        (lambda raw: raw["layers"][-1].update(domain="nowhere"), "domain 'nowhere' is not declared"),
+        (
+            lambda raw: raw["layers"].append(
+                {"name": "again", "model": "personalization", "salt": "a", "domain": "rewrite"}
+            ),
+            "decided in domain 'rewrite' by layer 'ranking_rewrite' and by layer 'again'",
+        ),
+    ],
+)
+def test_overlapping_domains_or_two_layers_on_one_model_in_a_domain_are_refused(change, message):
+    raw = with_a_domain()
+    change(raw)
+    with pytest.raises(ExperimentConfigError, match=message):
+        parse(raw)
