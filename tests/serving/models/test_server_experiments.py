@@ -116,6 +116,16 @@ def test_twenty_experiments_assign_stickily_by_traffic_and_independently(tower_r
         assert chi2_contingency(contingency).pvalue > 0.001
         assert_each_arm_is_served_its_own_version(server, raw, routes)
         assert {"personalization@v1", "personalization@v2"} <= set(server.repository.states)
+        described = router.describe()
+        assert [layer["name"] for layer in described["layers"]] == ["ranking", "retrieval"]
+        assert described["experiments"][1]["slice"] == raw["experiments"][1]["slice"]
+        # a file whose slices overlap in a layer is refused, the layer and experiments named
+        digest = router.snapshot.digest
+        raw["experiments"][1]["slice"] = [0.05, 0.2]
+        router.path.write_text(yaml.safe_dump(raw))
+        assert not router.reload()
+        assert "layer 'ranking': experiments 'exp_00'" in router.reason and "'exp_01'" in router.reason
+        assert router.snapshot.digest == digest
     finally:
         server.close()
 
