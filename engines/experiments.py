@@ -366,7 +366,7 @@ def check_layers(experiments: list[Experiment], layers: dict[str, Layer], source
                 raise ExperimentConfigError(
                     f"{source}: layer {layer.name!r}: experiments {before.name!r} {list(before.slice)} and "
                     f"{after.name!r} {list(after.slice)} overlap; experiments in one layer must take disjoint "
-                    f"slices of its traffic (together at most 1, {sum(e.traffic for e in members):g} here)"
+                    f"slices of its traffic (its slices add up to {sum(e.slice[1] - e.slice[0] for e in members):g})"
                 )
 
 
