@@ -48,7 +48,9 @@ def experiment_report(experiment: Experiment):
             the_lake, the_lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days[:-1]).collect()
         )
         held_out = with_embeddings_as_of(the_lake, the_lake.read_partition(DATASETS_ZONE, TRAINING_SET, day))
-        assigned = held_out.get_column("user_id").map_elements(lambda u: experiment.assign(u).name, return_dtype=str)
+        assigned = held_out.get_column("user_id").map_elements(  # null: a user outside its slice of the layer
+            lambda u: variant.name if (variant := experiment.assign(u)) else None, return_dtype=str
+        )
         registry = model_registry.get_client()
         embeddings = clip_image_vectors(the_lake, day_end(days[-2]))
         rows = []

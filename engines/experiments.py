@@ -2,14 +2,25 @@
 traffic split, hashing salt) in a YAML file that the batch pipeline and online serving both read,
 and the deterministic assignment of a unit (a user) to a variant. Plain Python, no Dagster.
 
-Each experiment hashes `salt:name:unit` on its own, so any number of concurrent experiments assign
-independently of each other, and a unit keeps its variant for as long as the salt stays the same.
+Experiments are grouped in layers (Tang et al., KDD 2010, "Overlapping experiment infrastructure"). A
+layer decides one thing, the version of one model, and its experiments split the layer's users without
+overlap: each takes a slice [start, end) of the layer's buckets, hashed from `layer:<layer salt>:unit`.
+Layers hash with their own salt, so experiments in different layers overlap orthogonally. Within its
+slice an experiment hashes `salt:name:unit` to pick the variant. An experiment outside any layer is a
+layer of its own over all units, assigned exactly as before layers existed. A model is decided by at
+most one layer, so a unit meets at most one experiment per model (`deciding`); a file that breaks that
+is refused with the layer and experiments named.
+
+Domains set units apart: each takes a slice of one fixed hash (`domain:unit`), and a layer in a domain
+sees only its units; layers outside any domain see the units outside every domain. A model may then be
+decided by one layer in each domain, as the domains never share a unit.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +28,25 @@ import yaml
 
 BUCKETS = 10_000
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+WHOLE = (0.0, 1.0)
 
 
 class ExperimentConfigError(ValueError):
     """An experiments file that cannot be used, with the experiment and field named."""
+
+
+def domain_bucket(unit: int | str) -> int:
+    digest = hashlib.sha256(f"domain:{unit}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % BUCKETS
+
+
+def in_ranges(bucket: int, ranges: tuple[tuple[float, float], ...]) -> bool:
+    return any(round(start * BUCKETS) <= bucket < round(end * BUCKETS) for start, end in ranges)
+
+
+def layer_bucket(salt: str, unit: int | str) -> int:
+    digest = hashlib.sha256(f"layer:{salt}:{unit}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % BUCKETS
 
 
 class ModelReference:
@@ -43,19 +69,59 @@ class Variant(ModelReference):
 
 
 @dataclass(frozen=True)
+class Layer:
+    """Experiments that change the same thing (the version of `model`) and so never share a unit."""
+
+    name: str
+    model: str
+    salt: str
+    description: str = ""
+    domain: str = ""  # "" for the units outside every domain
+
+    def bucket(self, unit: int | str) -> int:
+        return layer_bucket(self.salt, unit)
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str
     model: str
     salt: str
     variants: tuple[Variant, ...]
     description: str = ""
+    layer: str = ""  # "" for an experiment outside any layer
+    layer_salt: str = ""
+    slice: tuple[float, float] = WHOLE  # its share [start, end) of the layer's buckets
+    domain: tuple[tuple[float, float], ...] = ()  # the ranges of the domain hash its layer sees; () all
+
+    @property
+    def traffic(self) -> float:
+        """The share of all units in the experiment."""
+        seen = sum(end - start for start, end in self.domain) if self.domain else 1.0
+        return (self.slice[1] - self.slice[0]) * seen
 
     def bucket(self, unit: int | str) -> int:
         digest = hashlib.sha256(f"{self.salt}:{self.name}:{unit}".encode()).digest()
         return int.from_bytes(digest[:8], "big") % BUCKETS
 
-    def assign(self, unit: int | str) -> Variant:
-        """The unit's variant: the same unit always gets the same one."""
+    def includes(self, unit: int | str) -> bool:
+        """Whether the unit falls in this experiment's slice of its layer (and in its layer's domain)."""
+        if self.domain and not in_ranges(domain_bucket(unit), self.domain):
+            return False
+        return self.slice == WHOLE or self.holds(layer_bucket(self.layer_salt, unit))
+
+    def holds(self, bucket: int) -> bool:
+        """Whether a layer bucket falls in this experiment's slice."""
+        start, end = (round(bound * BUCKETS) for bound in self.slice)
+        return start <= bucket < end
+
+    def assign(self, unit: int | str) -> Variant | None:
+        """The unit's variant, None when the unit is outside the experiment's slice of its layer: the
+        same unit always gets the same answer."""
+        return self.variant_of(unit) if self.includes(unit) else None
+
+    def variant_of(self, unit: int | str) -> Variant:
+        """The variant of a unit inside the slice, by the experiment's own hash."""
         bucket, upper = self.bucket(unit), 0.0
         for variant in self.variants:
             upper += variant.traffic * BUCKETS
@@ -64,9 +130,46 @@ class Experiment:
         return self.variants[-1]
 
 
+def included(experiments: tuple[Experiment, ...] | list[Experiment], unit: int | str) -> Iterator[Experiment]:
+    """The experiments whose slice holds the unit, in file order; each layer's bucket is hashed once."""
+    buckets: dict[str, int] = {}
+    domain = None
+    for experiment in experiments:
+        if experiment.domain:
+            domain = domain_bucket(unit) if domain is None else domain
+            if not in_ranges(domain, experiment.domain):
+                continue
+        if experiment.slice == WHOLE:
+            yield experiment
+            continue
+        salt = experiment.layer_salt
+        if salt not in buckets:
+            buckets[salt] = layer_bucket(salt, unit)
+        if experiment.holds(buckets[salt]):
+            yield experiment
+
+
+def assignments(experiments: tuple[Experiment, ...] | list[Experiment], unit: int | str) -> dict[str, str]:
+    """Experiment -> variant for every experiment that includes the unit (what the server logs)."""
+    return {e.name: e.variant_of(unit).name for e in included(experiments, unit)}
+
+
+def deciding(
+    experiments: tuple[Experiment, ...] | list[Experiment], model: str, unit: int | str
+) -> tuple[Experiment, Variant] | None:
+    """The experiment that decides which version of `model` serves the unit, and its variant; None when
+    no experiment on `model` includes the unit (the model's default serves). At most one can: in each
+    domain the experiments on one model share a layer and their slices do not overlap (`parse`)."""
+    for experiment in included([e for e in experiments if e.model == model], unit):
+        return experiment, experiment.variant_of(unit)
+    return None
+
+
 def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
     if not isinstance(raw, dict) or not isinstance(raw.get("experiments"), list):
         raise ExperimentConfigError(f"{source}: expected a mapping with a list under 'experiments'")
+    domains = parse_domains(raw, source)
+    layers = parse_layers(raw, source, domains)
     experiments, salts = [], {}
     for i, entry in enumerate(raw["experiments"]):
         where = f"{source}: experiment #{i + 1} ({entry.get('name', '?') if isinstance(entry, dict) else '?'})"
@@ -86,33 +189,185 @@ def parse(raw: dict, source: str = "experiments") -> list[Experiment]:
                 "experiments sharing a salt would assign the same users together"
             )
         salts[salt] = name
-        variants = []
-        for v in entry["variants"]:
-            vwhere = f"{where}: variant {v.get('name', '?') if isinstance(v, dict) else '?'}"
-            if not isinstance(v, dict) or not v.get("name") or "traffic" not in v:
-                raise ExperimentConfigError(f"{vwhere}: needs a name and traffic")
-            if bool(v.get("model_alias")) == bool(v.get("model_version")):
-                raise ExperimentConfigError(f"{vwhere}: give exactly one of model_alias or model_version")
-            traffic = float(v["traffic"])
-            if not 0 < traffic <= 1:
-                raise ExperimentConfigError(f"{vwhere}: traffic must be in (0, 1], got {traffic}")
-            variants.append(
-                Variant(
-                    str(v["name"]),
-                    traffic,
-                    v.get("model_alias"),
-                    str(v["model_version"]) if v.get("model_version") else None,
-                )
-            )
-        if len(variants) < 2 or len({v.name for v in variants}) != len(variants):
-            raise ExperimentConfigError(f"{where}: needs two or more variants with distinct names")
-        total = sum(v.traffic for v in variants)
-        if abs(total - 1.0) > 1e-9:
-            raise ExperimentConfigError(f"{where}: traffic of the variants sums to {total}, not 1")
+        variants = parse_variants(entry, where)
+        layer = placement(entry, where, layers)
         experiments.append(
-            Experiment(name, str(entry["model"]), salt, tuple(variants), str(entry.get("description", "")))
+            Experiment(
+                name,
+                str(entry["model"]),
+                salt,
+                variants,
+                str(entry.get("description", "")),
+                layer.name if layer else "",
+                layer.salt if layer else "",
+                parse_slice(entry, where) if layer else WHOLE,
+                seen_by(layer.domain if layer else "", domains),
+            )
         )
+    check_layers(experiments, layers, source)
     return experiments
+
+
+def parse_variants(entry: dict, where: str) -> tuple[Variant, ...]:
+    variants = []
+    for v in entry["variants"]:
+        vwhere = f"{where}: variant {v.get('name', '?') if isinstance(v, dict) else '?'}"
+        if not isinstance(v, dict) or not v.get("name") or "traffic" not in v:
+            raise ExperimentConfigError(f"{vwhere}: needs a name and traffic")
+        if bool(v.get("model_alias")) == bool(v.get("model_version")):
+            raise ExperimentConfigError(f"{vwhere}: give exactly one of model_alias or model_version")
+        traffic = float(v["traffic"])
+        if not 0 < traffic <= 1:
+            raise ExperimentConfigError(f"{vwhere}: traffic must be in (0, 1], got {traffic}")
+        variants.append(
+            Variant(
+                str(v["name"]),
+                traffic,
+                v.get("model_alias"),
+                str(v["model_version"]) if v.get("model_version") else None,
+            )
+        )
+    if len(variants) < 2 or len({v.name for v in variants}) != len(variants):
+        raise ExperimentConfigError(f"{where}: needs two or more variants with distinct names")
+    total = sum(v.traffic for v in variants)
+    if abs(total - 1.0) > 1e-9:
+        raise ExperimentConfigError(f"{where}: traffic of the variants sums to {total}, not 1")
+    return tuple(variants)
+
+
+def parse_domains(raw: dict, source: str) -> dict[str, tuple[float, float]]:
+    """Domain name -> its slice of the domain hash; the slices must not overlap."""
+    entries = raw.get("domains") or []
+    if not isinstance(entries, list):
+        raise ExperimentConfigError(f"{source}: 'domains' must be a list")
+    domains: dict[str, tuple[float, float]] = {}
+    for i, entry in enumerate(entries):
+        where = f"{source}: domain #{i + 1} ({entry.get('name', '?') if isinstance(entry, dict) else '?'})"
+        if not isinstance(entry, dict) or not NAME.match(str(entry.get("name", ""))) or "slice" not in entry:
+            raise ExperimentConfigError(f"{where}: needs a lower_snake_case name and a slice")
+        if entry["name"] in domains:
+            raise ExperimentConfigError(f"{where}: duplicate domain name {entry['name']!r}")
+        start, end = parse_slice(entry, where, f"the domains' units (domain {entry['name']!r})")
+        for other, (a, b) in domains.items():
+            if round(start * BUCKETS) < round(b * BUCKETS) and round(a * BUCKETS) < round(end * BUCKETS):
+                raise ExperimentConfigError(
+                    f"{source}: domains {other!r} {[a, b]} and {entry['name']!r} {[start, end]} overlap; "
+                    "domains must not share a unit"
+                )
+        domains[str(entry["name"])] = (start, end)
+    return domains
+
+
+def seen_by(domain: str, domains: dict[str, tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The ranges of the domain hash that a layer in `domain` sees ("": outside every domain; () for
+    every unit when there are no domains)."""
+    if domain:
+        return (domains[domain],)
+    if not domains:
+        return ()
+    gaps, start = [], 0.0
+    for a, b in sorted(domains.values()):
+        if a > start:
+            gaps.append((start, a))
+        start = max(start, b)
+    if start < 1.0:
+        gaps.append((start, 1.0))
+    return tuple(gaps) or ((0.0, 0.0),)  # domains cover every unit: nothing is left outside them
+
+
+def parse_layers(raw: dict, source: str, domains: dict[str, tuple[float, float]]) -> dict[str, Layer]:
+    entries = raw.get("layers") or []
+    if not isinstance(entries, list):
+        raise ExperimentConfigError(f"{source}: 'layers' must be a list")
+    layers: dict[str, Layer] = {}
+    for i, entry in enumerate(entries):
+        where = f"{source}: layer #{i + 1} ({entry.get('name', '?') if isinstance(entry, dict) else '?'})"
+        missing = [k for k in ("name", "model", "salt") if not isinstance(entry, dict) or not entry.get(k)]
+        if missing:
+            raise ExperimentConfigError(f"{where}: missing {', '.join(missing)}")
+        layer = Layer(
+            str(entry["name"]),
+            str(entry["model"]),
+            str(entry["salt"]),
+            str(entry.get("description", "")),
+            str(entry.get("domain") or ""),
+        )
+        if layer.domain and layer.domain not in domains:
+            raise ExperimentConfigError(f"{where}: domain {layer.domain!r} is not declared under 'domains'")
+        if not NAME.match(layer.name):
+            raise ExperimentConfigError(f"{where}: name must be lower_snake_case")
+        if layer.name in layers:
+            raise ExperimentConfigError(f"{where}: duplicate layer name {layer.name!r}")
+        same_salt = [other.name for other in layers.values() if other.salt == layer.salt]
+        if same_salt:
+            raise ExperimentConfigError(
+                f"{where}: salt {layer.salt!r} is already used by layer {same_salt[0]!r}; "
+                "layers sharing a salt would not overlap orthogonally"
+            )
+        layers[layer.name] = layer
+    return layers
+
+
+def placement(entry: dict, where: str, layers: dict[str, Layer]) -> Layer | None:
+    """The experiment's layer (None outside any), checked against the experiment's model."""
+    if not entry.get("layer"):
+        if "slice" in entry:
+            raise ExperimentConfigError(f"{where}: a slice needs a layer to take it from")
+        return None
+    layer = layers.get(str(entry["layer"]))
+    if layer is None:
+        raise ExperimentConfigError(f"{where}: layer {entry['layer']!r} is not declared under 'layers'")
+    if str(entry["model"]) != layer.model:
+        raise ExperimentConfigError(
+            f"{where}: model {entry['model']!r} differs from layer {layer.name!r}'s model {layer.model!r}; "
+            "a layer decides the version of one model"
+        )
+    return layer
+
+
+def parse_slice(entry: dict, where: str, of: str = "") -> tuple[float, float]:
+    bounds = entry.get("slice", list(WHOLE))
+    try:
+        start, end = (float(b) for b in bounds)
+    except (TypeError, ValueError):
+        raise ExperimentConfigError(f"{where}: slice must be [start, end], got {bounds!r}") from None
+    if not 0 <= start < end <= 1:
+        raise ExperimentConfigError(
+            f"{where}: slice [{start}, {end}] of {of or 'layer ' + repr(entry['layer'])} must lie within [0, 1] "
+            f"with start < end (its traffic {end - start:g})"
+        )
+    if round(start * BUCKETS) == round(end * BUCKETS):
+        raise ExperimentConfigError(f"{where}: slice [{start}, {end}] is narrower than one bucket in {BUCKETS}")
+    return start, end
+
+
+def check_layers(experiments: list[Experiment], layers: dict[str, Layer], source: str) -> None:
+    """Refuse experiments in one layer whose slices overlap, and a model decided from two layers (an
+    experiment outside any layer is a layer of its own): either would give a unit two experiments
+    changing the same thing."""
+    deciders: dict[tuple[str, str], list[str]] = {}
+    for layer in layers.values():
+        deciders.setdefault((layer.domain, layer.model), []).append(f"layer {layer.name!r}")
+    for experiment in experiments:
+        if not experiment.layer:
+            who = f"experiment {experiment.name!r} (outside any layer)"
+            deciders.setdefault(("", experiment.model), []).append(who)
+    for (domain, model), who in deciders.items():
+        if len(who) > 1:
+            where = f" in domain {domain!r}" if domain else ""
+            raise ExperimentConfigError(
+                f"{source}: the version of model {model!r} is decided{where} by {' and by '.join(who)}; experiments "
+                "that change the same thing must share one layer, each with its own slice of the layer's traffic"
+            )
+    for layer in layers.values():
+        members = sorted((e for e in experiments if e.layer == layer.name), key=lambda e: e.slice)
+        for before, after in zip(members, members[1:]):
+            if round(after.slice[0] * BUCKETS) < round(before.slice[1] * BUCKETS):
+                raise ExperimentConfigError(
+                    f"{source}: layer {layer.name!r}: experiments {before.name!r} {list(before.slice)} and "
+                    f"{after.name!r} {list(after.slice)} overlap; experiments in one layer must take disjoint "
+                    f"slices of its traffic (its slices add up to {sum(e.slice[1] - e.slice[0] for e in members):g})"
+                )
 
 
 @dataclass(frozen=True)
@@ -130,6 +385,7 @@ class Shadow(ModelReference):
 class ExperimentsFile:
     experiments: tuple[Experiment, ...]
     shadows: tuple[Shadow, ...] = ()
+    layers: tuple[Layer, ...] = ()
 
 
 def parse_shadows(raw: dict, source: str = "experiments") -> list[Shadow]:
@@ -172,7 +428,7 @@ def load(path: Path) -> list[Experiment]:
 
 
 def load_file(path: Path) -> ExperimentsFile:
-    """Experiments and shadows, both checked."""
+    """Experiments, shadows and layers, all checked."""
     if not path.exists():
         raise ExperimentConfigError(f"experiments file {path} does not exist")
     return parse_file(path.read_bytes(), str(path))
@@ -185,4 +441,9 @@ def parse_file(data: bytes, source: str) -> ExperimentsFile:
         raw = yaml.safe_load(data.decode())
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ExperimentConfigError(f"{source}: not valid YAML: {error}") from error
-    return ExperimentsFile(tuple(parse(raw, source)), tuple(parse_shadows(raw, source)))
+    experiments = tuple(parse(raw, source))  # checks the layers too
+    return ExperimentsFile(
+        experiments,
+        tuple(parse_shadows(raw, source)),
+        tuple(parse_layers(raw, source, parse_domains(raw, source)).values()),
+    )

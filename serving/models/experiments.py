@@ -1,12 +1,12 @@
 """A/B experiments and shadows in the server, from `deploy/experiments.yaml` (engines.experiments).
 
-Every request's user is assigned in every experiment with `Experiment.assign` (sticky: the same user,
-the same variant while the salt stays; independent: each experiment hashes its own salt). Experiments
-on the recommend model decide who answers, in file order: the first experiment that assigns the user
-a variant other than its first (control) variant answers with that variant's model; a user in control
-everywhere gets the first experiment's control. Because assignments are independent, comparing one
-experiment's variants over all its users (intent to treat, as online accuracy does) is unbiased: the
-other experiments' variants are spread alike over its arms. All assignments are logged per answer.
+Every request's user is assigned in every experiment that includes it (`engines.experiments.assignments`:
+sticky, the same user gets the same variant while the salts stay). The experiments on the recommend
+model share one layer (the file is refused otherwise), so a user is in at most one of them: that
+experiment's variant answers (`engines.experiments.deciding`), and a user in none of them gets the
+recommend model's own entry. Experiments in other layers overlap orthogonally and are only logged here.
+Each experiment's arms therefore get exactly their own variant, and comparing them (intent to treat, as
+online accuracy does) estimates that experiment's effect alone. All assignments are logged per answer.
 
 A variant or shadow names an alias or version of the registry model; it is served by the entry that
 already follows it, or by an entry added for it (`<model>@<alias>`, `<model>@v<version>`) and loaded
@@ -25,7 +25,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.experiments import Experiment, ExperimentConfigError, Shadow, parse_file
+from engines.experiments import (
+    Experiment,
+    ExperimentConfigError,
+    ExperimentsFile,
+    Layer,
+    Shadow,
+    assignments,
+    deciding,
+    parse_file,
+)
 from serving.models.config import ModelEntry
 from serving.models.recommend import Route
 from serving.models.repository import ModelRepository
@@ -38,7 +47,8 @@ class Snapshot:
     """One configuration in use; never changed, only replaced."""
 
     experiments: tuple[Experiment, ...] = ()
-    routing: tuple[Experiment, ...] = ()  # the experiments on the recommend model, in file order
+    routing: tuple[Experiment, ...] = ()  # the experiments on the recommend model (one layer)
+    layers: tuple[Layer, ...] = ()
     shadows: tuple[Shadow, ...] = ()  # the shadows of the recommend model
     entries: dict[tuple[str, str], str] = field(default_factory=dict)  # (experiment or "", variant) -> entry
     digest: str = ""
@@ -59,16 +69,12 @@ class ExperimentRouter:
     # --- the request path: one reference read, no lock -----------------------------------------------
     def choose(self, user_id: int, context: dict) -> Route:
         snap = self.snapshot
-        assignments = {e.name: e.assign(user_id).name for e in snap.experiments}
-        for experiment in snap.routing:
-            variant = assignments[experiment.name]
-            if variant != experiment.variants[0].name:
-                return Route(snap.entries[(experiment.name, variant)], experiment.name, variant, assignments)
-        if snap.routing:
-            first = snap.routing[0]
-            control = first.variants[0].name
-            return Route(snap.entries[(first.name, control)], first.name, control, assignments)
-        return Route(self.default_model, "", self.default_model, assignments)
+        assigned = assignments(snap.experiments, user_id)
+        decided = deciding(snap.routing, snap.routing[0].model, user_id) if snap.routing else None
+        if decided is None:
+            return Route(self.default_model, "", self.default_model, assigned)
+        experiment, variant = decided
+        return Route(snap.entries[(experiment.name, variant.name)], experiment.name, variant.name, assigned)
 
     def shadows(self) -> list[tuple[Shadow, str]]:
         snap = self.snapshot
@@ -85,6 +91,8 @@ class ExperimentRouter:
                     "name": e.name,
                     "model": e.model,
                     "routes_recommend": e in snap.routing,
+                    "layer": e.layer,
+                    "slice": list(e.slice),
                     "variants": [
                         {
                             "name": v.name,
@@ -96,6 +104,16 @@ class ExperimentRouter:
                     ],
                 }
                 for e in snap.experiments
+            ],
+            "layers": [
+                {
+                    "name": layer.name,
+                    "model": layer.model,
+                    "salt": layer.salt,
+                    "domain": layer.domain,
+                    "description": layer.description,
+                }
+                for layer in snap.layers
             ],
             "shadows": [
                 {"name": s.name, "model": s.model, "model_ref": s.model_ref, "served_by": snap.entries[("", s.name)]}
@@ -118,7 +136,7 @@ class ExperimentRouter:
                 return False
             try:
                 parsed = parse_file(data, str(self.path))
-                snapshot = self._build(parsed.experiments, parsed.shadows, digest)
+                snapshot = self._build(parsed, digest)
             except ExperimentConfigError as error:
                 self._refused = digest
                 return self._refuse(str(error))
@@ -138,7 +156,8 @@ class ExperimentRouter:
         self.reason = f"{reason}; the running configuration ({self.snapshot.digest or 'none'}) stays in use"
         return False
 
-    def _build(self, experiments: tuple[Experiment, ...], shadows: tuple[Shadow, ...], digest: str) -> Snapshot:
+    def _build(self, parsed: ExperimentsFile, digest: str) -> Snapshot:
+        experiments, shadows = parsed.experiments, parsed.shadows
         if self.default_model not in self.repository.states:
             raise ExperimentConfigError(f"the recommend model {self.default_model!r} is not served here")
         default = self.repository.states[self.default_model].entry
@@ -165,7 +184,7 @@ class ExperimentRouter:
                 what = f"experiment {key[0]!r} variant {key[1]!r}" if key[0] else f"shadow {key[1]!r}"
                 raise ExperimentConfigError(f"{what}: model {name!r} does not serve ({state.reason or 'not loaded'})")
             entries[key] = name
-        return Snapshot(tuple(experiments), routing, mine, entries, digest)
+        return Snapshot(tuple(experiments), routing, parsed.layers, mine, entries, digest)
 
     def start(self, interval_s: float) -> None:
         def watch() -> None:

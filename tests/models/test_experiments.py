@@ -21,7 +21,7 @@ def many(n: int) -> dict:
         "experiments": [
             {
                 "name": f"exp_{i}",
-                "model": "personalization",
+                "model": f"model_{i}",  # one model each: experiments outside a layer must not share one
                 "salt": f"salt-{i}",
                 "variants": [
                     {"name": "control", "model_alias": "champion", "traffic": 0.7},

@@ -1,11 +1,11 @@
 """A/B experiments in the model server: variants by alias or version served by real registry models,
-sticky and independent assignment across twenty concurrent experiments (chi-square), a changed file
+sticky assignment across twenty concurrent experiments in two layers (chi-square: each experiment's
+arms, each layer's slices, the layers' independence), each arm served its own variant, a changed file
 swapped in under load without a failed request, and an invalid file refused with the reason while the
 running configuration stays."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import Counter
@@ -30,9 +30,15 @@ TREATMENTS = [
 
 
 def twenty() -> dict:
-    """Twenty experiments on the personalization model with different splits and variant counts."""
-    experiments = []
+    """Twenty experiments in two layers: twelve on the personalization model's version, with different
+    slices, splits and variant counts, and eight on another model (assigned and logged, not served here)."""
+    layers = [
+        {"name": "ranking", "model": "personalization", "salt": "ranking-1"},
+        {"name": "retrieval", "model": "candidates", "salt": "retrieval-1"},
+    ]
+    experiments, starts = [], {"ranking": 0.0, "retrieval": 0.0}
     for i in range(20):
+        layer, width = ("ranking", 0.07 + 0.002 * i) if i < 12 else ("retrieval", 0.11)
         name, ref = TREATMENTS[i % 3]
         variants = [
             {"name": "control", "model_alias": "champion", "traffic": 0.5 + 0.02 * i},
@@ -43,8 +49,20 @@ def twenty() -> dict:
             variants.append(
                 {"name": "third", "model_version": 2, "traffic": round(0.5 - 0.02 * i, 2) - variants[1]["traffic"]}
             )
-        experiments.append({"name": f"exp_{i:02d}", "model": "personalization", "salt": f"s{i}", "variants": variants})
-    return {"experiments": experiments}
+        model = "personalization" if layer == "ranking" else "candidates"
+        start = starts[layer]
+        starts[layer] = round(start + width, 4)
+        experiments.append(
+            {
+                "name": f"exp_{i:02d}",
+                "model": model,
+                "layer": layer,
+                "slice": [start, starts[layer]],
+                "salt": f"s{i}",
+                "variants": variants,
+            }
+        )
+    return {"layers": layers, "experiments": experiments}
 
 
 def server_over(tower_registry, tmp_path, raw: dict) -> ModelServer:
@@ -76,35 +94,64 @@ def test_twenty_experiments_assign_stickily_by_traffic_and_independently(tower_r
         router = server.experiments
         routes = [router.choose(u, {}) for u in USERS]
         assert routes == [router.choose(u, {}) for u in USERS]  # sticky: the same user, the same route
-        table = np.array([[r.assignments[f"exp_{i:02d}"] for i in range(20)] for r in routes])
-        for i, experiment in enumerate(raw["experiments"]):
-            counts = Counter(table[:, i])
+        for experiment in raw["experiments"]:
+            arms = Counter(r.assignments[experiment["name"]] for r in routes if experiment["name"] in r.assignments)
             names = [v["name"] for v in experiment["variants"]]
-            expected = [v["traffic"] * len(USERS) for v in experiment["variants"]]
-            assert chisquare([counts[n] for n in names], expected).pvalue > 0.001 / 20, experiment["name"]
-        # every pair of experiments: the variant in one says nothing of the variant in the other
-        pairs = list(itertools.combinations(range(20), 2))
-        for a, b in pairs:
-            levels_a, levels_b = sorted(set(table[:, a])), sorted(set(table[:, b]))
-            contingency = np.array(
-                [[np.sum((table[:, a] == x) & (table[:, b] == y)) for y in levels_b] for x in levels_a]
-            )
-            assert chi2_contingency(contingency).pvalue > 0.001 / len(pairs), (a, b)
-        # who answers: the first experiment (file order) assigning a non-control variant, by its model
-        aliases = {a: server.registry.by_alias("personalization", a).version for a in ("champion", "challenger")}
-        for route in routes[:2000]:
-            deciding = next((e for e in raw["experiments"] if route.assignments[e["name"]] != "control"), None)
-            expected_experiment = deciding["name"] if deciding else "exp_00"
-            assert (route.experiment, route.variant) == (expected_experiment, route.assignments[expected_experiment])
-            served = server.repository.get(route.model)
-            variant = next(v for v in (deciding or raw["experiments"][0])["variants"] if v["name"] == route.variant)
-            if "model_version" in variant:
-                assert served.version == str(variant["model_version"])
-            else:
-                assert served.version == aliases[variant["model_alias"]]
+            users = sum(arms.values())
+            expected = [v["traffic"] * users for v in experiment["variants"]]
+            assert chisquare([arms[n] for n in names], expected).pvalue > 0.001 / 20, experiment["name"]
+        for layer in raw["layers"]:  # each layer's users split by its experiments' slices, none in two
+            members = [e for e in raw["experiments"] if e["layer"] == layer["name"]]
+            cells = [[e["name"] for e in members if e["name"] in r.assignments] for r in routes]
+            assert all(len(c) <= 1 for c in cells), layer["name"]
+            counts = Counter(c[0] if c else "none" for c in cells)
+            shares = {e["name"]: e["slice"][1] - e["slice"][0] for e in members}
+            shares["none"] = 1 - sum(shares.values())
+            observed, expected = [counts[n] for n in shares], [p * len(USERS) for p in shares.values()]
+            assert chisquare(observed, expected).pvalue > 0.001 / 2, layer["name"]
+        # the two layers overlap orthogonally: the experiment and arm in one say nothing of the other
+        table = Counter(tuple(cell_of(r, layer["name"], raw) for layer in raw["layers"]) for r in routes)
+        rows, columns = sorted({a for a, _ in table}), sorted({b for _, b in table})
+        contingency = np.array([[table[(a, b)] for b in columns] for a in rows])
+        assert chi2_contingency(contingency).pvalue > 0.001
+        assert_each_arm_is_served_its_own_version(server, raw, routes)
         assert {"personalization@v1", "personalization@v2"} <= set(server.repository.states)
+        described = router.describe()
+        assert [layer["name"] for layer in described["layers"]] == ["ranking", "retrieval"]
+        assert described["experiments"][1]["slice"] == raw["experiments"][1]["slice"]
+        # a file whose slices overlap in a layer is refused, the layer and experiments named
+        digest = router.snapshot.digest
+        raw["experiments"][1]["slice"] = [0.05, 0.2]
+        router.path.write_text(yaml.safe_dump(raw))
+        assert not router.reload()
+        assert "layer 'ranking': experiments 'exp_00'" in router.reason and "'exp_01'" in router.reason
+        assert router.snapshot.digest == digest
     finally:
         server.close()
+
+
+def cell_of(route, layer: str, raw: dict) -> str:
+    """The route's experiment and arm in `layer` ("none" outside every slice)."""
+    names = [e["name"] for e in raw["experiments"] if e["layer"] == layer and e["name"] in route.assignments]
+    return f"{names[0]}:{route.assignments[names[0]]}" if names else "none"
+
+
+def assert_each_arm_is_served_its_own_version(server, raw: dict, routes) -> None:
+    """A user in a ranking experiment is answered by that experiment's variant, whatever the other
+    experiments assign; a user in none by the recommend model's own entry (the champion)."""
+    aliases = {a: server.registry.by_alias("personalization", a).version for a in ("champion", "challenger")}
+    ranking = [e for e in raw["experiments"] if e["layer"] == "ranking"]
+    for route in routes[:3000]:
+        mine = [e for e in ranking if e["name"] in route.assignments]
+        served = server.repository.get(route.model)
+        if not mine:
+            assert (route.experiment, route.model, served.version) == ("", "personalization", aliases["champion"])
+            continue
+        (experiment,) = mine
+        variant = next(v for v in experiment["variants"] if v["name"] == route.assignments[experiment["name"]])
+        assert (route.experiment, route.variant) == (experiment["name"], variant["name"])
+        expected = str(variant["model_version"]) if "model_version" in variant else aliases[variant["model_alias"]]
+        assert served.version == expected, (experiment["name"], variant["name"])
 
 
 @pytest.mark.services  # a server under load
@@ -155,12 +202,15 @@ def test_a_changed_file_swaps_in_under_load_and_an_invalid_one_is_refused_with_t
     try:
         wait_for(lambda: {("ab", "treatment", "2"), ("ab", "control", "1")} <= seen)
         two = yaml.safe_load(yaml.safe_dump(one))
-        two["experiments"][0]["salt"] = "ab-2"
+        two["layers"] = [{"name": "ranking", "model": "personalization", "salt": "r-1"}]
+        two["experiments"][0].update(salt="ab-2", layer="ranking", slice=[0.5, 1.0])
         two["experiments"].insert(
             0,
             {
                 "name": "pinned",
                 "model": "personalization",
+                "layer": "ranking",
+                "slice": [0.0, 0.5],
                 "salt": "p-1",
                 "variants": [
                     {"name": "control", "model_alias": "champion", "traffic": 0.8},
