@@ -258,7 +258,10 @@ def version_mixes(experiments: list[Experiment], answering) -> dict[str, str]:
     for user in range(USERS):
         variant = answering(experiments, user)
         version = VERSIONS[variant.model_ref] if variant else "1"
-        rows += [{"arm": f"{e}:{arm}", "model_version": version} for e, arm in assignments(experiments, user).items()]
+        rows += [
+            {"arm": f"{e}:{arm}", "model_version": version, "answers": 1}  # one answer each
+            for e, arm in assignments(experiments, user).items()
+        ]
     return {arm: version_mix(group) for (arm,), group in pl.DataFrame(rows).group_by("arm")}
 
 
