@@ -19,7 +19,16 @@ from engines import content_violation as cv
 from engines import copy_match
 from engines.copy_calibration import Calibration
 from engines.lake import Lake
-from ml.clip import ClipSpec, encode_images, encode_texts, image_size, load_model, preprocess_image, tokenizer
+from ml.clip import (
+    ClipSpec,
+    ImageTooLarge,
+    encode_images,
+    encode_texts,
+    image_size,
+    load_model,
+    preprocess_image,
+    tokenizer,
+)
 from serving.models.base import DynamicBatcher, ServedModel
 from serving.models.protocol import ProtocolError, TensorSpec
 
@@ -41,7 +50,9 @@ def clip_spec(folder: Path) -> ClipSpec:
 class ClipEncoder(ServedModel):
     platform = "pytorch_open_clip"
 
-    def __init__(self, folder: Path, modality: str, batching, device: str = "cpu", on_batch=None):
+    def __init__(
+        self, folder: Path, modality: str, batching, device: str = "cpu", on_batch=None, max_pixels: int | None = None
+    ):
         import torch
 
         torch.set_num_threads(1)
@@ -49,6 +60,7 @@ class ClipEncoder(ServedModel):
         self.device = device
         self.model = load_model(self.spec, device=device)
         self.modality = modality
+        self.max_pixels = max_pixels
         self.size = image_size(self.model)
         dim = int(self.model.text_projection.shape[1]) if modality == "text" else int(self.model.visual.output_dim)
         self.inputs = [TensorSpec(modality, "BYTES", (-1,))]
@@ -73,7 +85,9 @@ class ClipEncoder(ServedModel):
         pixels = []
         for i, data in enumerate(values.tolist()):
             try:
-                pixels.append(preprocess_image(data, self.size))
+                pixels.append(preprocess_image(data, self.size, self.max_pixels))
+            except ImageTooLarge as error:
+                raise ProtocolError(413, f"input 'image'[{i}]: {error} (max_image_pixels)") from error
             except Exception as error:
                 raise ProtocolError(400, f"input 'image'[{i}] is not a readable PNG/JPEG image: {error}") from error
         return np.stack(pixels) if pixels else np.zeros((0, 3, self.size, self.size), np.float32)
@@ -101,10 +115,12 @@ class ContentViolationScorer(ServedModel):
 
     platform = "pytorch_open_clip"
 
-    def __init__(self, folder: Path, lake: Lake, batching, device: str = "cpu", on_batch=None):
+    def __init__(
+        self, folder: Path, lake: Lake, batching, device: str = "cpu", on_batch=None, max_pixels: int | None = None
+    ):
         from engines.embeddings import catalogue_images, current_catalogue
 
-        self.encoder = ClipEncoder(folder, "image", batching, device, on_batch)
+        self.encoder = ClipEncoder(folder, "image", batching, device, on_batch, max_pixels)
         catalogue = current_catalogue(lake)
         items, pixels = (
             catalogue_images(lake.root / "landing", catalogue, self.encoder.size)

@@ -130,14 +130,15 @@ class ModelServer:
             if rows is not None:  # candidates for recommend, indexed before the version serves
                 self.vectors.index(served, rows, version.version)
             return served
+        pixels = self.config.max_image_pixels
         if entry.kind in ("clip_text", "clip_image"):
-            return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer)
+            return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer, pixels)
         if entry.kind == "content_violation":
-            return ContentViolationScorer(folder, self.lake, batching, device, observer)
+            return ContentViolationScorer(folder, self.lake, batching, device, observer, pixels)
         if entry.kind == "vision_llm":
             from serving.models.captioner import VisionCaptioner
 
-            return VisionCaptioner(folder, device)
+            return VisionCaptioner(folder, device, pixels)
         raise ValueError(f"unknown model kind {entry.kind!r}")
 
     # --- inference --------------------------------------------------------------------------------
