@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from starlette.concurrency import run_in_threadpool
 
 from engines import content_violation as cv
 from engines import copy_match
@@ -98,7 +99,7 @@ class ClipEncoder(ServedModel):
         return {"embedding": encode(rows)}
 
     async def infer_async(self, inputs, parameters):
-        rows = self.prepare(inputs[self.modality])
+        rows = await run_in_threadpool(self.prepare, inputs[self.modality])  # tokenizing, decoding: off the loop
         if not len(rows):
             return {"embedding": np.zeros((0, self.outputs[0].shape[1]), np.float32)}
         return {"embedding": await self.batcher.submit(rows)}
@@ -189,7 +190,7 @@ class ContentViolationScorer(ServedModel):
 
     async def infer_async(self, inputs, parameters):
         embeddings = (await self.encoder.infer_async(inputs, parameters))["embedding"]
-        return self.score(inputs["image"], embeddings, parameters)
+        return await run_in_threadpool(self.score, inputs["image"], embeddings, parameters)
 
     def close(self) -> None:
         self.encoder.close()

@@ -196,6 +196,17 @@ class ModelServer:
     def model_names(self) -> list[str]:
         return [*self.repository.states, RECOMMEND_MODEL]
 
+    def check_model(self, name: str, version: str | None) -> None:
+        """The refusal a request to this model gets whatever its body (unknown name or version, not
+        loaded), so that the body need not be read or decoded first."""
+        if name == RECOMMEND_MODEL:
+            return
+        try:
+            self.repository.get(name, version)
+        except ProtocolError as error:
+            self.metrics.error(name if name in self.model_names() else "unknown", error.status)
+            raise
+
     async def _recommend_tensors(self, inputs: dict[str, np.ndarray], parameters: dict):
         from starlette.concurrency import run_in_threadpool
 
