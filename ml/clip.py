@@ -113,13 +113,34 @@ def tokenizer(spec: ClipSpec):
     return open_clip.get_tokenizer(spec.model_name)
 
 
-def preprocess_image(data: bytes, size: int) -> np.ndarray:
-    """PNG/JPEG bytes -> normalized float32 CHW array at the model's size. Raises on a corrupt image."""
+class ImageTooLarge(ValueError):
+    """An image whose header declares more pixels than the caller allows (nothing was decoded)."""
+
+
+def open_image(data: bytes, max_pixels: int | None = None):
+    """A PIL image over the bytes, its header read but nothing decoded (PIL decodes lazily), so a small
+    file declaring a huge canvas is refused before its pixels take memory or time."""
+    from PIL import Image
+
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as error:  # PIL's own ceiling, checked at open
+        raise ImageTooLarge(f"more pixels than {max_pixels or Image.MAX_IMAGE_PIXELS} ({error})") from error
+    width, height = image.size
+    if max_pixels is not None and width * height > max_pixels:
+        image.close()
+        raise ImageTooLarge(f"{width}x{height} pixels, more than {max_pixels}")
+    return image
+
+
+def preprocess_image(data: bytes, size: int, max_pixels: int | None = None) -> np.ndarray:
+    """PNG/JPEG bytes -> normalized float32 CHW array at the model's size. Raises on a corrupt image,
+    and ImageTooLarge, before decoding, on one over `max_pixels`."""
     import_open_clip()
     from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as image:
+    with open_image(data, max_pixels) as image:
         image = image.convert("RGB")
         if image.size != (size, size):
             image = image.resize((size, size), Image.Resampling.BICUBIC)

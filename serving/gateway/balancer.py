@@ -5,7 +5,12 @@ requests in flight. Its load-adjusted cost is `latency * (1 + in_flight / capaci
 caller's region is preferred unless its best backend costs more than `spill_factor` times the best
 elsewhere, or none there is available. Unhealthy backends, open circuits and full backends are skipped;
 a circuit opens after `failures` consecutive failures and lets one trial request through after
-`open_s` seconds (half-open)."""
+`open_s` seconds (half-open).
+
+Failures are booked per key as well: each key's failures in a row count toward the shared circuit only
+up to its budget (`key_failure_budget`, one by default); past `failures` in a row the key has a circuit
+of its own on that backend, which only its requests see. So one key whose requests crash a backend
+cannot make it unavailable to everyone, while an outage every key sees still opens the shared circuit."""
 
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ class BackendState:
     consecutive_failures: int = 0
     open_until: float = 0.0
     half_open_trial: bool = False
+    key_failures: dict[str, int] = field(default_factory=dict)  # key -> its failures here since its last success
+    key_open_until: dict[str, float] = field(default_factory=dict)  # key -> when its own circuit here half-opens
     clock: object = field(default=time.monotonic, repr=False)
 
     def circuit(self) -> str:
@@ -36,11 +43,15 @@ class BackendState:
             return "closed"
         return "open" if self.clock() < self.open_until else "half_open"
 
-    def available(self) -> bool:
-        if not self.healthy or self.in_flight >= self.spec.capacity:
+    def available(self, key_id: str | None = None) -> bool:
+        if not self.healthy or self.in_flight >= self.spec.capacity or self.key_circuit_open(key_id):
             return False
         state = self.circuit()
         return state == "closed" or (state == "half_open" and not self.half_open_trial)
+
+    def key_circuit_open(self, key_id: str | None) -> bool:
+        until = self.key_open_until.get(key_id) if key_id is not None else None
+        return until is not None and self.clock() < until
 
     def cost(self) -> float:
         latency = self.latency_s if self.latency_s is not None else UNMEASURED_LATENCY_S
@@ -58,21 +69,41 @@ class BackendState:
         self.half_open_trial = False
 
     def finish(
-        self, ok: bool, latency_s: float | None, ttft_s: float | None, failures_to_open: int, open_s: float
+        self,
+        ok: bool,
+        latency_s: float | None,
+        ttft_s: float | None,
+        failures_to_open: int,
+        open_s: float,
+        key_id: str | None = None,
+        key_budget: int = 1,
     ) -> None:
+        """Books an attempt's outcome; `key_id` names the caller (None: counted as before keys)."""
         self.in_flight -= 1
         self.half_open_trial = False
         if ok:
             self.consecutive_failures = 0
             self.open_until = 0.0
+            self.key_failures.pop(key_id, None)
+            self.key_open_until.pop(key_id, None)
             if latency_s is not None:
                 self.latency_s = _ewma(self.latency_s, latency_s)
             if ttft_s is not None:
                 self.ttft_s = _ewma(self.ttft_s, ttft_s)
             return
+        if key_id is not None and self._key_over_budget(key_id, failures_to_open, open_s, key_budget):
+            return
         self.consecutive_failures += 1
         if self.consecutive_failures >= failures_to_open or self.circuit() != "closed":
             self.open_until = self.clock() + open_s
+
+    def _key_over_budget(self, key_id: str, failures_to_open: int, open_s: float, key_budget: int) -> bool:
+        """Books a failure of `key_id`, opening its own circuit here after `failures_to_open` in a row;
+        True when the key has spent its share of the shared circuit's count."""
+        failures = self.key_failures[key_id] = self.key_failures.get(key_id, 0) + 1
+        if failures >= failures_to_open:
+            self.key_open_until[key_id] = self.clock() + open_s
+        return failures > key_budget
 
 
 def _ewma(previous: float | None, sample: float) -> float:
@@ -85,12 +116,14 @@ def choose(
     exclude: set[str],
     spill_factor: float,
     rng: random.Random = random,
+    key_id: str | None = None,
 ) -> BackendState | None:
-    """The backend for the next attempt, or None when every one is excluded or unavailable."""
+    """The backend for the next attempt of `key_id`'s request, or None when every one is excluded or
+    unavailable (to that key)."""
     if len(backends) == 1:  # nothing to weigh
         only = backends[0]
-        return only if only.spec.id not in exclude and only.available() else None
-    candidates = [b for b in backends if b.spec.id not in exclude and b.available()]
+        return only if only.spec.id not in exclude and only.available(key_id) else None
+    candidates = [b for b in backends if b.spec.id not in exclude and b.available(key_id)]
     if not candidates:
         return None
     best = _cheapest(candidates, rng)

@@ -91,6 +91,9 @@ class Settings(BaseModel):
     health_interval_s: float = Field(default=5.0, gt=0)
     circuit_failures: int = Field(default=3, gt=0)
     circuit_open_s: float = Field(default=10.0, ge=0)
+    # failures in a row of one key that count toward a backend's shared circuit; past circuit_failures
+    # the key gets a circuit of its own there
+    key_failure_budget: int = Field(default=1, gt=0)
     spill_factor: float = Field(default=2.0, ge=1)
     max_attempts: int = Field(default=3, gt=0)
     admin_key_env: str = "MLPLANE_GATEWAY_ADMIN_KEY"

@@ -117,7 +117,15 @@ class Exchange:
             state.release()
         else:
             settings = self.gateway.settings
-            state.finish(ok, latency_s, ttft_s, settings.circuit_failures, settings.circuit_open_s)
+            state.finish(
+                ok,
+                latency_s,
+                ttft_s,
+                settings.circuit_failures,
+                settings.circuit_open_s,
+                self.caller.key.key_id,
+                settings.key_failure_budget,
+            )
             metrics = self.gateway.metrics
             metrics.child(metrics.backend_requests, state.spec.url, state.spec.region, "ok" if ok else "failure").inc()
         if ok:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from serving.gateway.http1 import Pool, UpstreamError
 log = logging.getLogger("mlplane.gateway")
 # what a backend connection can raise while a request or a stream is under way
 UPSTREAM_ERRORS = (UpstreamError, asyncio.TimeoutError, ValueError, UnicodeDecodeError)
+CLIENT_ERROR_TYPES = {"BadRequestError", "invalid_request_error"}  # OpenAI and vLLM error types of a bad request
 
 
 class BackendFailure(Exception):
@@ -43,22 +45,51 @@ def attempts(gateway, exchange: Exchange, group, region: str | None):
     """Backends to try in turn, each holding a slot in the exchange: the best one (503 when none is
     available), then others not tried yet, up to `max_attempts`."""
     settings = gateway.settings
+    key_id = exchange.caller.key.key_id
     tried: set[str] = set()
     for _ in range(settings.max_attempts):
-        state = choose(group.backends, region, tried, settings.spill_factor)
+        state = choose(group.backends, region, tried, settings.spill_factor, key_id=key_id)
         if state is None:
             if not tried:
-                raise GatewayError(
-                    503,
-                    f"No backend of model '{group.name}' is available; retry later",
-                    "service_unavailable",
-                    "no_backend_available",
-                    headers={"Retry-After": str(max(1, int(settings.circuit_open_s)))},
-                )
+                raise unavailable_to(group, key_id, settings)
             return
         tried.add(state.spec.id)
         exchange.take(state)
         yield state
+
+
+def unavailable_to(group, key_id: str, settings) -> GatewayError:
+    """The 503 of a request no backend can take: none is available, or only this key's own circuits
+    (its requests failed there in a row) hold it back."""
+    retry = {"Retry-After": str(max(1, int(settings.circuit_open_s)))}
+    if any(state.available() for state in group.backends):
+        message = f"This key's recent requests to model '{group.name}' failed at every backend; retry later"
+        return GatewayError(503, message, "service_unavailable", "key_circuit_open", headers=retry)
+    message = f"No backend of model '{group.name}' is available; retry later"
+    return GatewayError(503, message, "service_unavailable", "no_backend_available", headers=retry)
+
+
+def blames_request(content: bytes, body: dict | None) -> bool:
+    """Whether a backend's 5xx answer says the request was at fault, so that it counts against no backend
+    and goes to no other: an OpenAI-shaped error of a 4xx kind (vLLM's BadRequestError), or a v2
+    `{"error": ...}` naming one of the request's inputs ("input 'x': cannot reshape ...")."""
+    try:
+        error = fastjson.loads_lenient(content)
+    except ValueError:
+        return False
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):  # OpenAI's shape
+        error = error["error"]
+    if not isinstance(error, dict):
+        return False
+    code, kind = error.get("code"), error.get("type")
+    if kind in CLIENT_ERROR_TYPES or (type(code) is int and 400 <= code < 500):
+        return True
+    message = error.get("error")
+    inputs = (body or {}).get("inputs")
+    if not isinstance(message, str) or not isinstance(inputs, list):
+        return False
+    names = [i["name"] for i in inputs if isinstance(i, dict) and isinstance(i.get("name"), str)]
+    return any(re.search(rf"\binput\s+['\"]?{re.escape(name)}['\"]?(\W|$)", message) for name in names)
 
 
 def failed(gateway, exchange: Exchange, group, error: Exception) -> None:
@@ -107,15 +138,19 @@ async def forward(
         try:
             response = await gateway.session.request(method, state.spec.url, path_of(state), encode(body, state))
             content = await response.read()
-            if response.status >= 500:
-                raise BackendFailure(f"HTTP {response.status}: {content[:200]!r}")
-            answer = Answer(response.status, content, response.headers.get("content-type", "application/json"))
+            status = response.status
+            if status >= 500 and blames_request(content, body):
+                exchange.release(None)  # the backend is fine; the request was wrong
+                status = 400
+            elif status >= 500:
+                raise BackendFailure(f"HTTP {status}: {content[:200]!r}")
+            answer = Answer(status, content, response.headers.get("content-type", "application/json"))
             if parse_json:
                 answer.payload = fastjson.loads_lenient(content)
         except (*UPSTREAM_ERRORS, BackendFailure) as error:
             failed(gateway, exchange, group, error)
             continue
-        exchange.release(True, time.perf_counter() - started)
+        exchange.release(True, time.perf_counter() - started)  # no-op after a request-blamed 5xx
         return answer
     raise all_failed(group)
 
@@ -131,6 +166,9 @@ async def open_stream(gateway, exchange: Exchange, group, body: dict, region: st
             response = await gateway.session.request("POST", state.spec.url, path, encode(body, state))
             if response.status >= 400:
                 content = await response.read()
+                if response.status >= 500 and blames_request(content, body):
+                    exchange.release(None)
+                    return 400, content, None
                 if response.status >= 500:
                     raise BackendFailure(f"HTTP {response.status}: {content[:200]!r}")
                 exchange.release(True, time.perf_counter() - started)

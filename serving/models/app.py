@@ -10,11 +10,13 @@ import re
 from contextlib import asynccontextmanager
 from typing import Annotated
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, Strict, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
@@ -24,6 +26,7 @@ from serving.models.openai_api import ChatRequest, add_openai_routes
 from serving.models.protocol import (
     INT64_MAX,
     INT64_MIN,
+    OFF_LOOP_BYTES,
     ErrorResponse,
     InferenceRequest,
     InferenceResponse,
@@ -41,6 +44,7 @@ from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, Model
 
 V2 = "open inference protocol v2"
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 503)}
+OFF_LOOP_ELEMENTS = 16_384  # larger answers are encoded in a thread, as larger bodies are read (OFF_LOOP_BYTES)
 
 
 Int64 = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]  # a JSON integer: no boolean, float or string
@@ -285,42 +289,59 @@ def _ready(server: ModelServer):
     return ready
 
 
+def read_infer_body(raw: bytes, header_length: str | None) -> tuple[InferenceRequest, dict[str, np.ndarray]]:
+    """The request and its input tensors (JSON and binary parts), checked."""
+    header, tensors = binary.split_body(raw, header_length)
+    try:
+        body = InferenceRequest.model_validate_json(header)
+    except ValidationError as error:
+        raise ProtocolError(400, "invalid inference request: " + _validation_message(error.errors())) from error
+    return body, binary.decode_inputs(body, tensors)
+
+
 def _infer(server: ModelServer):
     async def infer(name: str, request: Request, version: str | None = None):
-        header, raw = binary.split_body(await request.body(), request.headers.get(binary.HEADER))
-        try:
-            body = InferenceRequest.model_validate_json(header)
-        except ValidationError as error:
-            raise ProtocolError(400, "invalid inference request: " + _validation_message(error.errors())) from error
-        inputs = binary.decode_inputs(body, raw)
+        server.check_model(name, version)  # an unknown model is refused before its body is read
+        raw, header_length = await request.body(), request.headers.get(binary.HEADER)
+        if len(raw) > OFF_LOOP_BYTES:
+            body, inputs = await run_in_threadpool(read_infer_body, raw, header_length)
+        else:
+            body, inputs = read_infer_body(raw, header_length)
         parameters = body.parameters or {}
         model, served, outputs = await server.infer(name, version, inputs, parameters, "rest")
-        requested = {o.name: o for o in body.outputs} if body.outputs else None
-        if requested is not None:
-            unknown = sorted(set(requested) - set(outputs))
-            if unknown:
-                raise ProtocolError(400, f"model {name!r} has no output(s) {unknown}; outputs: {sorted(outputs)}")
-            outputs = {k: v for k, v in outputs.items() if k in requested}
-        answer = {
-            "model_name": model,
-            "model_version": served,
-            "id": body.id,
-            "outputs": [encode_output(k, v) for k, v in outputs.items()],
-        }
-        as_binary = {
-            k
-            for k in outputs
-            if (requested and (requested[k].parameters or {}).get("binary_data"))
-            or parameters.get("binary_data_output")
-        }
-        if as_binary:
-            payload, length = binary.encode_binary_response(answer, {k: outputs[k] for k in as_binary})
-            return Response(
-                payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(length)}
-            )
-        return Response(json.dumps(answer, separators=(",", ":"), allow_nan=False), media_type="application/json")
+        if sum(np.size(v) for v in outputs.values()) > OFF_LOOP_ELEMENTS:
+            return await run_in_threadpool(_infer_answer, body, model, served, outputs)
+        return _infer_answer(body, model, served, outputs)
 
     return infer
+
+
+def _infer_answer(body: InferenceRequest, name: str, served: str, outputs: dict[str, np.ndarray]) -> Response:
+    """The answer in JSON, or with the binary outputs the request asks for."""
+    parameters = body.parameters or {}
+    requested = {o.name: o for o in body.outputs} if body.outputs else None
+    if requested is not None:
+        unknown = sorted(set(requested) - set(outputs))
+        if unknown:
+            raise ProtocolError(400, f"model {name!r} has no output(s) {unknown}; outputs: {sorted(outputs)}")
+        outputs = {k: v for k, v in outputs.items() if k in requested}
+    answer = {
+        "model_name": name,
+        "model_version": served,
+        "id": body.id,
+        "outputs": [encode_output(k, v) for k, v in outputs.items()],
+    }
+    as_binary = {
+        k
+        for k in outputs
+        if (requested and (requested[k].parameters or {}).get("binary_data")) or parameters.get("binary_data_output")
+    }
+    if as_binary:
+        payload, length = binary.encode_binary_response(answer, {k: outputs[k] for k in as_binary})
+        return Response(
+            payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(length)}
+        )
+    return Response(json.dumps(answer, separators=(",", ":"), allow_nan=False), media_type="application/json")
 
 
 def _repository_routes(app: FastAPI, server: ModelServer) -> None:
@@ -342,16 +363,12 @@ def _repository_routes(app: FastAPI, server: ModelServer) -> None:
         summary="Load now (parameters: `version` or `alias` to follow); needs the admin key",
     )
     async def load(name: str, body: RepositoryLoadRequest | None = None):
-        from starlette.concurrency import run_in_threadpool
-
         return await run_in_threadpool(server.repository.load, name, body.parameters if body else None)
 
     @app.post(
         "/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving; needs the admin key"
     )
     async def unload(name: str):
-        from starlette.concurrency import run_in_threadpool
-
         await run_in_threadpool(server.repository.unload, name)  # it waits for a load in progress
         return {}
 

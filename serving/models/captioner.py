@@ -9,12 +9,12 @@ gateway's `vision: true` backends point."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 
+from ml.clip import ImageTooLarge, open_image
 from ml.vision_llm import PROMPT, answer_about_image
 from serving.models.base import ServedModel
 from serving.models.protocol import ProtocolError, TensorSpec
@@ -33,12 +33,13 @@ class VisionCaptioner(ServedModel):
         TensorSpec("finish_reason", "BYTES", (-1,)),
     ]
 
-    def __init__(self, folder: Path, device: str = "cpu"):
+    def __init__(self, folder: Path, device: str = "cpu", max_pixels: int | None = None):
         import torch
         from transformers import AutoProcessor, LlavaForConditionalGeneration
 
         torch.set_num_threads(1)  # requests run side by side in the server's threads
         self.device = device
+        self.max_pixels = max_pixels
         self.model = LlavaForConditionalGeneration.from_pretrained(folder).to(device).eval()
         self.processor = AutoProcessor.from_pretrained(folder)
         trained = json.loads((folder / TRAINING_FILE).read_text()) if (folder / TRAINING_FILE).exists() else {}
@@ -48,7 +49,7 @@ class VisionCaptioner(ServedModel):
         return {"default_max_new_tokens": self.default_tokens, "default_prompt": PROMPT}
 
     def infer(self, inputs: dict[str, np.ndarray], parameters: dict) -> dict[str, np.ndarray]:
-        images = [_decode_image(i, data) for i, data in enumerate(inputs["image"].tolist())]
+        images = [_decode_image(i, data, self.max_pixels) for i, data in enumerate(inputs["image"].tolist())]
         prompts = _prompts(inputs.get("prompt"), len(images))
         options = _generation_options(parameters, self.default_tokens)
         answers = [
@@ -63,12 +64,12 @@ class VisionCaptioner(ServedModel):
         }
 
 
-def _decode_image(index: int, data: bytes) -> np.ndarray:
-    from PIL import Image
-
+def _decode_image(index: int, data: bytes, max_pixels: int | None) -> np.ndarray:
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with open_image(data, max_pixels) as image:
             return np.asarray(image.convert("RGB"))
+    except ImageTooLarge as error:
+        raise ProtocolError(413, f"input 'image'[{index}]: {error} (max_image_pixels)") from error
     except Exception as error:
         raise ProtocolError(400, f"input 'image'[{index}] is not a readable image: {error}") from error
 

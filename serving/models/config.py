@@ -88,6 +88,11 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1, description="Larger request bodies are refused (413) before they are read"
     )
+    max_image_pixels: int = Field(
+        default=4096 * 4096,
+        ge=1,
+        description="An image input whose header declares more pixels is refused (413) before it is decoded",
+    )
     admin_key_env: str = Field(
         default="MLPLANE_MODEL_SERVER_ADMIN_KEY",
         description="The environment variable holding the key of control calls (repository load and unload); "

@@ -14,12 +14,22 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from starlette.concurrency import run_in_threadpool
 
 from engines import content_violation as cv
 from engines import copy_match
 from engines.copy_calibration import Calibration
 from engines.lake import Lake
-from ml.clip import ClipSpec, encode_images, encode_texts, image_size, load_model, preprocess_image, tokenizer
+from ml.clip import (
+    ClipSpec,
+    ImageTooLarge,
+    encode_images,
+    encode_texts,
+    image_size,
+    load_model,
+    preprocess_image,
+    tokenizer,
+)
 from serving.models.base import DynamicBatcher, ServedModel
 from serving.models.protocol import ProtocolError, TensorSpec
 
@@ -41,7 +51,9 @@ def clip_spec(folder: Path) -> ClipSpec:
 class ClipEncoder(ServedModel):
     platform = "pytorch_open_clip"
 
-    def __init__(self, folder: Path, modality: str, batching, device: str = "cpu", on_batch=None):
+    def __init__(
+        self, folder: Path, modality: str, batching, device: str = "cpu", on_batch=None, max_pixels: int | None = None
+    ):
         import torch
 
         torch.set_num_threads(1)
@@ -49,6 +61,7 @@ class ClipEncoder(ServedModel):
         self.device = device
         self.model = load_model(self.spec, device=device)
         self.modality = modality
+        self.max_pixels = max_pixels
         self.size = image_size(self.model)
         dim = int(self.model.text_projection.shape[1]) if modality == "text" else int(self.model.visual.output_dim)
         self.inputs = [TensorSpec(modality, "BYTES", (-1,))]
@@ -73,7 +86,9 @@ class ClipEncoder(ServedModel):
         pixels = []
         for i, data in enumerate(values.tolist()):
             try:
-                pixels.append(preprocess_image(data, self.size))
+                pixels.append(preprocess_image(data, self.size, self.max_pixels))
+            except ImageTooLarge as error:
+                raise ProtocolError(413, f"input 'image'[{i}]: {error} (max_image_pixels)") from error
             except Exception as error:
                 raise ProtocolError(400, f"input 'image'[{i}] is not a readable PNG/JPEG image: {error}") from error
         return np.stack(pixels) if pixels else np.zeros((0, 3, self.size, self.size), np.float32)
@@ -84,7 +99,7 @@ class ClipEncoder(ServedModel):
         return {"embedding": encode(rows)}
 
     async def infer_async(self, inputs, parameters):
-        rows = self.prepare(inputs[self.modality])
+        rows = await run_in_threadpool(self.prepare, inputs[self.modality])  # tokenizing, decoding: off the loop
         if not len(rows):
             return {"embedding": np.zeros((0, self.outputs[0].shape[1]), np.float32)}
         return {"embedding": await self.batcher.submit(rows)}
@@ -101,10 +116,12 @@ class ContentViolationScorer(ServedModel):
 
     platform = "pytorch_open_clip"
 
-    def __init__(self, folder: Path, lake: Lake, batching, device: str = "cpu", on_batch=None):
+    def __init__(
+        self, folder: Path, lake: Lake, batching, device: str = "cpu", on_batch=None, max_pixels: int | None = None
+    ):
         from engines.embeddings import catalogue_images, current_catalogue
 
-        self.encoder = ClipEncoder(folder, "image", batching, device, on_batch)
+        self.encoder = ClipEncoder(folder, "image", batching, device, on_batch, max_pixels)
         catalogue = current_catalogue(lake)
         items, pixels = (
             catalogue_images(lake.root / "landing", catalogue, self.encoder.size)
@@ -173,7 +190,7 @@ class ContentViolationScorer(ServedModel):
 
     async def infer_async(self, inputs, parameters):
         embeddings = (await self.encoder.infer_async(inputs, parameters))["embedding"]
-        return self.score(inputs["image"], embeddings, parameters)
+        return await run_in_threadpool(self.score, inputs["image"], embeddings, parameters)
 
     def close(self) -> None:
         self.encoder.close()

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import grpc
 import numpy as np
+from starlette.concurrency import run_in_threadpool
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from serving.models import binary
 from serving.models.auth import Keys, grpc_role
 from serving.models.protocol import (
+    OFF_LOOP_BYTES,
     ProtocolError,
     RepositoryModel,
     RequestInput,
@@ -129,7 +131,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            inputs = decode_tensors(request)
+            self.server.check_model(request.model_name, request.model_version or None)  # before decoding
+            if request.ByteSize() > OFF_LOOP_BYTES:
+                inputs = await run_in_threadpool(decode_tensors, request)
+            else:
+                inputs = decode_tensors(request)
             name, version, outputs = await self.server.infer(
                 request.model_name, request.model_version or None, inputs, parameters_of(request.parameters), "grpc"
             )
@@ -160,8 +166,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     async def RepositoryModelLoad(self, request, context):
-        from starlette.concurrency import run_in_threadpool
-
         try:
             await run_in_threadpool(
                 self.server.repository.load, request.model_name, parameters_of(request.parameters) or None
@@ -171,8 +175,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
-        from starlette.concurrency import run_in_threadpool
-
         try:
             await run_in_threadpool(self.server.repository.unload, request.model_name)
         except ProtocolError as error:

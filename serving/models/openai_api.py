@@ -21,6 +21,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from serving.models.captioner import MAX_NEW_TOKENS
 from serving.models.protocol import ProtocolError
@@ -89,7 +90,7 @@ def add_openai_routes(app: FastAPI, server) -> None:
     )
     async def chat_completions(request: Request):
         try:
-            body = _parse(await request.body())
+            body = await run_in_threadpool(_parse, await request.body())  # a large body is parsed off the loop
             return await _answer(server, body)
         except ProtocolError as error:
             return _error(error.status, error.message, getattr(error, "param", None))
@@ -128,7 +129,7 @@ async def _answer(server, body: ChatRequest) -> Response:
         raise ChatError(404, f"no chat model {name!r}; chat models: {sorted(chat_models)}", "model")
     if body.n != 1:
         raise ChatError(400, "n must be 1: the model gives one answer per request", "n")
-    image, question = _question(body.messages)
+    image, question = await run_in_threadpool(_question, body.messages)  # base64 of a large image
     inputs = {"image": np.array([image], dtype=object)}
     if question:
         inputs["prompt"] = np.array([question.encode()], dtype=object)

@@ -45,6 +45,7 @@ DATATYPES: dict[str, np.dtype] = {
 NUMPY_TO_DATATYPE = {v: k for k, v in DATATYPES.items() if k != "BYTES"}
 MAX_ELEMENTS = 10_000_000  # one tensor; a larger one is refused before anything is allocated
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+OFF_LOOP_BYTES = 65_536  # larger request bodies are parsed and decoded in a thread: the event loop keeps serving
 
 
 # --- bodies ---------------------------------------------------------------------------------

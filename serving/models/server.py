@@ -130,10 +130,11 @@ class ModelServer:
             if rows is not None:  # candidates for recommend, indexed before the version serves
                 self.vectors.index(served, rows, version.version)
             return served
+        pixels = self.config.max_image_pixels
         if entry.kind in ("clip_text", "clip_image"):
-            return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer)
+            return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer, pixels)
         if entry.kind == "content_violation":
-            return ContentViolationScorer(folder, self.lake, batching, device, observer)
+            return ContentViolationScorer(folder, self.lake, batching, device, observer, pixels)
         if entry.kind == "item_search":
             from serving.models.search import ItemSearchModel
 
@@ -143,7 +144,7 @@ class ModelServer:
         if entry.kind == "vision_llm":
             from serving.models.captioner import VisionCaptioner
 
-            return VisionCaptioner(folder, device)
+            return VisionCaptioner(folder, device, pixels)
         raise ValueError(f"unknown model kind {entry.kind!r}")
 
     # --- inference --------------------------------------------------------------------------------
@@ -200,6 +201,17 @@ class ModelServer:
 
     def model_names(self) -> list[str]:
         return [*self.repository.states, RECOMMEND_MODEL]
+
+    def check_model(self, name: str, version: str | None) -> None:
+        """The refusal a request to this model gets whatever its body (unknown name or version, not
+        loaded), so that the body need not be read or decoded first."""
+        if name == RECOMMEND_MODEL:
+            return
+        try:
+            self.repository.get(name, version)
+        except ProtocolError as error:
+            self.metrics.error(name if name in self.model_names() else "unknown", error.status)
+            raise
 
     async def _recommend_tensors(self, inputs: dict[str, np.ndarray], parameters: dict):
         from starlette.concurrency import run_in_threadpool

@@ -83,6 +83,40 @@ def test_circuit_opens_after_consecutive_failures_and_half_opens_for_one_trial()
     assert 0.1 < state.latency_s < 0.2  # moving average
 
 
+def fail(state: BackendState, key_id: str) -> None:
+    state.start()
+    state.finish(False, None, None, failures_to_open=3, open_s=10, key_id=key_id, key_budget=1)
+
+
+def test_one_keys_failures_open_its_own_circuit_not_the_shared_one():
+    clock = Clock()
+    state = backend("http://a", "eu", 0.1, clock=clock)
+    for _ in range(5):
+        fail(state, "hostile")
+    assert state.circuit() == "closed" and state.available("someone-else")
+    assert not state.available("hostile")  # three in a row: its own circuit
+    clock.now += 11
+    assert state.available("hostile")  # it may try again after open_s
+    fail(state, "hostile")
+    assert not state.available("hostile")  # and is shut out again at once on a failure
+
+
+def test_failures_of_distinct_keys_open_the_shared_circuit_and_a_success_resets_a_key():
+    state = backend("http://a", "eu", 0.1, clock=Clock())
+    fail(state, "a")
+    fail(state, "b")
+    state.start()
+    state.finish(True, 0.1, None, 3, 10, key_id="c")  # the backend answers: the shared count restarts
+    fail(state, "d")
+    fail(state, "e")
+    assert state.circuit() == "closed"
+    fail(state, "f")  # an outage every key sees
+    assert state.circuit() == "open" and not state.available("g")
+    state.start()
+    state.finish(True, 0.1, None, 3, 10, key_id="a")
+    assert "a" not in state.key_failures and state.key_failures["b"] == 1  # each key's own count
+
+
 def key(**limits) -> ApiKey:
     return ApiKey(key_id="k1", owner="o", team="t", **limits)
 

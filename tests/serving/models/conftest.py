@@ -136,6 +136,43 @@ def tower_server(tower_registry, tmp_path_factory):
     running.stop()
 
 
+def register_random_clip(registry: ModelRegistry, folder: Path) -> str:
+    """The compact CLIP with random weights as registry model `clip` (champion), laid out as the asset
+    `models/clip` registers it."""
+    import json
+
+    from ml.clip import ClipSpec, load_model
+    from serving.models.encoders import CONFIG_FILE, WEIGHTS_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    torch.save(load_model(ClipSpec()).state_dict(), folder / WEIGHTS_FILE)
+    (folder / CONFIG_FILE).write_text(json.dumps({"model_name": ClipSpec().model_name, "version": "random"}))
+    version = registry.register("clip", folder, {}, {})
+    registry.set_alias("clip", "champion", version.version, who="test", reason="fixture")
+    return version.version
+
+
+@pytest.fixture(scope="package")  # its pollers stop with this package
+def clip_server(tmp_path_factory):
+    """The CLIP encoders (random weights) over an empty lake, with a small pixel limit."""
+    root = tmp_path_factory.mktemp("clip_registry")
+    register_random_clip(ModelRegistry.local(root / "registry"), root / "clip")
+    config = ServerConfig(
+        registry_root=str(root / "registry"),
+        lake_root=str(tmp_path_factory.mktemp("clip_lake")),
+        models=[
+            ModelEntry(name="clip_text", registry_model="clip", kind="clip_text"),
+            ModelEntry(name="clip_image", registry_model="clip", kind="clip_image"),
+        ],
+        feature_log_sample=0.0,
+        max_image_pixels=4096 * 4096,
+    )
+    running = start_server(config)
+    yield running
+    running.stop()
+
+
 @pytest.fixture(scope="session")
 def served_lake(pipeline_dir, tmp_path_factory) -> Path:
     """A copy of the shared pipeline lake (this suite writes to its online store) with a registry holding
