@@ -3,9 +3,10 @@ stored as a Qdrant sparse vector beside the dense CLIP vectors.
 
 Tokens (lowercased, English stop words dropped, stemmed) and their indices come from Qdrant's own BM25
 model (`qdrant_edge.Bm25`, configured as a Qdrant server's BM25), run in this process for documents and
-queries alike, so the embedded engine and a server hold the same vectors. A document's weights are BM25's saturated term frequencies; the
-inverse document frequency is Qdrant's: the collection's sparse vector has the IDF modifier, computed
-from the points it holds when a query runs, so it follows the catalogue as items come and go.
+queries alike, so the embedded engine and a server hold the same vectors. A document's weights are
+BM25's saturated term frequencies; the inverse document frequency is Qdrant's: the collection's sparse
+vector has the IDF modifier, computed from the points it holds when a query runs, so it follows the
+catalogue as items come and go.
 """
 
 from __future__ import annotations
