@@ -42,6 +42,7 @@ ZONE, MODELS_TABLE, COMPARISONS_TABLE = accuracy.ZONE, accuracy.MODELS_TABLE, ac
 EXPERIMENT_USERS_TABLE = accuracy.EXPERIMENT_USERS_TABLE
 DROP_CHECK = "no_ctr_drop"
 SRM_CHECK = "no_sample_ratio_mismatch"
+LATENCY_CHECK = "latency_within_slo"
 
 
 class OnlineAccuracyConfig(Config):
@@ -69,6 +70,12 @@ class OnlineAccuracyConfig(Config):
     )
     cuped_days: int = Field(
         default=14, ge=1, description="Days before an experiment's first day whose outcomes are the CUPED covariate"
+    )
+    latency_slo_p99_ms: float = Field(
+        default=500.0, gt=0, description="Latency SLO: a live model whose P99 in the logs is over it fails the check"
+    )
+    latency_minimum_answers: int = Field(
+        default=100, ge=1, description="Answers a model needs in the day before its P99 is judged"
     )
 
 
@@ -178,6 +185,11 @@ def _text(value) -> str:
             "against its earlier days (posted to the webhook)",
         ),
         AssetCheckSpec(
+            LATENCY_CHECK,
+            asset=KEY,
+            description="Each live model's P99 latency in the day's logs is within the SLO (posted to the webhook)",
+        ),
+        AssetCheckSpec(
             SRM_CHECK,
             asset=KEY,
             description="Each experiment's users per arm match its configured split "
@@ -221,6 +233,8 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
         },
     )
     yield sample_ratio_check(logged, settings)
+    latencies = accuracy.latency(logged)
+    yield latency_check(notifier, day, latencies, config)
     series = accuracy.ctr_over_time(answers) if answers.height else pl.DataFrame()
     plot = (
         svg_lines(
@@ -240,7 +254,7 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             f"CUPED estimate (O'Brien-Fleming-type alpha spending over the users a {config.minimum_effect:.0%} lift "
             f"needs), Holm over each experiment's variants x metrics at alpha {settings.alpha}; "
             f"no test under {config.minimum_users} users per arm",
-            "latency_from_logs": table(rounded(accuracy.latency(logged))),
+            "latency_from_logs": table(rounded(latencies)),
             "ctr_over_time": MetadataValue.md(plot or "(no answers)"),
             **{
                 f"ctr/{r['role']}/{r['variant']}": float(r["ctr"])
@@ -276,6 +290,37 @@ def sample_ratio_check(logged: pl.DataFrame, settings: accuracy.AccuracySettings
         )
         or "every experiment's users match its split",
         metadata={"alpha": settings.srm_alpha, "experiments": table(rounded(ratios))},
+    )
+
+
+def latency_check(
+    notifier: WebhookNotifier, day: date, latencies: pl.DataFrame, config: OnlineAccuracyConfig
+) -> AssetCheckResult:
+    slow = accuracy.latency_breaches(latencies, config.latency_slo_p99_ms, config.latency_minimum_answers)
+    text = "; ".join(
+        f"{r['served_model']} v{r['model_version']} {r['endpoint']}: P99 {r['p99_ms']:.0f} ms"
+        for r in slow.iter_rows(named=True)
+    )
+    notified = bool(text) and notifier.post(
+        {
+            "text": f"mlplane latency {day}: over the {config.latency_slo_p99_ms:g} ms P99 SLO: {text}",
+            "asset": KEY.to_user_string(),
+            "check": LATENCY_CHECK,
+            "partition": day.isoformat(),
+            "breaches": slow.to_dicts(),
+        }
+    )
+    return AssetCheckResult(
+        check_name=LATENCY_CHECK,
+        passed=slow.is_empty(),
+        severity=AssetCheckSeverity.ERROR,
+        description=text or f"every live model's P99 is within {config.latency_slo_p99_ms:g} ms",
+        metadata={
+            "slo_p99_ms": config.latency_slo_p99_ms,
+            "minimum_answers": config.latency_minimum_answers,
+            "notified": notified,
+            "breaches": table(rounded(slow)),
+        },
     )
 
 

@@ -595,6 +595,16 @@ def latency(logs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def latency_breaches(latencies: pl.DataFrame, slo_p99_ms: float, minimum_answers: int) -> pl.DataFrame:
+    """The `latency` rows of live answers whose P99 is over the SLO. Shadows are left out (no user waits
+    for them), and so are entries with fewer than `minimum_answers` answers: their P99 is their slowest."""
+    if latencies.is_empty():
+        return latencies
+    return latencies.filter(
+        (pl.col("role") == LIVE) & (pl.col("answers") >= minimum_answers) & (pl.col("p99_ms") > slo_p99_ms)
+    )
+
+
 def ctr_over_time(answers: pl.DataFrame, every: str = "1h") -> pl.DataFrame:
     """CTR@k per variant (live and shadow) per time bucket."""
     return (

@@ -13,12 +13,21 @@ import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import numpy as np
 import polars as pl
 import pytest
 from dagster import AssetCheckSeverity, DagsterInstance, materialize
 
 from assets import monitoring
-from assets.monitoring import COMPARISONS_TABLE, DROP_CHECK, MODELS_TABLE, SRM_CHECK, ZONE, online_accuracy
+from assets.monitoring import (
+    COMPARISONS_TABLE,
+    DROP_CHECK,
+    LATENCY_CHECK,
+    MODELS_TABLE,
+    SRM_CHECK,
+    ZONE,
+    online_accuracy,
+)
 from assets.prediction_logs import prediction_logs
 from engines.lake import Lake
 from engines.prediction_logs import LIVE, TABLE, frame
@@ -58,7 +67,7 @@ def log_day(lake_root, records) -> None:
     log.close()
 
 
-def run(lake_root, day, url):
+def run(lake_root, day, url, **config):
     resources = {
         "lake": LakeResource(root=str(lake_root)),
         "quality": QualityResource(lake=LakeResource(root=str(lake_root))),
@@ -70,7 +79,7 @@ def run(lake_root, day, url):
         partition_key=day.isoformat(),
         instance=DagsterInstance.ephemeral(),
         raise_on_error=False,
-        run_config={"ops": {"monitoring__online_accuracy": {"config": {"k": 5, "horizon_minutes": 30}}}},
+        run_config={"ops": {"monitoring__online_accuracy": {"config": {"k": 5, "horizon_minutes": 30, **config}}}},
     )  # as the recomputation
 
 
@@ -89,7 +98,7 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
     assert taken_in.sort("request_id", "role", "variant").equals(frame(records).sort("request_id", "role", "variant"))
     checks = {e.check_name: e.passed for e in first.get_asset_check_evaluations()}
     # no earlier day: nothing to drop from; "ab" and "other" are not in the experiments file: not tested
-    assert checks == {"great_expectations": True, DROP_CHECK: True, SRM_CHECK: True}
+    assert checks == {"great_expectations": True, DROP_CHECK: True, SRM_CHECK: True, LATENCY_CHECK: True}
     stored = lake.read_partition(ZONE, MODELS_TABLE, day)
     truth = recompute(records, events)
     for row in stored.filter(pl.col("role") == LIVE).iter_rows(named=True):
@@ -152,3 +161,36 @@ def test_a_sample_ratio_mismatch_blocks_and_its_tables_hold_no_missing_cells(tmp
     for rows in (check.metadata["experiments"].value.records, metadata["experiments"].value.records):
         cells = [v for r in rows for v in r.data.values()]
         assert not any(v is None or (isinstance(v, float) and math.isnan(v)) for v in cells)
+
+
+def test_a_live_model_over_its_latency_slo_fails_the_check_and_reaches_the_webhook(tmp_path, webhook):
+    url, received = webhook
+    records, events = simulated(13, users=300)
+    rng = np.random.default_rng(13)
+    # the challenger (v2) is slow for 3% of its answers; the shadows are slower still, and no user waits
+    slowed = [
+        dataclasses.replace(r, latency_ms=float(rng.uniform(600, 900)))
+        if (r.role == LIVE and r.model_version == "2" and rng.random() < 0.03) or r.role != LIVE
+        else r
+        for r in records
+    ]
+    log_day(tmp_path, slowed)
+    Lake(tmp_path).write_partition("warehouse", "interactions", T0.date(), events)
+    result = run(tmp_path, T0.date(), url, latency_slo_p99_ms=500.0)
+    check = {e.check_name: e for e in result.get_asset_check_evaluations()}[LATENCY_CHECK]
+    assert not check.passed and check.severity == AssetCheckSeverity.ERROR
+    breaches = [r.data for r in check.metadata["breaches"].value.records]
+    assert [(b["role"], b["model_version"]) for b in breaches] == [(LIVE, "2")]
+    # P99 recomputed from the raw records, as numpy interpolates it
+    raw = [r.latency_ms for r in slowed if r.role == LIVE and r.model_version == "2"]
+    assert breaches[0]["p99_ms"] == pytest.approx(np.percentile(raw, 99), rel=1e-4)
+    assert breaches[0]["answers"] == len(raw)
+    assert len(received) == 1 and received[0]["check"] == LATENCY_CHECK
+    assert [b["model_version"] for b in received[0]["breaches"]] == ["2"]
+
+    # the same day judged against a looser SLO, or with too few answers to judge a P99: no breach
+    looser = run(tmp_path, T0.date(), url, latency_slo_p99_ms=float(np.max(raw)) + 1)
+    assert {e.check_name: e.passed for e in looser.get_asset_check_evaluations()}[LATENCY_CHECK]
+    thin = run(tmp_path, T0.date(), url, latency_minimum_answers=len(raw) + 1)
+    assert {e.check_name: e.passed for e in thin.get_asset_check_evaluations()}[LATENCY_CHECK]
+    assert len(received) == 1
