@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.tiers import SHARED_FIXTURES, module_groups
+from tests.tiers import SHARED_FIXTURES, join_group, module_groups
 
 TESTS = Path(__file__).parent
 
@@ -37,3 +37,21 @@ def test_every_shared_engine_is_a_session_fixture():
     sources = "\n".join(p.read_text() for p in TESTS.rglob("conftest.py"))
     for fixture in SHARED_FIXTURES:
         assert re.search(rf'@pytest.fixture\(scope="session"\)\ndef {fixture}\(', sources), fixture
+
+
+def test_the_group_reaches_the_test_id_that_xdist_schedules_by(request):
+    # pytest-xdist's loadgroup scheduler reads the group from the id; pytest 9 ignores where xdist writes it
+    from _pytest.nodeid import NodeId
+    from xdist.scheduler.loadgroup import LoadGroupScheduling
+
+    item, before = request.node, request.node._id
+    plain = item.nodeid.split("@")[0]  # under xdist the id already carries this file's group
+    try:
+        item._id = NodeId.parse(plain)
+        join_group(item, "tests/models:trained")
+        assert item.nodeid == f"{plain}@tests/models:trained"
+        assert LoadGroupScheduling._split_scope(None, item.nodeid) == "tests/models:trained"
+        join_group(item, "another")  # once only
+        assert item.nodeid.count("@") == 1
+    finally:
+        item._id = before

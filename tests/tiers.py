@@ -53,12 +53,14 @@ SERVICE_FIXTURES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     groups = module_groups(items)
     for item in items:
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.services)
         item.add_marker(pytest.mark.xdist_group(groups[item.path]))
+        if getattr(config.option, "loadgroup", False):  # an xdist worker of `--dist loadgroup`
+            join_group(item, groups[item.path])
     # the longest groups first, so that two workers end together (a stable sort keeps modules whole)
     items.sort(key=lambda item: LONGEST_FIRST.get(groups[item.path], len(LONGEST_FIRST)))
 
@@ -67,6 +69,16 @@ SHARED_FIXTURES = {  # session-scoped engines that train models: the files using
     "served_lake": "tests/serving/models:served_lake",  # the pipeline's lake, a trained model and CLIP
     "trained": "tests/models:trained",  # a personalization model trained on Ray
 }
+
+
+def join_group(item: pytest.Item, group: str) -> None:
+    """The test id with its group as `--dist loadgroup` schedules by (`<id>@<group>`). pytest-xdist 3.8
+    writes it to `item._nodeid`, which pytest 9 no longer reads (the id is `item._id`): without this every
+    test went to whichever worker was free, and each worker started every engine."""
+    from _pytest.nodeid import NodeId
+
+    if "@" not in item.nodeid:
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def module_groups(items: list[pytest.Item]) -> dict[Path, str]:
