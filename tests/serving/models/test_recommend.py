@@ -170,18 +170,23 @@ def test_clip_encoders_batch_and_match_the_model(platform_server, served_lake, t
             ]
             return [r.json() for r in await asyncio.gather(*requests)]
 
+    def batch_sizes() -> tuple[str, dict[str, float]]:
+        metrics = httpx.get(f"{url}/metrics").text
+        return metrics, {
+            line.split("{")[0]: float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("mlplane_model_batch_size_") and 'model="clip_text"' in line and "_bucket" not in line
+        }
+
+    _, before = batch_sizes()  # the server is the package's: other tests' calls are counted too
     answers = asyncio.run(concurrent())
     vectors = np.array([a["outputs"][0]["data"] for a in answers], np.float32)
     np.testing.assert_allclose(vectors, expected, rtol=1e-4, atol=1e-5)
-    metrics = httpx.get(f"{url}/metrics").text
-    sample = {
-        line.split("{")[0]: float(line.split()[-1])
-        for line in metrics.splitlines()
-        if line.startswith("mlplane_model_batch_size_") and 'model="clip_text"' in line and "_bucket" not in line
-    }
+    metrics, after = batch_sizes()
+    added = {name: after[name] - before.get(name, 0.0) for name in after}
     # every row went through the batcher once; calls <= rows (requests arriving together share one)
-    assert sample["mlplane_model_batch_size_sum"] == len(texts)
-    assert 1 <= sample["mlplane_model_batch_size_count"] <= len(texts)
+    assert added["mlplane_model_batch_size_sum"] == len(texts)
+    assert 1 <= added["mlplane_model_batch_size_count"] <= len(texts)
     assert 'mlplane_model_request_seconds_bucket{le="0.5",model="clip_text",version="1"}' in metrics
 
     thumbnail = next((served_lake / "landing").rglob("*.png")).read_bytes()
