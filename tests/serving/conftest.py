@@ -311,16 +311,22 @@ class GatewayProcess:
         return stop_process(self.process)
 
 
-async def v2_model_server(scope, receive, send):
-    """A stand-in for the online model server (built in another part of the platform): Open Inference
-    Protocol v2 health, metadata and an `adder` model that sums each input's data."""
-    if scope["type"] != "http":
-        return
+async def read_body(receive) -> bytes:
+    """An ASGI request's whole body."""
     body, more = b"", True
     while more:
         message = await receive()
         body += message.get("body", b"")
         more = message.get("more_body", False)
+    return body
+
+
+async def v2_model_server(scope, receive, send):
+    """A stand-in for the online model server (built in another part of the platform): Open Inference
+    Protocol v2 health, metadata and an `adder` model that sums each input's data."""
+    if scope["type"] != "http":
+        return
+    body = await read_body(receive)
     path, status = scope["path"], 200
     if path == "/v2/health/ready":
         answer = {"ready": True}

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
-from tests.serving.conftest import GatewayProcess, free_port
+from tests.serving.conftest import GatewayProcess, free_port, read_body
 
 HOSTILE_SHAPE = [0, 2**62, 2**62]  # issue 42: passed the gateway's schema and made the server answer 500
 
@@ -23,11 +23,7 @@ async def fragile_v2_server(scope, receive, send):
     a shape it cannot reshape; an opaque 500 (a crash) for a negative value; the sum otherwise."""
     if scope["type"] != "http":
         return
-    body, more = b"", True
-    while more:
-        message = await receive()
-        body += message.get("body", b"")
-        more = message.get("more_body", False)
+    body = await read_body(receive)
     status, answer = 200, {"ready": True}
     if scope["path"].endswith("/infer"):
         tensor = json.loads(body)["inputs"][0]
