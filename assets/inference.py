@@ -109,13 +109,13 @@ def personalization_recommendations(
     yield skew_result
     if not skew_result.passed:
         raise Failure(f"batch inference for {day}: {skew_result.description}; nothing written")
-    users, item_rows = users.frame, items.frame
+    item_rows = items.frame
     if model.spec.item.embedding_column:  # a model trained with CLIP item embeddings reads them as of the day
         item_rows = item_embeddings_as_of(the_lake.root, item_rows)
     with vector_store.get_client() as store:
         radius = engine.index_items(store, model, item_rows, champion.version)
         recommendations = engine.recommend(
-            users,
+            users.frame,
             store,
             model,
             champion.version,
@@ -125,7 +125,14 @@ def personalization_recommendations(
             workers=config.workers,
             batch_size=config.batch_size,
         )
-    result = engine.coverage(recommendations, active, existing)
+    yield from coverage_checks(day, engine.coverage(recommendations, active, existing))
+    frame = recommendations.with_columns(model_version=pl.lit(champion.version))
+    yield score_drift_check(the_lake, frame, day)
+    yield publish(the_lake, feature_store, frame, day, champion.version)
+
+
+def coverage_checks(day, result: engine.BatchResult):
+    """Every active user has one list of existing items; otherwise nothing is written."""
     covered = not result.missing_users and not result.duplicate_users
     yield AssetCheckResult(
         check_name="covers_active_users",
@@ -149,24 +156,29 @@ def personalization_recommendations(
             f"unknown items {result.unknown_items[:5]})"
         )
 
-    frame = recommendations.with_columns(model_version=pl.lit(champion.version))
+
+def score_drift_check(the_lake, frame: pl.DataFrame, day) -> AssetCheckResult:
+    """The population stability index of today's scores against the previous day's lists (a warning)."""
     previous_day = day - timedelta(days=1)
-    if previous_day in the_lake.partition_days(engine.ZONE, engine.TABLE):
-        yesterday = the_lake.read_partition(engine.ZONE, engine.TABLE, previous_day).get_column("score")
-        psi = engine.score_drift(frame.get_column("score"), yesterday)
-        yield AssetCheckResult(
-            check_name="score_drift",
-            passed=psi <= DRIFT_LIMIT,
-            severity=AssetCheckSeverity.WARN,
-            metadata={"psi": round(psi, 4), "limit": DRIFT_LIMIT},
-        )
-    else:
-        yield AssetCheckResult(
+    if previous_day not in the_lake.partition_days(engine.ZONE, engine.TABLE):
+        return AssetCheckResult(
             check_name="score_drift",
             passed=True,
             severity=AssetCheckSeverity.WARN,
             metadata={"psi": "no previous day to compare"},
         )
+    yesterday = the_lake.read_partition(engine.ZONE, engine.TABLE, previous_day).get_column("score")
+    psi = engine.score_drift(frame.get_column("score"), yesterday)
+    return AssetCheckResult(
+        check_name="score_drift",
+        passed=psi <= DRIFT_LIMIT,
+        severity=AssetCheckSeverity.WARN,
+        metadata={"psi": round(psi, 4), "limit": DRIFT_LIMIT},
+    )
+
+
+def publish(the_lake, feature_store: FeatureStoreResource, frame: pl.DataFrame, day, version) -> MaterializeResult:
+    """Writes the day's lists to the lake and, for the newest day only, to the online store."""
     path = the_lake.write_partition(engine.ZONE, engine.TABLE, day, frame)
     served = engine.online_rows(frame, day)
     the_lake.write_partition("offline", user_recommendations.name, day, served)
@@ -177,12 +189,12 @@ def personalization_recommendations(
         store.ensure_registry()
         store.load_online(user_recommendations.name, served.to_pandas())
     scores = frame.get_column("score")
-    yield MaterializeResult(
+    return MaterializeResult(
         metadata={
             "dagster/row_count": frame.height,
             "path": str(path),
             "users": frame.get_column("user_id").n_unique(),
-            "model_version": champion.version,
+            "model_version": version,
             "loaded_online": newest,
             "score_quantiles": table(
                 [{"q": q, "score": round(float(scores.quantile(q)), 4)} for q in (0.01, 0.25, 0.5, 0.75, 0.99)]

@@ -128,6 +128,36 @@ class HistoryConfig(Config):
 
 def streaming_history_asset(source: str) -> AssetsDefinition:
     all_views = [v for v in catalogue.views if v.streaming and v.source.name == source]
+    specs, checks = history_specs(source, all_views)
+
+    @multi_asset(
+        name=f"streaming_history_{source}",
+        specs=specs,
+        check_specs=checks,
+        partitions_def=daily_partitions,
+        backfill_policy=BackfillPolicy.single_run(),
+        can_subset=True,  # the views selected are the views the Flink job computes
+    )
+    def _history(context, config: HistoryConfig, lake: LakeResource, flink: FlinkResource):
+        if missing := flink.missing_setting(live=False):  # before any work: the backfill runs on the cluster
+            raise Failure(f"the streaming history needs the Flink cluster: {missing}")
+        views = [v for v in all_views if history_key(v.name) in context.selected_asset_keys]
+        slide = config.slide_seconds or flink.slide_seconds
+        days, the_lake = partition_days(context), lake.get_client()
+        refuse_missing_inputs(views, slide, days, the_lake)
+        settings = replace(flink.job(source).settings, slide_seconds=slide)
+        job, counts = backfill(settings, the_lake, days, replace(catalogue, views=tuple(views), services=()))
+        context.log.info(f"Flink batch job over {counts['days_staged']} landing days: {counts}")
+        per_view = {v.name: rows_by_day(window_rows(job, v), days) for v in views}
+        yield from matches_offline_checks(views, per_view, days, the_lake)
+        for view in views:
+            yield write_history(the_lake, view.name, per_view[view.name], slide, counts, job.state_dir)
+
+    return _history
+
+
+def history_specs(source: str, views: list) -> tuple[list[AssetSpec], list[AssetCheckSpec]]:
+    """One asset per streaming view of the source, each with the check that it equals the offline view."""
     ingested = AssetDep(
         warehouse_key(next(s for s in catalogue.sources if s.name == source)),
         partition_mapping=TimeWindowPartitionMapping(
@@ -145,7 +175,7 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
             kinds={"flink", "parquet"},
             owners=["team:ml-platform"],
         )
-        for v in all_views
+        for v in views
     ]
     checks = [
         AssetCheckSpec(
@@ -155,83 +185,73 @@ def streaming_history_asset(source: str) -> AssetsDefinition:
             description="At each day's end the windows equal the view's offline row of that day "
             "(the polars plan): one definition, one meaning in batch and streaming.",
         )
-        for v in all_views
+        for v in views
     ]
+    return specs, checks
 
-    @multi_asset(
-        name=f"streaming_history_{source}",
-        specs=specs,
-        check_specs=checks,
-        partitions_def=daily_partitions,
-        backfill_policy=BackfillPolicy.single_run(),
-        can_subset=True,  # the views selected are the views the Flink job computes
+
+def refuse_missing_inputs(views: list, slide: int, days: list, the_lake) -> None:
+    """Before the Flink job starts: windows must end at midnight, and the offline rows they are
+    checked against must exist."""
+    if 86400 % slide:
+        raise Failure(
+            f"slide_seconds={slide} does not divide a day: no window would end at "
+            "midnight, where the history is checked against the offline features"
+        )
+    for view in views:
+        missing = sorted(set(days) - set(the_lake.partition_days(OFFLINE_ZONE, view.name)))
+        if missing:
+            raise Failure(
+                f"offline/{view.name} has no partition for {', '.join(map(str, missing))}: "
+                "materialize it first, the history is checked against it"
+            )
+
+
+def matches_offline_checks(views: list, per_view: dict, days: list, the_lake):
+    """Every check before any write: a mismatch leaves earlier partitions as they were."""
+    failed = []
+    for view in views:
+        differences = []
+        for day in days:
+            offline = the_lake.read_partition(OFFLINE_ZONE, view.name, day)
+            differences += differences_from_offline(view, per_view[view.name][day], offline)
+        if differences:
+            failed.append(view.name)
+        yield AssetCheckResult(
+            asset_key=history_key(view.name),
+            check_name=MATCHES_OFFLINE,
+            passed=not differences,
+            metadata={"days": len(days), "differences": table(differences[:20])},
+        )
+    if failed:
+        raise Failure(
+            f"the Flink backfill of {', '.join(failed)} disagrees with the offline features; "
+            "nothing written (see the check's differences)"
+        )
+
+
+def write_history(the_lake, view: str, frames: dict, slide: int, counts: dict, job_dir) -> MaterializeResult:
+    for day, frame in frames.items():
+        the_lake.write_partition(HISTORY_ZONE, view, day, frame)
+        record_history_slide(the_lake, view, day, slide)
+    everything = pl.concat(frames.values())
+    return MaterializeResult(
+        asset_key=history_key(view),
+        metadata={
+            "dagster/row_count": everything.height,
+            "windows": everything[TIMESTAMP].n_unique(),
+            "slide_seconds": slide,
+            "rows_per_day": table(
+                [
+                    {"day": d.isoformat(), "rows": f.height, "windows": f[TIMESTAMP].n_unique()}
+                    for d, f in frames.items()
+                ]
+            ),
+            "lines_read": counts["records"],
+            "malformed_events": counts["malformed"],
+            "flink_job_dir": MetadataValue.path(str(job_dir)),
+        },
     )
-    def _history(context, config: HistoryConfig, lake: LakeResource, flink: FlinkResource):
-        if missing := flink.missing_setting(live=False):  # before any work: the backfill runs on the cluster
-            raise Failure(f"the streaming history needs the Flink cluster: {missing}")
-        views = [v for v in all_views if history_key(v.name) in context.selected_asset_keys]
-        slide = config.slide_seconds or flink.slide_seconds
-        if 86400 % slide:
-            raise Failure(
-                f"slide_seconds={slide} does not divide a day: no window would end at "
-                "midnight, where the history is checked against the offline features"
-            )
-        days, the_lake = partition_days(context), lake.get_client()
-        for view in views:
-            missing = sorted(set(days) - set(the_lake.partition_days(OFFLINE_ZONE, view.name)))
-            if missing:
-                raise Failure(
-                    f"offline/{view.name} has no partition for {', '.join(map(str, missing))}: "
-                    "materialize it first, the history is checked against it"
-                )
-        settings = replace(flink.job(source).settings, slide_seconds=slide)
-        job, counts = backfill(settings, the_lake, days, replace(catalogue, views=tuple(views), services=()))
-        context.log.info(f"Flink batch job over {counts['days_staged']} landing days: {counts}")
-        per_view = {v.name: rows_by_day(window_rows(job, v), days) for v in views}
-        failed = []
-        for view in views:  # every check before any write: a mismatch leaves earlier partitions as they were
-            differences = []
-            for day in days:
-                offline = the_lake.read_partition(OFFLINE_ZONE, view.name, day)
-                differences += differences_from_offline(view, per_view[view.name][day], offline)
-            if differences:
-                failed.append(view.name)
-            yield AssetCheckResult(
-                asset_key=history_key(view.name),
-                check_name=MATCHES_OFFLINE,
-                passed=not differences,
-                metadata={"days": len(days), "differences": table(differences[:20])},
-            )
-        if failed:
-            raise Failure(
-                f"the Flink backfill of {', '.join(failed)} disagrees with the offline features; "
-                "nothing written (see the check's differences)"
-            )
-        for view in views:
-            frames = per_view[view.name]
-            for day, frame in frames.items():
-                the_lake.write_partition(HISTORY_ZONE, view.name, day, frame)
-                record_history_slide(the_lake, view.name, day, slide)
-            everything = pl.concat(frames.values())
-            yield MaterializeResult(
-                asset_key=history_key(view.name),
-                metadata={
-                    "dagster/row_count": everything.height,
-                    "windows": everything[TIMESTAMP].n_unique(),
-                    "slide_seconds": slide,
-                    "rows_per_day": table(
-                        [
-                            {"day": d.isoformat(), "rows": f.height, "windows": f[TIMESTAMP].n_unique()}
-                            for d, f in frames.items()
-                        ]
-                    ),
-                    "lines_read": counts["records"],
-                    "malformed_events": counts["malformed"],
-                    "flink_job_dir": MetadataValue.path(str(job.state_dir)),
-                },
-            )
-
-    return _history
 
 
 streaming_assets = [streaming_job_asset(source) for source in streaming_sources(catalogue)]
