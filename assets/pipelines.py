@@ -80,15 +80,17 @@ class TrainedModel:
     # must beat each one to be promoted (a first version has no champion but always has a baseline)
     baseline: dict[str, float] = field(default_factory=dict)
     # metric -> the paired comparison (ml.comparison: `a` a strong baseline, `b` this model) on the same
-    # held-out rows; the model must be shown better on each one (a tie is not better)
+    # held-out rows, shown in the baseline check; with `gate_on_comparisons` the model must be shown better
+    # on each one (a tie is not better)
     baseline_comparisons: dict[str, Comparison] = field(default_factory=dict)
+    gate_on_comparisons: bool = True
 
     def short_of_baseline(self) -> dict[str, tuple[float, float]]:
         """The metrics where the model does not beat the baseline: metric -> (model, baseline); for a paired
         comparison, where it is not shown better (the estimates compared)."""
         short = {m: (self.metrics[m], b) for m, b in self.baseline.items() if not self.metrics[m] > b}
         for metric, comparison in self.baseline_comparisons.items():
-            if not judge(comparison, margin=0.0).superior:
+            if self.gate_on_comparisons and not judge(comparison, margin=0.0).superior:
                 short[f"{metric} (paired)"] = (comparison.estimate_b, comparison.estimate_a)
         return short
 
@@ -327,7 +329,7 @@ def baseline_check(trained: TrainedModel) -> AssetCheckResult:
         f"[{c.low:+.4f}, {c.high:+.4f}], p {c.p_value:.3g} |"
         for m, c in trained.baseline_comparisons.items()
     ]
-    gated = [*trained.baseline, *trained.baseline_comparisons]
+    gated = [*trained.baseline, *(trained.baseline_comparisons if trained.gate_on_comparisons else [])]
     return AssetCheckResult(
         check_name=BASELINE_CHECK,
         passed=not short,
