@@ -180,26 +180,7 @@ class TowerSpec:
             inputs[f"history{i}"] = torch.from_numpy(_padded_ids(frame.get_column(column)))
         if self.embedding_column:
             inputs["embedding"] = torch.from_numpy(_embedding_matrix(frame, self.embedding_column, self.embedding_dim))
-        if self.taste_prior:
-            inputs["taste"] = torch.from_numpy(self.cluster_taste(frame))
         return inputs
-
-    def cluster_taste(self, frame: pl.DataFrame) -> np.ndarray:
-        """(rows, 1 + categories) log of each user's expected positives per impression of a category under
-        the mixture, from the user's counts (nulls: none, the mixture's prior); column 0, an unknown
-        category, gets the mean of the others."""
-        shown = np.stack(
-            [frame.get_column(c).cast(pl.Float64).fill_null(0.0).to_numpy() for c in self.taste_impressions], 1
-        )
-        clicked = np.stack(
-            [frame.get_column(c).cast(pl.Float64).fill_null(0.0).to_numpy() for c in self.taste_clicks], 1
-        )
-        exposure, propensity = np.array(self.taste_exposure), np.array(self.taste_propensity)
-        posterior = taste_clusters.posterior(
-            shown, np.minimum(clicked, shown), np.array(self.taste_prior), exposure, propensity
-        )
-        expected = np.log(posterior @ (exposure * propensity))
-        return np.concatenate([expected.mean(axis=1, keepdims=True), expected], axis=1).astype(np.float32)
 
 
 @dataclass
@@ -241,7 +222,10 @@ class Tower(nn.Module):
         width = (
             id_dim + len(spec.numeric) + 8 * len(spec.categorical) + spec.embedding_dim + per_history * self.histories
         )
-        width += spec.taste_categories if spec.taste_prior else 0
+        self.mixture = bool(spec.taste_prior)
+        if self.mixture:
+            self._register_mixture(spec)
+        width += spec.taste_categories if self.mixture else 0
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, outputs))
         self.taste = nn.Linear(width, spec.taste_categories) if spec.taste_categories else None
         # the mixture's weight, 1 + this (weight decay pulls the learnt terms toward the mixture's score)
@@ -250,6 +234,44 @@ class Tower(nn.Module):
         # shown what is learnt per user and item directly, not only through the hidden layer
         self.direct = nn.Embedding(spec.id_buckets, outputs)
         nn.init.zeros_(self.direct.weight)
+
+    def _register_mixture(self, spec: TowerSpec) -> None:
+        """The mixture's parameters and where its counts sit among the numeric inputs (-1: a column left out
+        of them, constant in training, read as 0), with their scaling, so that the tower computes the
+        mixture's term from its ordinary inputs (the exported and served towers take no other)."""
+        columns = [*spec.taste_impressions, *spec.taste_clicks]
+        position = [spec.numeric.index(c) if c in spec.numeric else -1 for c in columns]
+        at = [max(p, 0) for p in position]
+        self.register_buffer("taste_position", torch.tensor(position, dtype=torch.long))
+        self.register_buffer("taste_mean", torch.tensor([spec.means[p] for p in at], dtype=torch.float32))
+        self.register_buffer("taste_std", torch.tensor([spec.stds[p] for p in at], dtype=torch.float32))
+        self.register_buffer("taste_log", torch.tensor([c in spec.log_numeric for c in columns]))
+        exposure = torch.tensor(spec.taste_exposure, dtype=torch.float32)
+        propensity = torch.tensor(spec.taste_propensity, dtype=torch.float32)
+        self.register_buffer("log_prior", torch.log(torch.tensor(spec.taste_prior, dtype=torch.float32)))
+        self.register_buffer("log_exposure", exposure.log())
+        self.register_buffer("log_propensity", propensity.log())
+        self.register_buffer("log_unclicked", torch.log1p(-propensity))
+        self.register_buffer("expected", exposure * propensity)
+
+    def cluster_taste(self, numeric: torch.Tensor) -> torch.Tensor:
+        """(rows, 1 + categories) the log of each user's expected positives per impression of a category under
+        the taste-cluster mixture (ml.taste_clusters), its posterior from the user's counts (none: the
+        prior); column 0, an unknown category, the mean of the others."""
+        scaled = numeric[:, self.taste_position.clamp(min=0)] * self.taste_std + self.taste_mean
+        counts = torch.where(self.taste_log, torch.expm1(scaled), scaled)
+        counts = torch.where(self.taste_position >= 0, counts, torch.zeros_like(counts)).clamp(min=0.0)
+        categories = self.expected.shape[1]
+        shown, clicked = counts[:, :categories], counts[:, categories:]
+        clicked = torch.minimum(clicked, shown)
+        joint = (
+            self.log_prior
+            + shown @ self.log_exposure.T
+            + clicked @ self.log_propensity.T
+            + (shown - clicked) @ self.log_unclicked.T
+        )
+        expected = torch.log(torch.softmax(joint, dim=1) @ self.expected)
+        return torch.cat([expected.mean(dim=1, keepdim=True), expected], dim=1)
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = [self.ids(inputs["ids"]), inputs["numeric"]]
@@ -266,15 +288,16 @@ class Tower(nn.Module):
                 parts.append(counts.sum(dim=1) / present.sum(dim=1).clamp(min=1.0))
         if "embedding" in inputs:
             parts.append(inputs["embedding"])
-        if "taste" in inputs:
-            parts.append(inputs["taste"])
+        mixture = self.cluster_taste(inputs["numeric"]) if self.mixture else None
+        if mixture is not None:
+            parts.append(mixture)
         features = torch.cat(parts, dim=1)
         vectors = self.mlp(features) + self.direct(inputs["ids"])
         if self.taste is None:
             return vectors
         taste = self.taste(features)
-        if "taste" in inputs:  # the mixture's term, with a learnt weight, and what the inputs add to it
-            taste = taste + (1.0 + self.cluster_weight) * inputs["taste"]
+        if mixture is not None:  # the mixture's term, with a learnt weight, and what the inputs add to it
+            taste = taste + (1.0 + self.cluster_weight) * mixture
         return torch.cat([vectors, taste], dim=1)
 
 

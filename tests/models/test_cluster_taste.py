@@ -80,18 +80,15 @@ def test_the_mixture_in_the_user_tower_finds_each_users_liked_categories():
             counts[f"{TASTE_VIEW}__clicks_30d_category{liked}"] = 3
         newcomers.append({"user_id": 100_000 + c, **counts})
     users = pl.DataFrame(newcomers)
-    taste = spec.user.cluster_taste(users)[:, 1:]  # column 0: the unknown category
-    for c in range(4):
+    users = users.with_columns(*[pl.lit(None).alias(c) for c in spec.user.columns if c not in users.columns])
+    with torch.no_grad():
+        taste = network.user_tower.cluster_taste(spec.user.encode(users)["numeric"]).numpy()[:, 1:]
+    for c in range(4):  # column 0 is the unknown category
         best = {names[k] for k in np.argsort(-taste[c])[:2]}
         assert best == {f"category{2 * c}", f"category{2 * c + 1}"}, (c, taste[c])
 
     items = train.drop_nulls(HISTORY_ATTRIBUTE).unique("item_id").sort("item_id")
-    scores = (
-        model.user_vectors(
-            users.with_columns(*[pl.lit(None).alias(c) for c in spec.user.columns if c not in users.columns])
-        )
-        @ model.item_vectors(items).T
-    )
+    scores = model.user_vectors(users) @ model.item_vectors(items).T
     item_category = items.get_column(HISTORY_ATTRIBUTE).to_numpy()
     in_taste = [
         np.isin(item_category[np.argsort(-scores[c])[:10]], [f"category{2 * c}", f"category{2 * c + 1}"]).mean()
@@ -99,6 +96,31 @@ def test_the_mixture_in_the_user_tower_finds_each_users_liked_categories():
     ]
     # a quarter by chance; the popularity prior keeps some of the most clicked items of other categories
     assert np.mean(in_taste) >= 0.6 and min(in_taste) >= 0.4, in_taste
+
+
+def test_the_served_numpy_tower_computes_the_mixture_as_the_network_does():
+    """Training/serving parity of the taste head: the model server's numpy user tower (serving/models/towers.py)
+    against the torch network, on users with random counts (missing ones too) and random weights."""
+    from serving.models.towers import TwoTowerModel
+
+    rows, _ = impressions(days=3)
+    train = labelled(with_category_counts(rows))
+    network = TwoTower(build_spec(train, TrainConfig(dim=16, hidden=16)))
+    with torch.no_grad():
+        for name, parameter in network.named_parameters():
+            if name != "prior_weight":
+                parameter.normal_(0.0, 0.3)
+    served = TwoTowerModel(PersonalizationModel(network), None, "personalization_ranking")
+    spec = network.spec.user
+    rng = np.random.default_rng(0)
+    columns: dict[str, list] = {"user_id": rng.integers(0, 400, 50).tolist()}
+    for c in spec.numeric:
+        columns[c] = [None if rng.random() < 0.2 else float(v) for v in rng.poisson(6, 50)]
+    ours, torch_path = served.user_vectors(columns), served.torch_user_vectors(columns)
+    assert ours.shape == (50, network.spec.vector_dim)
+    np.testing.assert_allclose(ours, torch_path, rtol=1e-4, atol=1e-4)
+    # the mixture's term moves the vectors: users with other counts get other taste values
+    assert np.ptp(ours[:, -1 - spec.taste_categories : -1], axis=0).max() > 0.1
 
 
 def test_fixed_item_attributes_are_filled_and_featureless_rows_counted():
