@@ -135,7 +135,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
             ),
             "training_rows": train_rows.height,
             # rows read before a daily view's first run: item attributes filled, the rest counted
-            "feature_coverage": table([{"rows": k, "count": v} for k, v in result.coverage.items()]),
+            "feature_coverage": table([{"measure": k, "rows": v} for k, v in result.coverage.items()]),
             "held_out_rows": held_out.height,
             "uses_item_embeddings": embeddings is not None,
         },

@@ -198,3 +198,19 @@ def test_the_baseline_check_refuses_a_tie_with_the_strong_baseline(tmp_path):
     # reported, not gated: the check passes on the popularity figure and still shows the paired comparison
     check = baseline_check(trained(tie, gated=False))
     assert check.passed and "paired bootstrap over 400 users" in check.metadata["comparison"].value
+
+
+def test_the_softmax_loss_corrects_each_logit_by_its_chance_of_being_drawn():
+    from ml.personalization import _corrected_softmax_loss
+
+    shown, drawn = torch.tensor([2.0, 0.5]), torch.tensor([1.0, 0.0, 1.5, 0.2])  # two negatives per row
+    weight = torch.tensor([1.0, 3.0])
+    flat = torch.zeros(2), torch.zeros(4)
+    logits = torch.tensor([[2.0, 1.0, 1.5], [0.5, 0.0, 0.2]])
+    plain = torch.nn.functional.cross_entropy(logits, torch.zeros(2, dtype=torch.long), reduction="none")
+    assert torch.isclose(_corrected_softmax_loss(shown, drawn, *flat, weight), (plain * weight).sum() / 4)
+    # a negative drawn more often (a popular item) is discounted: the loss of telling it apart falls
+    often = torch.log(torch.tensor([0.5, 0.5, 0.5, 0.5])), torch.log(torch.tensor([0.9, 0.5, 0.5, 0.5]))
+    assert _corrected_softmax_loss(shown, drawn, often[0][:2], often[1], weight) < _corrected_softmax_loss(
+        shown, drawn, often[0][:2], often[0], weight
+    )
