@@ -21,10 +21,12 @@ from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
 from engines.expectations import Suite, gxe
 from engines.feature_tables import OFFLINE_ZONE, build_view_day
+from engines.interaction_categories import categorized_interactions
 from engines.skew import online_skew, streaming_regressions, streaming_snapshot
 from feature_defs import catalogue
 from feature_defs.compile.polars import TIMESTAMP, day_end, lookback
 from feature_defs.dsl import Aggregation, FeatureView
+from feature_defs.sources import interaction_categories, interactions, items
 from resources.feature_store import FeatureStoreResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
@@ -97,6 +99,38 @@ def feature_table_asset(view: FeatureView) -> AssetsDefinition:
 
 
 feature_table_assets = [feature_table_asset(v) for v in catalogue.views]
+
+INTERACTION_CATEGORIES = warehouse_key(interaction_categories)
+
+
+@asset(
+    key=INTERACTION_CATEGORIES,
+    group_name="features",
+    description=f"{interaction_categories.description}. One partition per day of warehouse/interactions; the "
+    "source of feature view user_category_affinity.",
+    partitions_def=daily_partitions,
+    backfill_policy=BackfillPolicy.single_run(),
+    # the catalogue's earlier days are read too (an item keeps the category it was created with)
+    deps=[warehouse_key(interactions), warehouse_key(items)],
+    kinds={"polars", "parquet"},
+    owners=["team:ml-platform"],
+    tags={"domain": "events"},
+)
+def interaction_categories_table(context, lake: LakeResource) -> MaterializeResult:
+    store, rows = lake.get_client(), []
+    for day in partition_days(context):
+        frame = categorized_interactions(store, day)
+        store.write_partition("warehouse", interaction_categories.name, day, frame)
+        rows.append(
+            {"day": day.isoformat(), "events": frame.height, "without_category": frame["category"].null_count()}
+        )
+    return MaterializeResult(
+        metadata={
+            "days": table(rows),
+            "events": sum(r["events"] for r in rows),
+            "without_category": sum(r["without_category"] for r in rows),
+        }
+    )
 
 
 @asset(

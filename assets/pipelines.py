@@ -65,11 +65,12 @@ class TrainingRun:
 class TrainedModel:
     """What a training function returns. `compare` scores a saved model folder (the champion's) and this
     model on this run's held-out rows and returns, per gated metric, the paired comparison of the two
-    (ml.comparison: `a` the champion, `b` this model); `gate_metric` names the primary one."""
+    (ml.comparison: `a` the champion, `b` this model); `gate_metric` names the primary one, or the primary
+    ones, on each of which the model must be shown better."""
 
     model_dir: Path
     metrics: dict[str, float]
-    gate_metric: str
+    gate_metric: str | tuple[str, ...]
     compare: Callable[[Path], dict[str, Comparison]]
     data_partitions: list[str]
     feature_service: str
@@ -78,10 +79,20 @@ class TrainedModel:
     # metric -> the baseline's value on the same held-out data; every version, the first included,
     # must beat each one to be promoted (a first version has no champion but always has a baseline)
     baseline: dict[str, float] = field(default_factory=dict)
+    # metric -> the paired comparison (ml.comparison: `a` a strong baseline, `b` this model) on the same
+    # held-out rows, shown in the baseline check; with `gate_on_comparisons` the model must be shown better
+    # on each one (a tie is not better)
+    baseline_comparisons: dict[str, Comparison] = field(default_factory=dict)
+    gate_on_comparisons: bool = True
 
     def short_of_baseline(self) -> dict[str, tuple[float, float]]:
-        """The metrics where the model does not beat the baseline: metric -> (model, baseline)."""
-        return {m: (self.metrics[m], b) for m, b in self.baseline.items() if not self.metrics[m] > b}
+        """The metrics where the model does not beat the baseline: metric -> (model, baseline); for a paired
+        comparison, where it is not shown better (the estimates compared)."""
+        short = {m: (self.metrics[m], b) for m, b in self.baseline.items() if not self.metrics[m] > b}
+        for metric, comparison in self.baseline_comparisons.items():
+            if self.gate_on_comparisons and not judge(comparison, margin=0.0).superior:
+                short[f"{metric} (paired)"] = (comparison.estimate_b, comparison.estimate_a)
+        return short
 
 
 class TrainingConfig(Config):
@@ -253,7 +264,7 @@ def training_pipeline(
                     "evidence": promotion_evidence,
                     "approved_version": approved if passed else "(none)",
                     **{f"online_{k}": v for k, v in online.items() if k != "reason"},
-                    "metric": trained.gate_metric,
+                    "metric": ", ".join(_as_tuple(trained.gate_metric)),
                     "challenger_version": version.version,
                     "champion_version": champion.version if champion else "(none yet)",
                     "margin": margin,
@@ -312,15 +323,25 @@ def gate_check_specs(model_key: AssetKey) -> list[AssetCheckSpec]:
 
 def baseline_check(trained: TrainedModel) -> AssetCheckResult:
     short = trained.short_of_baseline()
-    rows = "\n".join(f"| {m} | {trained.metrics[m]:.4f} | {b:.4f} |" for m, b in trained.baseline.items())
+    rows = [f"| {m} | {trained.metrics[m]:.4f} | {b:.4f} | point estimate |" for m, b in trained.baseline.items()]
+    rows += [
+        f"| {m} | {c.estimate_b:.4f} | {c.estimate_a:.4f} | {c.method}: {c.difference:+.4f} "
+        f"[{c.low:+.4f}, {c.high:+.4f}], p {c.p_value:.3g} |"
+        for m, c in trained.baseline_comparisons.items()
+    ]
+    gated = [*trained.baseline, *(trained.baseline_comparisons if trained.gate_on_comparisons else [])]
     return AssetCheckResult(
         check_name=BASELINE_CHECK,
         passed=not short,
         severity=AssetCheckSeverity.ERROR,
-        description=("beats the baseline on " + ", ".join(trained.baseline))
+        description=("beats the baselines on " + ", ".join(gated))
         if not short
-        else "does not beat the baseline on " + ", ".join(short),
-        metadata={"comparison": MetadataValue.md("| metric | challenger | baseline |\n|---|---|---|\n" + rows)},
+        else "does not beat the baselines on " + ", ".join(short),
+        metadata={
+            "comparison": MetadataValue.md(
+                "| metric | challenger | baseline | test |\n|---|---|---|---|\n" + "\n".join(rows)
+            )
+        },
     )
 
 
@@ -344,21 +365,34 @@ class OfflineVerdict:
         return MetadataValue.md(head + "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
-def offline_verdict(comparisons: dict[str, Comparison], primary: str, margin: float) -> OfflineVerdict:
-    """Whether the challenger passes the held-out gate (ml.comparison.judge on each paired comparison). A
-    tie is not better: it stays a challenger."""
-    if primary not in comparisons:
-        raise ValueError(f"the gate metric {primary!r} is not among the compared metrics {sorted(comparisons)}")
+def offline_verdict(
+    comparisons: dict[str, Comparison], primary: str | tuple[str, ...], margin: float
+) -> OfflineVerdict:
+    """Whether the challenger passes the held-out gate (ml.comparison.judge on each paired comparison): shown
+    better on the primary metric (every one, when several), not worse by more than the margin on any. A tie
+    is not better: it stays a challenger."""
+    primaries = _as_tuple(primary)
+    unknown = [p for p in primaries if p not in comparisons]
+    if unknown:
+        raise ValueError(f"the gate metric {unknown[0]!r} is not among the compared metrics {sorted(comparisons)}")
     judgements = {metric: judge(c, margin=margin) for metric, c in comparisons.items()}
     worse = [metric for metric, j in judgements.items() if not j.non_inferior]
-    better = judgements[primary].superior
+    not_better = [p for p in primaries if not judgements[p].superior]
     if worse:
         reason = "; ".join(f"{m}: {judgements[m].reason}" for m in worse)
-    elif not better:
-        reason = f"{primary} not shown better than the champion, so it stays a challenger: {judgements[primary].reason}"
+    elif not_better:
+        reason = "; ".join(
+            f"{p} not shown better than the champion, so it stays a challenger: {judgements[p].reason}"
+            for p in not_better
+        )
     else:
-        reason = f"{primary} {judgements[primary].reason}; no gated metric worse by more than {margin:g}"
-    return OfflineVerdict(bool(better and not worse), reason, comparisons, judgements)
+        reason = "; ".join(f"{p} {judgements[p].reason}" for p in primaries)
+        reason += f"; no gated metric worse by more than {margin:g}"
+    return OfflineVerdict(not worse and not not_better, reason, comparisons, judgements)
+
+
+def _as_tuple(metric: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (metric,) if isinstance(metric, str) else tuple(metric)
 
 
 def record_approval(registry, model_name: str, version: str | None, run_id: str, reason: str) -> None:

@@ -7,7 +7,7 @@ from feature_defs.item_features import (
     item_trending,
 )
 from feature_defs.safety_features import item_reports, user_chat, user_reports
-from feature_defs.user_features import user_activity_realtime, user_engagement, user_profile
+from feature_defs.user_features import user_activity_realtime, user_category_affinity, user_engagement, user_profile
 from feature_defs.user_item_features import user_item_affinity
 
 personalization_ranking = FeatureService(
@@ -15,6 +15,7 @@ personalization_ranking = FeatureService(
     views=[
         user_profile,
         user_engagement,
+        user_category_affinity,
         user_activity_realtime,
         item_popularity,
         item_trending,

@@ -133,7 +133,25 @@ item_geometry = Source(
     produced_by="geometry/items",
 )
 
+interaction_categories = Source(
+    "interaction_categories",
+    kind="events",
+    timestamp_field="event_timestamp",
+    schema={
+        "event_id": "string",
+        "event_timestamp": "timestamp",
+        "user_id": "int64",
+        "item_id": "int64",
+        "event_type": "string",
+        "category": "string",
+    },
+    key="event_id",
+    description="Interactions with the category of their item (from the catalogue as of the event), so that "
+    "features can count a user's events per category",
+    produced_by="warehouse/interaction_categories",
+)
+
 event_sources = (interactions, chat_messages, abuse_reports)
 dimension_sources = (items, users, creators)
 all_sources = event_sources + dimension_sources  # ingested from landing
-derived_sources = (item_geometry,)  # computed by mlplane into the warehouse
+derived_sources = (item_geometry, interaction_categories)  # computed by mlplane into the warehouse

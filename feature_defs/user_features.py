@@ -1,7 +1,8 @@
 from feature_defs.dsl import Feature, FeatureView, count, distinct_count, last_n, mean, ratio, sum_, transform
 from feature_defs.entities import user
+from feature_defs.expr import col
 from feature_defs.funnel import click, funnel_counts, impression, play, purchase
-from feature_defs.sources import interactions, users
+from feature_defs.sources import interaction_categories, interactions, users
 
 user_engagement = FeatureView(
     name="user_engagement",
@@ -45,4 +46,45 @@ user_profile = FeatureView(
         Feature("age_bucket", transform("age_bucket")),
         Feature("is_creator", transform("is_creator")),
     ],
+)
+
+# The catalogue's item categories (the marketplace's fixed taxonomy; items.category takes these values).
+ITEM_CATEGORIES = (
+    "accessory",
+    "building",
+    "character",
+    "food",
+    "furniture",
+    "hat",
+    "pet",
+    "plant",
+    "vehicle",
+    "weapon",
+)
+CATEGORY_WINDOWS = ("7d", "30d")
+
+
+def _category_affinity_features() -> list[Feature]:
+    """Per window: the user's impressions and clicks in all, then per category their counts and their
+    shares of the window's total (null while the user has none)."""
+    features = []
+    for window in CATEGORY_WINDOWS:
+        for event, where in (("impressions", impression), ("clicks", click)):
+            features.append(Feature(f"{event}_{window}", count(window, where=where)))
+            for category in ITEM_CATEGORIES:
+                name = f"{event}_{window}_{category}"
+                features.append(Feature(name, count(window, where=where & (col("category") == category))))
+                share = f"{event.removesuffix('s')}_share_{window}_{category}"
+                description = f"Share of the user's {event} over {window} that were of a {category} item"
+                features.append(Feature(share, ratio(name, f"{event}_{window}"), description))
+    return features
+
+
+user_category_affinity = FeatureView(
+    name="user_category_affinity",
+    entities=[user],
+    source=interaction_categories,
+    description="A user's taste: the shares of each item category among the items shown to and clicked by the "
+    "user over 7 and 30 days",
+    features=_category_affinity_features(),
 )

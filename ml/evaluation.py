@@ -135,17 +135,23 @@ def evaluate(
 
 
 def taste_cluster_metrics(train_frame: pl.DataFrame, held_out: pl.DataFrame, k: int = 10) -> dict[str, float]:
-    """The taste-cluster mixture fitted on the training rows, on the held-out day: AUC of its scores of the
-    impressions, recall@k and NDCG@k of its ranking of every item in the rows. Items' categories come from
-    both (a fixed attribute, known as of each row)."""
+    """The taste-cluster mixture's AUC, recall@k and NDCG@k on the held-out day (taste_cluster_scores)."""
+    return taste_cluster_scores(train_frame, held_out, k).metrics()
+
+
+def taste_cluster_scores(train_frame: pl.DataFrame, held_out: pl.DataFrame, k: int = 10) -> HeldOutScores:
+    """The taste-cluster mixture fitted on the training rows, on the held-out day, row by row: its scores of
+    the impressions and each held-out user's recall@k and NDCG@k of its ranking of every item in the rows,
+    on the rows and users `held_out_scores` uses (a paired comparison with the model needs the same).
+    Items' categories come from both (a fixed attribute, known as of each row)."""
     every = pl.concat([train_frame, held_out], how="diagonal_relaxed")
     mixture = taste_clusters.fit(labelled(train_frame), LABEL, taste_clusters.item_categories(every))
     rows = labelled(held_out)
     scores = mixture.scores(rows.get_column("user_id").to_numpy(), rows.get_column("item_id").to_numpy())
     relevant = relevant_items(rows)
     catalogue = np.array(sorted(every.get_column("item_id").unique().to_list()))
-    ranked = mixture.rank(list(relevant), catalogue, k)
-    return {"auc": auc(rows.get_column(LABEL).to_numpy() > 0, scores), **ranking_metrics(ranked, relevant, k)}
+    recall, ndcg = per_user_ranking(mixture.rank(list(relevant), catalogue, k), relevant, k)
+    return HeldOutScores(rows.get_column(LABEL).to_numpy() > 0, scores, np.array(list(relevant)), recall, ndcg, k)
 
 
 def paired_comparisons(champion: HeldOutScores, challenger: HeldOutScores) -> dict[str, Comparison]:

@@ -38,6 +38,7 @@ import polars as pl
 import torch
 from torch import nn
 
+from ml import taste_clusters
 from ml.ray_train import checkpoint_folder, fitted
 
 
@@ -51,7 +52,13 @@ class TowerInput:
     log_counts: bool = False
 
 
-USER_INPUTS = (TowerInput("user_profile"), TowerInput("user_engagement"))
+# user_category_affinity: the shares of each category among what the user was shown and clicked, the
+# user's taste in the item tower's terms (its per-category counts span orders of magnitude: log scale)
+USER_INPUTS = (
+    TowerInput("user_profile"),
+    TowerInput("user_engagement"),
+    TowerInput("user_category_affinity", log_counts=True),
+)
 # Daily views only: the item vectors are computed once per day (batch inference, the model server).
 # item_popularity is the popularity prior as of the row's time (the last complete day's counts);
 # its windows fill up over the first week, which the log scale keeps to a shift.
@@ -64,6 +71,8 @@ ITEM_INPUTS = (
 # The item attribute a user's history is pooled through: the shares of each category among the items
 # of a history say the user's taste, where the mean of the items' id vectors learns it from few clicks.
 HISTORY_ATTRIBUTE = "item_content__category"
+# The user's counts per item category the taste-cluster mixture reads: `<view>__<event>_<window>_<category>`
+TASTE_VIEW, TASTE_WINDOW = "user_category_affinity", "30d"
 LABEL = "label"
 MODEL_FILE = "model.pt"
 SPEC_FILE = "model.json"
@@ -72,12 +81,12 @@ UNSEEN = 0  # the id bucket of an id outside the trained range (ids start at 1):
 
 @dataclass
 class TrainConfig:
-    dim: int = 16  # each vector is dim + 1 long (the item's bias meets the user's constant 1)
+    dim: int = 24  # each vector is dim + 1 long (the item's bias meets the user's constant 1)
     hidden: int = 64
     epochs: int = 10
     batch_size: int = 512
     learning_rate: float = 0.01
-    weight_decay: float = 1e-4
+    weight_decay: float = 3e-2  # strong: the learnt terms add to the mixture's score only what the rows show
     seed: int = 0
     # items drawn per impression from `negatives_from`, told apart from the shown one
     negatives: int = 4
@@ -89,9 +98,18 @@ class TrainConfig:
     # (popular items drawn as often as they are shown: the term learns what the user is shown beyond
     # what everyone is, and the prior adds popularity)
     negatives_from: str = "impressions"
+    # "softmax": each shown pair against its drawn negatives in one softmax whose logits are log-Q corrected
+    # (less the log of each item's share of the day's impressions, the chance it is drawn), the prior inside
+    # the logit: the score then estimates log P(item | user) over the whole catalogue, clicked impressions
+    # counting `click_weight` times. "binary": shown against drawn in a logistic loss, prior added after
+    loss: str = "binary"
     # share of training ids replaced by the unseen bucket, so that new users and items get a learnt
     # vector (the average newcomer) rather than an untrained one
     unseen_share: float = 0.05
+    # a taste head: `taste_categories` of each vector's `dim` values are the user's score per item category
+    # (a linear map of the user tower's inputs) and the item's one-hot category, so that the dot product holds
+    # a user-by-category term learnt from every impression rather than through the hidden layers
+    taste: bool = True
     num_workers: int = 1  # 0: Ray Train's local mode, in this process (ml/ray_train.py)
     use_gpu: bool = False
     cpus_per_worker: int = 1  # reserved on Ray and run as torch threads
@@ -113,6 +131,17 @@ class TowerSpec:
     log_numeric: list[str] = field(default_factory=list)  # numeric columns read as log(1 + x)
     # the values of HISTORY_ATTRIBUTE a history's items are counted by (index + 1; 0: unknown)
     history_categories: list[str] = field(default_factory=list)
+    # user tower: the length of its taste head, one score per value of the item's HISTORY_ATTRIBUTE (0:
+    # unknown) that meets the item's one-hot category in the dot product; 0 without one
+    taste_categories: int = 0
+    # user tower: the taste-cluster mixture (ml.taste_clusters) fitted on the training rows, read through a
+    # user's counts per category of TASTE_VIEW: a user's expected positives per category under the
+    # posterior over the clusters (the strong baseline's user term), the taste head's starting point
+    taste_impressions: list[str] = field(default_factory=list)  # one column per category, the item's order
+    taste_clicks: list[str] = field(default_factory=list)
+    taste_prior: list[float] = field(default_factory=list)  # (clusters,)
+    taste_exposure: list[list[float]] = field(default_factory=list)  # (clusters, categories)
+    taste_propensity: list[list[float]] = field(default_factory=list)
 
     @property
     def columns(self) -> list[str]:
@@ -193,11 +222,56 @@ class Tower(nn.Module):
         width = (
             id_dim + len(spec.numeric) + 8 * len(spec.categorical) + spec.embedding_dim + per_history * self.histories
         )
+        self.mixture = bool(spec.taste_prior)
+        if self.mixture:
+            self._register_mixture(spec)
+        width += spec.taste_categories if self.mixture else 0
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, outputs))
+        self.taste = nn.Linear(width, spec.taste_categories) if spec.taste_categories else None
+        # the mixture's weight, 1 + this (weight decay pulls the learnt terms toward the mixture's score)
+        self.cluster_weight = nn.Parameter(torch.zeros(1))
         # each id's own output vector next to the features' (a matrix factorization term): who was
         # shown what is learnt per user and item directly, not only through the hidden layer
         self.direct = nn.Embedding(spec.id_buckets, outputs)
         nn.init.zeros_(self.direct.weight)
+
+    def _register_mixture(self, spec: TowerSpec) -> None:
+        """The mixture's parameters and where its counts sit among the numeric inputs (-1: a column left out
+        of them, constant in training, read as 0), with their scaling, so that the tower computes the
+        mixture's term from its ordinary inputs (the exported and served towers take no other)."""
+        columns = [*spec.taste_impressions, *spec.taste_clicks]
+        position = [spec.numeric.index(c) if c in spec.numeric else -1 for c in columns]
+        at = [max(p, 0) for p in position]
+        self.register_buffer("taste_position", torch.tensor(position, dtype=torch.long))
+        self.register_buffer("taste_mean", torch.tensor([spec.means[p] for p in at], dtype=torch.float32))
+        self.register_buffer("taste_std", torch.tensor([spec.stds[p] for p in at], dtype=torch.float32))
+        self.register_buffer("taste_log", torch.tensor([c in spec.log_numeric for c in columns]))
+        exposure = torch.tensor(spec.taste_exposure, dtype=torch.float32)
+        propensity = torch.tensor(spec.taste_propensity, dtype=torch.float32)
+        self.register_buffer("log_prior", torch.log(torch.tensor(spec.taste_prior, dtype=torch.float32)))
+        self.register_buffer("log_exposure", exposure.log())
+        self.register_buffer("log_propensity", propensity.log())
+        self.register_buffer("log_unclicked", torch.log1p(-propensity))
+        self.register_buffer("expected", exposure * propensity)
+
+    def cluster_taste(self, numeric: torch.Tensor) -> torch.Tensor:
+        """(rows, 1 + categories) the log of each user's expected positives per impression of a category under
+        the taste-cluster mixture (ml.taste_clusters), its posterior from the user's counts (none: the
+        prior); column 0, an unknown category, the mean of the others."""
+        scaled = numeric[:, self.taste_position.clamp(min=0)] * self.taste_std + self.taste_mean
+        counts = torch.where(self.taste_log, torch.expm1(scaled), scaled)
+        counts = torch.where(self.taste_position >= 0, counts, torch.zeros_like(counts)).clamp(min=0.0)
+        categories = self.expected.shape[1]
+        shown, clicked = counts[:, :categories], counts[:, categories:]
+        clicked = torch.minimum(clicked, shown)
+        joint = (
+            self.log_prior
+            + shown @ self.log_exposure.T
+            + clicked @ self.log_propensity.T
+            + (shown - clicked) @ self.log_unclicked.T
+        )
+        expected = torch.log(torch.softmax(joint, dim=1) @ self.expected)
+        return torch.cat([expected.mean(dim=1, keepdim=True), expected], dim=1)
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = [self.ids(inputs["ids"]), inputs["numeric"]]
@@ -214,7 +288,17 @@ class Tower(nn.Module):
                 parts.append(counts.sum(dim=1) / present.sum(dim=1).clamp(min=1.0))
         if "embedding" in inputs:
             parts.append(inputs["embedding"])
-        return self.mlp(torch.cat(parts, dim=1)) + self.direct(inputs["ids"])
+        mixture = self.cluster_taste(inputs["numeric"]) if self.mixture else None
+        if mixture is not None:
+            parts.append(mixture)
+        features = torch.cat(parts, dim=1)
+        vectors = self.mlp(features) + self.direct(inputs["ids"])
+        if self.taste is None:
+            return vectors
+        taste = self.taste(features)
+        if mixture is not None:  # the mixture's term, with a learnt weight, and what the inputs add to it
+            taste = taste + (1.0 + self.cluster_weight) * mixture
+        return torch.cat([vectors, taste], dim=1)
 
 
 class TwoTower(nn.Module):
@@ -225,14 +309,17 @@ class TwoTower(nn.Module):
         super().__init__()
         self.spec = spec
         dim, hidden = spec.config.dim, spec.config.hidden
-        self.item_tower = Tower(spec.item, hidden, dim + 1, id_dim=dim)
-        self.user_tower = Tower(spec.user, hidden, dim, item_ids=self.item_tower.ids, id_dim=dim)
+        self.taste = spec.user.taste_categories  # of the dim values: the taste head and the item's category
+        if self.taste:
+            self.category_column = list(spec.item.categorical).index(HISTORY_ATTRIBUTE)
+        self.item_tower = Tower(spec.item, hidden, dim + 1 - self.taste, id_dim=dim)
+        self.user_tower = Tower(spec.user, hidden, dim - self.taste, item_ids=self.item_tower.ids, id_dim=dim)
         # log(1 + the item's positives in the training rows) per id bucket (0 for an unseen item):
         # the popularity prior the score starts from (`set_prior`), saved with the weights
         self.register_buffer("item_prior", torch.zeros(spec.item.id_buckets))
         # learnt change of the prior's weight 1, where training sees the prior (data-parallel training
         # refuses a parameter without gradients)
-        self.prior_weight = nn.Parameter(torch.zeros(1), requires_grad=spec.config.negatives_from == "catalogue")
+        self.prior_weight = nn.Parameter(torch.zeros(1), requires_grad=trains_with_prior(spec.config))
 
     def set_prior(self, frame: pl.DataFrame) -> None:
         """The prior from labelled training rows."""
@@ -264,6 +351,9 @@ class TwoTower(nn.Module):
     def item_vectors(self, item_inputs: dict, with_prior: bool = True) -> torch.Tensor:
         """The tower's output with the popularity prior added to its bias (the last value)."""
         vectors = self.item_tower(item_inputs)
+        if self.taste:
+            category = nn.functional.one_hot(item_inputs["categorical"][:, self.category_column], self.taste)
+            vectors = torch.cat([vectors[:, :-1], category.to(vectors.dtype), vectors[:, -1:]], dim=1)
         if not with_prior:
             return vectors
         prior = self.item_prior[item_inputs["ids"]] * (1.0 + self.prior_weight)
@@ -314,23 +404,54 @@ def labelled(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns((pl.col("label_click") | pl.col("label_play")).cast(pl.Float32).alias(LABEL))
 
 
+# Views of an item's catalogue attributes, fixed from its first delivery (a change is rare and small): a
+# row read before the item's first daily feature run gets them from the item's first known row.
+FIXED_ITEM_VIEWS = ("item_content", "item_geometry")
+
+
 def with_fixed_item_attributes(frame: pl.DataFrame) -> pl.DataFrame:
-    """Rows whose item category is null (read before the item's first daily feature run) given the
-    item's first known one: a category never changes, and a null there would teach the item tower an
-    "unknown" that serving never meets."""
-    if HISTORY_ATTRIBUTE not in frame.columns:
-        return frame
-    first = (
-        frame.drop_nulls(HISTORY_ATTRIBUTE)
-        .sort("event_timestamp")
-        .unique("item_id", keep="first")
-        .select("item_id", pl.col(HISTORY_ATTRIBUTE).alias("_first"))
-    )
-    return (
-        frame.join(first, on="item_id", how="left", maintain_order="left")
-        .with_columns(pl.col(HISTORY_ATTRIBUTE).fill_null(pl.col("_first")))
-        .drop("_first")
-    )
+    """Rows whose fixed item attributes are null (read before the item's first daily feature run) given the
+    item's first known ones: a null there would teach the item tower an "unknown" that serving never meets.
+    A row's attributes are filled only where its whole view is null, so a value that is null by nature
+    (the volume of a broken mesh) stays null."""
+    for view in FIXED_ITEM_VIEWS:
+        columns = [c for c in frame.columns if c.split("__", 1)[0] == view]
+        if not columns:
+            continue
+        empty = pl.all_horizontal(pl.col(c).is_null() for c in columns)
+        first = (
+            frame.filter(~empty)
+            .sort("event_timestamp")
+            .unique("item_id", keep="first")
+            .select("item_id", *[pl.col(c).alias(f"_first_{c}") for c in columns])
+        )
+        frame = (
+            frame.join(first, on="item_id", how="left", maintain_order="left")
+            .with_columns(pl.when(empty).then(pl.col(f"_first_{c}")).otherwise(pl.col(c)).alias(c) for c in columns)
+            .drop(f"_first_{c}" for c in columns)
+        )
+    return frame
+
+
+def feature_coverage(raw: pl.DataFrame, filled: pl.DataFrame) -> dict[str, int]:
+    """How many training rows lacked features, before and after the fixed item attributes were filled: rows
+    whose every daily user view is null (read before the user's first daily run) stay in training, learnt
+    through the ids and the profile, and are counted here so that they never train silently."""
+    user_views = [i.view for i in USER_INPUTS if i.view != "user_profile"]
+    item_views = [i.view for i in ITEM_INPUTS]
+
+    def without(frame: pl.DataFrame, views: list[str]) -> int:
+        columns = [c for c in frame.columns if c.split("__", 1)[0] in views]
+        if not columns:
+            return frame.height
+        return frame.filter(pl.all_horizontal(pl.col(c).is_null() for c in columns)).height
+
+    return {
+        "rows": raw.height,
+        "rows_without_user_features": without(raw, user_views),
+        "rows_without_item_features": without(raw, item_views),
+        "rows_without_item_features_after_filling": without(filled, item_views),
+    }
 
 
 def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.DataFrame | None = None) -> ModelSpec:
@@ -371,7 +492,27 @@ def build_spec(train: pl.DataFrame, config: TrainConfig, item_embeddings: pl.Dat
     user = tower("user_id", USER_INPUTS)
     if user.histories:
         user.history_categories = item.categorical.get(HISTORY_ATTRIBUTE, [])
+    if config.taste and HISTORY_ATTRIBUTE in item.categorical:
+        user.taste_categories = len(item.categorical[HISTORY_ATTRIBUTE]) + 1
+        if user.taste_categories >= config.dim:
+            raise ValueError(f"dim {config.dim} leaves no room beside {user.taste_categories} taste values")
+        with_cluster_taste(user, train, item.categorical[HISTORY_ATTRIBUTE], config.seed)
     return ModelSpec(user=user, item=item, config=config)
+
+
+def with_cluster_taste(user: TowerSpec, train: pl.DataFrame, categories: list[str], seed: int) -> None:
+    """The taste-cluster mixture fitted on the training rows, stored in the user tower's spec, when the rows
+    hold the user's counts of every category (TASTE_VIEW)."""
+    impressions = [f"{TASTE_VIEW}__impressions_{TASTE_WINDOW}_{c}" for c in categories]
+    clicks = [f"{TASTE_VIEW}__clicks_{TASTE_WINDOW}_{c}" for c in categories]
+    if any(c not in train.columns for c in impressions + clicks):
+        return
+    mixture = taste_clusters.fit(train, LABEL, seed=seed)
+    order = [mixture.categories.index(c) for c in categories]
+    user.taste_impressions, user.taste_clicks = impressions, clicks
+    user.taste_prior = mixture.prior.tolist()
+    user.taste_exposure = mixture.exposure[:, order].tolist()
+    user.taste_propensity = mixture.propensity[:, order].tolist()
 
 
 def with_item_embeddings(frame: pl.DataFrame, item_embeddings: pl.DataFrame | None) -> pl.DataFrame:
@@ -401,6 +542,12 @@ def _embedding_matrix(frame: pl.DataFrame, column: str, dim: int) -> np.ndarray:
 
 
 # --- training -----------------------------------------------------------------------------------
+def trains_with_prior(config: TrainConfig) -> bool:
+    """Whether the training logit holds the popularity prior: with catalogue negatives or a log-Q-corrected
+    softmax (which estimates the whole score); impression negatives in a logistic loss carry no popularity."""
+    return config.negatives_from == "catalogue" or config.loss == "softmax"
+
+
 class Objective(nn.Module):
     """The training forward pass (one module, so that data-parallel training syncs its gradients):
     scores of the shown pairs and of `negatives` items drawn for each pair's user."""
@@ -412,7 +559,7 @@ class Objective(nn.Module):
     def forward(self, users: dict, shown: dict, drawn: dict) -> tuple[torch.Tensor, torch.Tensor]:
         # negatives drawn as often as shown carry no popularity to learn: with the prior in the logit,
         # training would only learn to cancel it, so the term learns beside it and the score adds it
-        with_prior = self.network.spec.config.negatives_from == "catalogue"
+        with_prior = trains_with_prior(self.network.spec.config)
         user_vectors = self.network.user_vectors(users)
         repeats = len(drawn["ids"]) // len(user_vectors)
         return (
@@ -432,6 +579,7 @@ def fit(
     pool, first, size, pool_rows = _negative_pool(frame, spec.item, item_inputs, config.negatives_from)
     optimizer = torch.optim.Adam(objective.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     labels = torch.from_numpy(frame.get_column(LABEL).to_numpy().astype(np.float32))
+    log_q = _log_impression_shares(frame)
     generator = torch.Generator().manual_seed(config.seed + rank)
     losses: list[float] = []
     for epoch in range(config.epochs):
@@ -448,11 +596,17 @@ def fit(
                 _batch(item_inputs, index, config.unseen_share, generator, device),
                 _batch(pool, sampled, config.unseen_share, generator, device),
             )
-            target = torch.cat([torch.ones(len(shown)), torch.zeros(len(unshown))]).to(device)
-            weight = torch.cat([1.0 + (config.click_weight - 1.0) * labels[index], torch.ones(len(unshown))])
-            loss = nn.functional.binary_cross_entropy_with_logits(
-                torch.cat([shown, unshown]), target, weight=weight.to(device)
-            )
+            clicked = (1.0 + (config.click_weight - 1.0) * labels[index]).to(device)
+            if config.loss == "softmax":
+                loss = _corrected_softmax_loss(
+                    shown, unshown, log_q[index].to(device), log_q[sampled].to(device), clicked
+                )
+            else:
+                target = torch.cat([torch.ones(len(shown)), torch.zeros(len(unshown))]).to(device)
+                weight = torch.cat([clicked, torch.ones(len(unshown), device=device)])
+                loss = nn.functional.binary_cross_entropy_with_logits(
+                    torch.cat([shown, unshown]), target, weight=weight
+                )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -461,6 +615,27 @@ def fit(
         if on_epoch is not None:
             on_epoch(epoch, losses)
     return losses
+
+
+def _corrected_softmax_loss(shown, unshown, log_q_shown, log_q_drawn, weight) -> torch.Tensor:
+    """Weighted cross-entropy of each shown pair (column 0) against its drawn negatives, every logit less the
+    log of its chance of being drawn (the sampling-bias correction of Yi et al. 2019)."""
+    negatives = len(unshown) // len(shown)
+    logits = torch.cat(
+        [(shown - log_q_shown).unsqueeze(1), (unshown - log_q_drawn).view(negatives, len(shown)).T], dim=1
+    )
+    losses = nn.functional.cross_entropy(
+        logits, torch.zeros(len(shown), dtype=torch.long, device=logits.device), reduction="none"
+    )
+    return (losses * weight).sum() / weight.sum()
+
+
+def _log_impression_shares(frame: pl.DataFrame) -> torch.Tensor:
+    """Per row, the log of its item's share of its day's rows: the chance an impression negative drawn for
+    that day is this item."""
+    day = pl.col("event_timestamp").dt.date()
+    shares = frame.select((pl.len().over(day, "item_id") / pl.len().over(day)).log().alias("q"))
+    return torch.from_numpy(shares.get_column("q").to_numpy().astype(np.float32))
 
 
 def _negative_pool(frame: pl.DataFrame, item: TowerSpec, item_inputs: dict, source: str):
@@ -548,6 +723,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 class TrainResult:
     model: PersonalizationModel
     loss_curve: list[float]
+    coverage: dict[str, int] = field(default_factory=dict)  # feature_coverage of the training rows
 
 
 def train(
@@ -558,7 +734,8 @@ def train(
 
     if train_frame.is_empty():
         raise ValueError("no training rows")
-    frame = with_fixed_item_attributes(labelled(with_item_embeddings(train_frame, item_embeddings)))
+    raw = labelled(with_item_embeddings(train_frame, item_embeddings))
+    frame = with_fixed_item_attributes(raw)
     spec = build_spec(frame, config, item_embeddings)
     network = TwoTower(spec)
     scaling = ScalingConfig(
@@ -568,4 +745,5 @@ def train(
     with fitted(train_loop_per_worker, loop_config, scaling, storage_path, "personalization") as result:
         with result.checkpoint.as_directory() as folder:
             network.load_state_dict(torch.load(Path(folder) / MODEL_FILE, map_location="cpu", weights_only=True))
-    return TrainResult(PersonalizationModel(network), list(result.metrics["loss_curve"]))
+    coverage = feature_coverage(raw, frame)
+    return TrainResult(PersonalizationModel(network), list(result.metrics["loss_curve"]), coverage)

@@ -135,6 +135,12 @@ def _m_step(shown: np.ndarray, positives: np.ndarray, responsibilities: np.ndarr
     return prior, exposure, propensity
 
 
+def posterior(shown: np.ndarray, positives: np.ndarray, prior, exposure, propensity) -> np.ndarray:
+    """(users, clusters) each user's posterior over the clusters from their impressions and positives per
+    category (rows of zeros: the prior)."""
+    return _e_step(shown, positives, prior, exposure, propensity)[0]
+
+
 def _e_step(shown, positives, prior, exposure, propensity) -> tuple[np.ndarray, float]:
     """Each user's responsibilities and the data's log-likelihood under the parameters."""
     joint = (

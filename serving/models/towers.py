@@ -88,6 +88,23 @@ class UserEncoder:
         return inputs
 
 
+MIXTURE_BUFFERS = (
+    "taste_position",
+    "taste_mean",
+    "taste_std",
+    "taste_log",
+    "log_prior",
+    "log_exposure",
+    "log_propensity",
+    "log_unclicked",
+    "expected",
+)
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
+
+
 class UserTowerKernel:
     """The user tower's forward pass (ml.personalization.Tower, then TwoTower.user_vectors' constant 1)
     in numpy over the version's own weights: for the few rows of a request, torch's per-operation
@@ -111,6 +128,12 @@ class UserTowerKernel:
         self.w1, self.b1 = np.ascontiguousarray(weights(first).T), first.bias.detach().cpu().numpy()
         self.w2, self.b2 = np.ascontiguousarray(weights(second).T), second.bias.detach().cpu().numpy()
         self.direct = weights(tower.direct)  # each id's own output vector, added after the MLP
+        # the taste head: a score per item category from the inputs, plus the taste-cluster mixture's term
+        self.taste = (
+            None if tower.taste is None else (np.ascontiguousarray(weights(tower.taste).T), _array(tower.taste.bias))
+        )
+        self.mixture = {name: _array(getattr(tower, name)) for name in MIXTURE_BUFFERS} if tower.mixture else None
+        self.cluster_weight = 1.0 + float(tower.cluster_weight.detach().cpu()) if tower.mixture else 0.0
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         parts = [self.ids[inputs["ids"]], inputs["numeric"]]
@@ -127,9 +150,37 @@ class UserTowerKernel:
                 parts.append(counts.sum(axis=1) / np.maximum(present.sum(axis=1), 1.0))
         if "embedding" in inputs:
             parts.append(inputs["embedding"])
-        hidden = np.maximum(np.concatenate(parts, axis=1) @ self.w1 + self.b1, 0.0)
-        out = hidden @ self.w2 + self.b2 + self.direct[inputs["ids"]]
-        return np.concatenate([out, np.ones((len(out), 1), np.float32)], axis=1)
+        mixture = self.cluster_taste(inputs["numeric"]) if self.mixture else None
+        if mixture is not None:
+            parts.append(mixture)
+        features = np.concatenate(parts, axis=1)
+        hidden = np.maximum(features @ self.w1 + self.b1, 0.0)
+        out = [hidden @ self.w2 + self.b2 + self.direct[inputs["ids"]]]
+        if self.taste is not None:
+            taste = features @ self.taste[0] + self.taste[1]
+            out.append(taste if mixture is None else taste + np.float32(self.cluster_weight) * mixture)
+        out.append(np.ones((len(features), 1), np.float32))
+        return np.concatenate(out, axis=1)
+
+    def cluster_taste(self, numeric: np.ndarray) -> np.ndarray:
+        """ml.personalization.Tower.cluster_taste in numpy."""
+        m = self.mixture
+        position = m["taste_position"]
+        scaled = numeric[:, np.maximum(position, 0)] * m["taste_std"] + m["taste_mean"]
+        counts = np.where(m["taste_log"], np.expm1(scaled), scaled)
+        counts = np.maximum(np.where(position >= 0, counts, 0.0), 0.0).astype(np.float32)
+        categories = m["expected"].shape[1]
+        shown = counts[:, :categories]
+        clicked = np.minimum(counts[:, categories:], shown)
+        joint = (
+            m["log_prior"]
+            + shown @ m["log_exposure"].T
+            + clicked @ m["log_propensity"].T
+            + (shown - clicked) @ m["log_unclicked"].T
+        )
+        joint = np.exp(joint - joint.max(axis=1, keepdims=True))
+        expected = np.log((joint / joint.sum(axis=1, keepdims=True)) @ m["expected"])
+        return np.concatenate([expected.mean(axis=1, keepdims=True), expected], axis=1).astype(np.float32)
 
 
 class TwoTowerModel(ServedModel):

@@ -64,7 +64,9 @@ def test_a_newcomers_list_follows_the_categories_of_their_history():
     frame, category = rows()
     train = labelled(frame)
     torch.manual_seed(0)
-    network = TwoTower(build_spec(train, TrainConfig(dim=8, hidden=32, epochs=8, unseen_share=0.2)))
+    # the history alone (no taste head): what its pooling through the categories learns
+    config = TrainConfig(dim=8, hidden=32, epochs=8, unseen_share=0.2, taste=False, weight_decay=1e-4)
+    network = TwoTower(build_spec(train, config))
     network.set_prior(train)
     network.set_history_categories(train)
     fit(Objective(network), train)
