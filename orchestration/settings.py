@@ -81,6 +81,16 @@ def outside_checkout(value: str, env: Mapping[str, str]) -> str | None:
     return None if Path(value).is_absolute() else f"{value!r} is not an absolute path"
 
 
+def artifact_root(value: str, env: Mapping[str, str]) -> str | None:
+    """An s3:// bucket (any S3-compatible store, MLFLOW_S3_ENDPOINT_URL names one that is not AWS) or a
+    folder every host mounts."""
+    if value.startswith("s3://"):
+        return None if value[len("s3://") :].split("/", 1)[0] else f"{value!r} names no bucket"
+    if "://" in value:
+        return f"{value!r} is neither an s3:// URL nor a folder"
+    return outside_checkout(value, env)
+
+
 def existing_file(value: str, env: Mapping[str, str]) -> str | None:
     return None if Path(value).is_file() else f"{value!r} is not a file"
 
@@ -227,9 +237,32 @@ SETTINGS = (
     ),
     Setting(
         "MLPLANE_MLFLOW_ARTIFACT_ROOT",
-        "Where new model versions store their artifacts",
+        "Where new model versions store their artifacts: s3://bucket/prefix, or a folder every host mounts",
         "registry/ in the lake",
         REQUIRED,
+        artifact_root,
+    ),
+    Setting(
+        "MLFLOW_S3_ENDPOINT_URL",
+        "The S3-compatible object store of s3:// artifact roots (MinIO, Ceph, ...); MLflow's own variable",
+        None,
+        "AWS S3 when unset",
+        url("http", "https"),
+        used_by="MLflow (boto3) in runs and the model server",
+    ),
+    Setting(
+        "AWS_ACCESS_KEY_ID",
+        "The object store's access key (boto3's own variable)",
+        None,
+        "boto3's other credential sources",
+        used_by="MLflow (boto3) in runs and the model server",
+    ),
+    Setting(
+        "AWS_SECRET_ACCESS_KEY",
+        "The object store's secret key (boto3's own variable)",
+        None,
+        "boto3's other credential sources",
+        used_by="MLflow (boto3) in runs and the model server",
     ),
     Setting(
         "MLPLANE_GATEWAY_URL", "The ML gateway assets call", "http://127.0.0.1:4000", REQUIRED, url("http", "https")
@@ -313,6 +346,13 @@ SETTINGS = (
         None,
         None,
         used_by="mlplane gateway rollout",
+    ),
+    Setting(
+        "PGPASSWORD",
+        "Password of database URLs written without one (libpq's own variable): the model server's YAML",
+        None,
+        None,
+        used_by="the model server (deploy/k8s)",
     ),
     Setting(
         "MLPLANE_LABELING_PASSWORD",
