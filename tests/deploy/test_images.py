@@ -86,3 +86,11 @@ def test_each_unit_runs_as_mlplane_a_real_command_its_deployment_also_runs():
         assert command[0] in scripts
         assert CliRunner().invoke(click_command(command[0]), [*command[1:], "--help"]).exit_code == 0, command
         assert deployed[target] == command, target
+
+
+def test_the_units_cannot_write_into_their_source_tree():
+    """The code is installed as root and runs as mlplane: a write into the checkout fails instead of
+    landing in a container's layer. Only the Dagster home is the user's."""
+    text = DOCKERFILE.read_text()
+    assert re.findall(r"chown\s+-R\s+mlplane:mlplane\s+(\S+)", text) == ["/opt/dagster"]
+    assert "PYTHONDONTWRITEBYTECODE=1" in text  # no __pycache__ written beside the code at run time

@@ -218,3 +218,23 @@ def test_containers_and_exec_probes_run_real_commands_with_real_options(objects)
 def test_an_unknown_option_fails_that_check():
     result = CliRunner().invoke(click_command("mlplane"), ["labeling", "serve", "--no-such-option", "--help"])
     assert result.exit_code != 0
+
+
+def test_the_gateway_pod_sets_every_variable_its_config_names(objects):
+    from serving.gateway.config import ENV_REFERENCE
+
+    container = pod(by_kind(objects, "Deployment")["mlplane-gateway"])["containers"][0]
+    config = container["args"][container["args"].index("--config") + 1]
+    named = {m[1] for m in ENV_REFERENCE.finditer((PROJECT_ROOT / config).read_text()) if m[2] is None}
+    assert named and named <= set(environment(container, objects))
+    tokenizer = environment(container, objects)["MLPLANE_GATEWAY_TOKENIZER"]
+    assert any(tokenizer.startswith(m["mountPath"] + "/") for m in container["volumeMounts"])
+
+
+def test_the_model_server_reads_the_mounted_config(objects):
+    deployment = by_kind(objects, "Deployment")["mlplane-model-server"]
+    container = pod(deployment)["containers"][0]
+    config = Path(environment(container, objects)["MLPLANE_MODEL_SERVER_CONFIG"])
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.parent)]
+    [volume] = [v for v in pod(deployment)["volumes"] if v["name"] == mount["name"]]
+    assert config.name in by_kind(objects, "ConfigMap")[volume["configMap"]["name"]]["data"]
