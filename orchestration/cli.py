@@ -115,19 +115,28 @@ def default_start(days: int) -> date:
 
 
 @main.command()
-def doctor() -> None:
+@click.option("--connect", is_flag=True, help="Also open a TCP connection to each service a setting names.")
+@click.option(
+    "--gateway-config", default=None, help="Also check that the gateway starts on this YAML (deploy/prod/gateway.yaml)."
+)
+def doctor(connect: bool, gateway_config: str | None) -> None:
     """Name every missing or malformed setting of the current profile (MLPLANE_PROFILE); exit 1 if any."""
-    from orchestration.settings import SETTINGS, notes, problems
+    from orchestration.settings import SETTINGS, gateway_config_problems, notes, problems, unreachable
 
     profile = os.environ.get("MLPLANE_PROFILE") or "local"
     checked_as = profile if profile in ("local", "prod") else "local"  # and MLPLANE_PROFILE is reported
     found = problems(os.environ, checked_as)
+    if connect:
+        found += unreachable(os.environ, checked_as)
+    if gateway_config:
+        found += gateway_config_problems(gateway_config)
     for line in [*found, *notes(os.environ, checked_as)]:
         click.echo(line, err=True)
     if found:
         raise click.ClickException(f"{len(found)} setting(s) of the {profile} profile to fix (docs/operations.md)")
     checked = sum(1 for s in SETTINGS if s.in_profile(checked_as) is not None)
-    click.echo(f"the {profile} profile's {checked} settings are complete")
+    reached = " and reachable" if connect else ""
+    click.echo(f"the {profile} profile's {checked} settings are complete{reached}")
 
 
 @main.command()

@@ -6,9 +6,11 @@ against it."""
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 REQUIRED = "required"
 # A check gets the value and the whole environment (a setting may depend on another); it returns what is
@@ -79,6 +81,16 @@ def outside_checkout(value: str, env: Mapping[str, str]) -> str | None:
     if path == checkout or checkout in path.parents:
         return f"{value!r} is inside the checkout: give storage every host shares"
     return None if Path(value).is_absolute() else f"{value!r} is not an absolute path"
+
+
+def artifact_root(value: str, env: Mapping[str, str]) -> str | None:
+    """An s3:// bucket (any S3-compatible store, MLFLOW_S3_ENDPOINT_URL names one that is not AWS) or a
+    folder every host mounts."""
+    if value.startswith("s3://"):
+        return None if value[len("s3://") :].split("/", 1)[0] else f"{value!r} names no bucket"
+    if "://" in value:
+        return f"{value!r} is neither an s3:// URL nor a folder"
+    return outside_checkout(value, env)
 
 
 def existing_file(value: str, env: Mapping[str, str]) -> str | None:
@@ -227,9 +239,32 @@ SETTINGS = (
     ),
     Setting(
         "MLPLANE_MLFLOW_ARTIFACT_ROOT",
-        "Where new model versions store their artifacts",
+        "Where new model versions store their artifacts: s3://bucket/prefix, or a folder every host mounts",
         "registry/ in the lake",
         REQUIRED,
+        artifact_root,
+    ),
+    Setting(
+        "MLFLOW_S3_ENDPOINT_URL",
+        "The S3-compatible object store of s3:// artifact roots (MinIO, Ceph, ...); MLflow's own variable",
+        None,
+        "AWS S3 when unset",
+        url("http", "https"),
+        used_by="MLflow (boto3) in runs and the model server",
+    ),
+    Setting(
+        "AWS_ACCESS_KEY_ID",
+        "The object store's access key (boto3's own variable)",
+        None,
+        "boto3's other credential sources",
+        used_by="MLflow (boto3) in runs and the model server",
+    ),
+    Setting(
+        "AWS_SECRET_ACCESS_KEY",
+        "The object store's secret key (boto3's own variable)",
+        None,
+        "boto3's other credential sources",
+        used_by="MLflow (boto3) in runs and the model server",
     ),
     Setting(
         "MLPLANE_GATEWAY_URL", "The ML gateway assets call", "http://127.0.0.1:4000", REQUIRED, url("http", "https")
@@ -315,6 +350,13 @@ SETTINGS = (
         used_by="mlplane gateway rollout",
     ),
     Setting(
+        "PGPASSWORD",
+        "Password of database URLs written without one (libpq's own variable): the model server's YAML",
+        None,
+        None,
+        used_by="the model server (deploy/k8s)",
+    ),
+    Setting(
         "MLPLANE_LABELING_PASSWORD",
         "Password of accounts the labeling commands create",
         None,
@@ -349,6 +391,52 @@ def notes(env: Mapping[str, str], profile: str) -> list[str]:
         if (s.in_profile(profile) or "").startswith("optional")
         and not s.name.startswith(NOTIFY_PREFIX)
         and not env.get(s.name)
+    ]
+
+
+# --- beyond the values' form: can the services be reached, does the gateway's config start -------------
+DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgresql+psycopg2": 5432, "redis": 6379, "ray": 10001}
+
+
+def endpoint(value: str) -> tuple[str, int] | None:
+    """The host and port a URL or host:port value names (the first of a list), or None (a folder, s3://)."""
+    if "://" in value:
+        parsed = urlsplit(value)
+        if parsed.scheme not in DEFAULT_PORTS or not parsed.hostname:
+            return None
+        return parsed.hostname, parsed.port or DEFAULT_PORTS[parsed.scheme]
+    match = re.fullmatch(r"([\w.-]+):(\d+)", value.split(",")[0].strip())
+    return (match[1], int(match[2])) if match else None
+
+
+def unreachable(env: Mapping[str, str], profile: str, timeout_s: float = 3.0) -> list[str]:
+    """The settings of `profile` in `env` naming a host and port that takes no TCP connection, one sentence each."""
+    found = []
+    for setting in SETTINGS:
+        value = env.get(setting.name, "")
+        target = endpoint(value) if value and setting.in_profile(profile) is not None else None
+        if target is None:
+            continue
+        try:
+            socket.create_connection(target, timeout=timeout_s).close()
+        except OSError as error:
+            found.append(f"{setting.name}: cannot reach {target[0]}:{target[1]} ({error.strerror or error})")
+    return found
+
+
+def gateway_config_problems(path: str) -> list[str]:
+    """What stops the gateway from starting on the config at `path`: unset variables it names, invalid
+    fields, tokenizers that are not there."""
+    from serving.gateway.config import ConfigError, load_config
+
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        return [str(error)]
+    return [
+        f"{path}: the tokenizer {backend.tokenizer!r} of {backend.model_name} ({backend.region}) does not exist"
+        for backend in config.model_list
+        if backend.tokenizer and not Path(backend.tokenizer).exists()
     ]
 
 
