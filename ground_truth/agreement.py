@@ -49,17 +49,30 @@ def krippendorff_alpha_interval(
     for n, values in enumerate(pairable):
         counts = np.bincount([index[v] for v in values], minlength=len(index)).astype(float)
         per_unit[n] = (np.outer(counts, counts) - np.diag(counts)) / (len(values) - 1)
-    draws = np.random.default_rng(seed).multinomial(len(pairable), [1 / len(pairable)] * len(pairable), resamples)
-    coincidences = np.einsum("bn,nkl->bkl", draws, per_unit)
+    rng, share = np.random.default_rng(seed), [1 / len(pairable)] * len(pairable)
+    alphas = np.concatenate(  # in chunks of draws: a draw holds a count per unit
+        [
+            _alphas(np.einsum("bn,nkl->bkl", rng.multinomial(len(pairable), share, size), per_unit))
+            for size in _chunks(resamples)
+        ]
+    )
+    alphas = alphas[np.isfinite(alphas)]  # a draw of one category only has no alpha
+    tail = (1 - level) / 2
+    return float(np.quantile(alphas, tail)), float(np.quantile(alphas, 1 - tail))
+
+
+def _chunks(total: int, size: int = 200) -> list[int]:
+    return [min(size, total - start) for start in range(0, total, size)]
+
+
+def _alphas(coincidences: np.ndarray) -> np.ndarray:
+    """Nominal alpha of each coincidence matrix in a stack; NaN where undefined."""
     totals = coincidences.sum(axis=2)
     n = totals.sum(axis=1)
     observed = n - np.trace(coincidences, axis1=1, axis2=2)
     expected = n * n - (totals * totals).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        alphas = 1 - (n - 1) * observed / expected
-    alphas = alphas[np.isfinite(alphas)]  # a draw of one category only has no alpha
-    tail = (1 - level) / 2
-    return float(np.quantile(alphas, tail)), float(np.quantile(alphas, 1 - tail))
+        return 1 - (n - 1) * observed / expected
 
 
 def fleiss_kappa(units: Sequence[Sequence[Hashable]]) -> float | None:
