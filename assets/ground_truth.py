@@ -30,6 +30,7 @@ from resources.registry import ModelRegistryResource
 
 MODEL = "personalization"
 PRIORITY = {src.FLAGGED: 3.0, src.REPORTS: 2.0, src.AUDIT: 1.0}
+GOLD_POSTERIOR = 0.95  # a released label becomes a gold key only when the annotator model is this sure
 
 
 def queue_key(spec: TaskSpec) -> AssetKey:
@@ -104,11 +105,15 @@ def content_violation_queue(
 
 
 def _gold_from_newest_release(lake_root: Path, engine, task: queue.Task, context) -> int:
-    """Gold questions drawn at random from the newest release's resolved labels (none before the first)."""
+    """Gold questions drawn at random from the newest release's verdicts and confident labels (none before
+    the first release)."""
     newest = newest_release(lake_root, task.spec.name)
     if newest is None:
         return 0
-    known = dict(newest.labels().select("key", "label").iter_rows())
+    labels = newest.labels()
+    if "posterior" in labels.columns:  # a key scores everyone: verdicts, and labels the model is sure of
+        labels = labels.filter((pl.col("resolved_by") == "verdict") | (pl.col("posterior") >= GOLD_POSTERIOR))
+    known = dict(labels.select("key", "label").iter_rows())
     added = queue.set_gold(engine, task, known, random.Random(f"{task.spec.name}:{newest.version}:{len(known)}"))
     context.log.info(f"{task.spec.name}: {added} new gold questions from release {newest.name}")
     return added

@@ -103,7 +103,7 @@ def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
 
 
 def set_gold(engine: Engine, task: Task, known: dict[str, str], rng: random.Random) -> int:
-    """Give items with a known answer (an earlier release's resolved labels: adjudicated or unanimous)
+    """Give items with a known answer (an earlier release's verdicts and confident labels)
     their gold label, chosen at random, until gold_share of the task's items carry one. Each is then served
     as a gold question to the annotators who have not answered it. Returns how many were set; idempotent
     once the share is reached."""
