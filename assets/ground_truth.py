@@ -30,6 +30,7 @@ from resources.registry import ModelRegistryResource
 
 MODEL = "personalization"
 PRIORITY = {src.FLAGGED: 3.0, src.REPORTS: 2.0, src.AUDIT: 1.0}
+GOLD_POSTERIOR = 0.95  # a released label becomes a gold key only when the annotator model is this sure
 
 
 def queue_key(spec: TaskSpec) -> AssetKey:
@@ -55,7 +56,8 @@ class ViolationQueueConfig(Config):
     "detector flagged, items where it and the users' ip_violation reports disagree, and a random "
     "audit sample of the catalogue. Then gold questions: random items of the newest release (adjudicated "
     "or unanimous) get their released label as a known answer, until the task's gold_share of its items "
-    "carry one. Idempotent: an item is added once, a re-run adds nothing.",
+    "carry one. Last, the annotator model is refitted (the queue of an adaptive task asks by it). "
+    "Idempotent: an item is added once, a re-run adds nothing.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),  # a range runs as one run (partition_days)
     deps=[VIOLATION_FLAGS, AssetKey(["warehouse", "abuse_reports"]), WAREHOUSE_ITEMS],
@@ -86,11 +88,14 @@ def content_violation_queue(
             rows.append({"day": day.isoformat(), "queue": name, "candidates": len(ids), "new_items": added})
         context.log.info(f"content_violation queue {day}: {rows[-3:]}")
     gold = _gold_from_newest_release(Path(lake.root), engine, task, context)
+    _, slots = review.refresh_model(engine, task)  # new items and gold answers: refit, rebalance adaptive slots
     quality = review.task_quality(engine, task)
     return MaterializeResult(
         metadata={
             "new_items": sum(r["new_items"] for r in rows),
             "new_gold_questions": gold,
+            "slots_added": slots["slots_added"],
+            "slots_removed": slots["slots_removed"],
             "task_items": quality.items,
             "days_without_flags": ", ".join(missing_flags) or "none",
             "queues": table(rows),
@@ -100,11 +105,15 @@ def content_violation_queue(
 
 
 def _gold_from_newest_release(lake_root: Path, engine, task: queue.Task, context) -> int:
-    """Gold questions drawn at random from the newest release's resolved labels (none before the first)."""
+    """Gold questions drawn at random from the newest release's verdicts and confident labels (none before
+    the first release)."""
     newest = newest_release(lake_root, task.spec.name)
     if newest is None:
         return 0
-    known = dict(newest.labels().select("key", "label").iter_rows())
+    labels = newest.labels()
+    if "posterior" in labels.columns:  # a key scores everyone: verdicts, and labels the model is sure of
+        labels = labels.filter((pl.col("resolved_by") == "verdict") | (pl.col("posterior") >= GOLD_POSTERIOR))
+    known = dict(labels.select("key", "label").iter_rows())
     added = queue.set_gold(engine, task, known, random.Random(f"{task.spec.name}:{newest.version}:{len(known)}"))
     context.log.info(f"{task.spec.name}: {added} new gold questions from release {newest.name}")
     return added
@@ -196,9 +205,10 @@ def _pair_items(store, day, pairs: pl.DataFrame) -> list[ItemIn]:
 
 
 class ReleaseConfig(Config):
-    min_agreement: float = Field(
-        default=0.667,
-        description="Lowest Krippendorff's alpha a release may have (Krippendorff's floor for tentative conclusions)",
+    min_agreement: float | None = Field(
+        default=None,
+        description="Lowest Krippendorff's alpha a release may have; default the task's min_alpha (0.667, "
+        "Krippendorff's floor for tentative conclusions, unless the task says otherwise)",
     )
     min_class_share: float = Field(default=0.01, description="Smallest share any label may have")
     max_class_share: float = Field(default=0.99, description="Largest share any label may have")
@@ -210,7 +220,10 @@ def release_suite(spec: TaskSpec, config: ReleaseConfig) -> Suite:
         f"ground_truth_{spec.name}_release",
         [
             gxe.ExpectColumnValuesToBeBetween(column="items", min_value=config.min_items),
-            gxe.ExpectColumnValuesToBeBetween(column="krippendorff_alpha", min_value=config.min_agreement),
+            gxe.ExpectColumnValuesToBeBetween(
+                column="krippendorff_alpha",
+                min_value=spec.min_alpha if config.min_agreement is None else config.min_agreement,
+            ),
             gxe.ExpectColumnValuesToNotBeNull(column="krippendorff_alpha"),
             gxe.ExpectColumnValuesToBeBetween(column="unresolved_disagreements", min_value=0, max_value=0),
             gxe.ExpectColumnValuesToBeBetween(column="smallest_class_share", min_value=config.min_class_share),
@@ -225,10 +238,11 @@ def release_asset(spec: TaskSpec):
     @asset(
         key=key,
         group_name="ground_truth",
-        description=f"A versioned, immutable release of the {spec.name} labels (resolved: unanimous or "
-        "adjudicated): Parquet, manifest, dataset card and Label Studio import, written only when "
-        "the blocking checks pass (agreement, no open disagreement, class balance). Unchanged "
-        "labels make no new version.",
+        description=f"A versioned, immutable release of the {spec.name} labels (a reviewer's verdict, else the "
+        "Dawid-Skene annotator model's label at the task's confidence, else a unanimous answer), each with "
+        "its posterior: Parquet, manifest (agreement with its bootstrap interval, the annotator model, "
+        "flagged annotators), dataset card and Label Studio import, written only when the blocking checks "
+        "pass (alpha floor, no open disagreement, class balance). Unchanged labels make no new version.",
         # content_violation: the flags read the release and the queue reads the flags; Dagster's graph is
         # acyclic, so the loop's undeclared edge is the one the annotators close (queue -> label store)
         deps=[] if spec.name == CONTENT_VIOLATION.name else [queue_key(spec)],
@@ -249,8 +263,9 @@ def release_asset(spec: TaskSpec):
     ):
         engine = labels.get_client()
         task = queue.get_task(engine, spec.name)
+        model, _ = review.refresh_model(engine, task)
         states = review.item_states(engine, task)
-        found = rel.candidate(task, states, review.task_quality(engine, task, states))
+        found = rel.candidate(task, states, review.task_quality(engine, task, states, model), model)
         summary = found.summary()
         summary = summary.with_columns(
             largest_class_share=pl.lit(max(found.class_balance().values(), default=None), dtype=pl.Float64)
@@ -270,6 +285,10 @@ def release_asset(spec: TaskSpec):
                 "items": manifest["items"],
                 "content_hash": manifest["content_hash"],
                 "krippendorff_alpha": manifest["agreement"]["krippendorff_alpha"],
+                "krippendorff_alpha_interval": str(manifest["agreement"]["krippendorff_alpha_interval"]),
+                "method": str(manifest["method"]),
+                "answers": manifest["answers"],
+                "flagged_annotators": ", ".join(manifest["flagged_annotators"]) or "none",
                 "class_counts": table([{"label": k, "count": v} for k, v in sorted(manifest["class_counts"].items())]),
                 "source_queues": table(
                     [{"queue": k, "items": v} for k, v in sorted(manifest["source_queues"].items())]

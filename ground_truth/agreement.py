@@ -1,7 +1,8 @@
 """Inter-annotator agreement for nominal labels: Krippendorff's alpha (any number of annotators per
 item, missing answers allowed), Fleiss' kappa (the same number per item) and Cohen's kappa (two
 sequences of labels over the same items). None where a statistic is undefined (e.g. one category).
-And the Wilson interval of a proportion (an annotator's accuracy on gold questions)."""
+Alpha's 95% interval by a percentile bootstrap over items, and the Wilson interval of a proportion (an
+annotator's accuracy on gold questions)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from itertools import permutations
 from math import sqrt
+
+import numpy as np
 
 
 def krippendorff_alpha(units: Sequence[Sequence[Hashable]]) -> float | None:
@@ -30,6 +33,46 @@ def krippendorff_alpha(units: Sequence[Sequence[Hashable]]) -> float | None:
     if n <= 1 or expected == 0:
         return None
     return 1 - (n - 1) * observed / expected
+
+
+def krippendorff_alpha_interval(
+    units: Sequence[Sequence[Hashable]], level: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """Percentile bootstrap of nominal alpha: the items (units) are drawn with replacement, as the items
+    of a task are a sample of the items it could have held; each draw's alpha comes from the sum of the
+    drawn units' coincidence matrices. None when alpha is undefined on the data."""
+    pairable = [u for u in units if len(u) >= 2]
+    if krippendorff_alpha(pairable) is None:
+        return None
+    index = {v: i for i, v in enumerate(sorted({v for u in pairable for v in u}, key=str))}
+    per_unit = np.zeros((len(pairable), len(index), len(index)))
+    for n, values in enumerate(pairable):
+        counts = np.bincount([index[v] for v in values], minlength=len(index)).astype(float)
+        per_unit[n] = (np.outer(counts, counts) - np.diag(counts)) / (len(values) - 1)
+    rng, share = np.random.default_rng(seed), [1 / len(pairable)] * len(pairable)
+    alphas = np.concatenate(  # in chunks of draws: a draw holds a count per unit
+        [
+            _alphas(np.einsum("bn,nkl->bkl", rng.multinomial(len(pairable), share, size), per_unit))
+            for size in _chunks(resamples)
+        ]
+    )
+    alphas = alphas[np.isfinite(alphas)]  # a draw of one category only has no alpha
+    tail = (1 - level) / 2
+    return float(np.quantile(alphas, tail)), float(np.quantile(alphas, 1 - tail))
+
+
+def _chunks(total: int, size: int = 200) -> list[int]:
+    return [min(size, total - start) for start in range(0, total, size)]
+
+
+def _alphas(coincidences: np.ndarray) -> np.ndarray:
+    """Nominal alpha of each coincidence matrix in a stack; NaN where undefined."""
+    totals = coincidences.sum(axis=2)
+    n = totals.sum(axis=1)
+    observed = n - np.trace(coincidences, axis1=1, axis2=2)
+    expected = n * n - (totals * totals).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 1 - (n - 1) * observed / expected
 
 
 def fleiss_kappa(units: Sequence[Sequence[Hashable]]) -> float | None:

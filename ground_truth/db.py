@@ -3,7 +3,8 @@
 An item of a task has k answer slots (k = annotators_per_item), created with the item. Claiming a
 slot is one conditional UPDATE, which both databases apply atomically, so no item ever gets more
 than k answers; a unique (item, holder) constraint keeps one person to one slot of an item.
-Gold questions get a slot per annotator on demand (slot number NULL)."""
+Gold questions get a slot per annotator on demand (slot number NULL). An adaptive task's item starts
+with one slot and gains one at a time while its label posterior is uncertain (ground_truth/queue.py)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,17 @@ verdicts = Table(
     Column("reviewer_id", Integer, ForeignKey("gt_accounts.id"), nullable=False),
     Column("label", Text, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False),
+)
+
+# the newest fitted annotator model of a task (ground_truth/annotator_model.py): the queue reads it after
+# each answer of an adaptive task to decide whether the item needs another answer
+models = Table(
+    "gt_models",
+    metadata,
+    Column("task_id", Integer, ForeignKey("gt_tasks.id"), primary_key=True),
+    Column("model", JSON, nullable=False),
+    Column("answers", Integer, nullable=False),  # answers it was fitted on
+    Column("fitted_at", DateTime(timezone=True), nullable=False),
 )
 
 

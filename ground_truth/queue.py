@@ -9,15 +9,18 @@ import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy import and_, delete, exists, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from ground_truth.db import item_sources, items, skips, slots, tasks, verdicts
+from ground_truth.annotator_model import AnnotatorModel
+from ground_truth.db import accounts, item_sources, items, models, skips, slots, tasks, verdicts
 from ground_truth.schema import ItemIn, Shown, TaskSpec
 
 LEASE = timedelta(minutes=10)  # an unanswered claim is given to someone else after this
 CLAIM_ATTEMPTS = 8
+# which serve is a gold question, and which one: unpredictable, so no position in the queue gives it away
+GOLD_DRAW = random.SystemRandom()
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,9 @@ def list_tasks(engine: Engine) -> list[Task]:
 
 
 def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
-    """Add items (with k answer slots each, none for gold questions); an item already in the task only
-    gains the new source queue. Returns how many items were new. Idempotent."""
+    """Add items (with k answer slots each, or one when the task is adaptive; none for gold questions); an
+    item already in the task only gains the new source queue. Returns how many items were new. Idempotent.
+    Seeded gold questions (an expert's known answers) are items with `gold_label` set."""
     if task.spec.labels is not None:
         bad = [i.key for i in new if i.gold_label is not None and i.gold_label not in task.spec.labels]
         if bad:
@@ -90,7 +94,7 @@ def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
                 added += 1
                 if item.gold_label is None:
                     conn.execute(
-                        insert(slots), [{"item_id": item_id, "slot": s} for s in range(task.spec.annotators_per_item)]
+                        insert(slots), [{"item_id": item_id, "slot": s} for s in range(task.spec.first_answers)]
                     )
             known = conn.execute(select(item_sources.c.queue).where(item_sources.c.item_id == item_id)).scalars()
             if item.queue not in set(known):
@@ -99,7 +103,7 @@ def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
 
 
 def set_gold(engine: Engine, task: Task, known: dict[str, str], rng: random.Random) -> int:
-    """Give items with a known answer (an earlier release's resolved labels: adjudicated or unanimous)
+    """Give items with a known answer (an earlier release's verdicts and confident labels)
     their gold label, chosen at random, until gold_share of the task's items carry one. Each is then served
     as a gold question to the annotators who have not answered it. Returns how many were set; idempotent
     once the share is reached."""
@@ -133,20 +137,21 @@ def shows_media(engine: Engine, path: str) -> bool:
         return conn.execute(select(exists().where(items.c.thumbnail == path))).scalar()
 
 
-def serve(engine: Engine, task: Task, account_id: int) -> Shown | None:
-    """The item this annotator should label now: the one they hold, else every n-th time a gold
-    question, else a freshly claimed slot of the highest-priority open item. None when nothing is left."""
+def serve(engine: Engine, task: Task, account_id: int, rng: random.Random = GOLD_DRAW) -> Shown | None:
+    """The item this annotator should label now: the one they hold, else with probability gold_share a
+    gold question they have not seen (drawn at random), else a freshly claimed slot of the
+    highest-priority open item. None when nothing is left. `rng`: a seeded one makes a simulation repeatable."""
     with engine.begin() as conn:
-        return _claim(conn, task, account_id)
+        return _claim(conn, task, account_id, rng)
 
 
-def _claim(conn: Connection, task: Task, account_id: int) -> Shown | None:
+def _claim(conn: Connection, task: Task, account_id: int, rng: random.Random) -> Shown | None:
     """serve() inside the caller's transaction: each attempt in a savepoint, so a lost race (PostgreSQL;
     SQLite's writer holds the database) is rolled back alone and tried again."""
     for _ in range(CLAIM_ATTEMPTS):
         try:
             with conn.begin_nested():
-                found, settled = _serve_once(conn, task, account_id)
+                found, settled = _serve_once(conn, task, account_id, rng)
                 if settled:
                     return _shown(conn, task, found) if found is not None else None
         except IntegrityError:  # another request of this annotator claimed a slot of the item meanwhile
@@ -154,32 +159,17 @@ def _claim(conn: Connection, task: Task, account_id: int) -> Shown | None:
     raise Busy(f"{CLAIM_ATTEMPTS} claims in a row lost a race to other annotators: retry")
 
 
-def _serve_once(conn: Connection, task: Task, account_id: int) -> tuple[int | None, bool]:
+def _serve_once(conn: Connection, task: Task, account_id: int, rng: random.Random) -> tuple[int | None, bool]:
     """(item id, settled); not settled when the candidate slot was claimed by someone else first."""
     moment = now()
     held = _held(conn, task, account_id)
     if held is not None:
         conn.execute(update(slots).where(slots.c.id == held.slot_id).values(leased_until=moment + LEASE))
         return held.item_id, True
-    every = task.spec.gold_every
-    if every:
-        answered = conn.execute(
-            select(func.count())
-            .select_from(slots.join(items))
-            .where(items.c.task_id == task.id, slots.c.holder == account_id, slots.c.answered_at.is_not(None))
-        ).scalar()
-        if answered % every == every - 1:
-            gold = conn.execute(
-                select(items.c.id)
-                .where(items.c.task_id == task.id, items.c.gold_label.is_not(None), _not_seen_by(account_id))
-                .order_by(func.random())
-                .limit(1)
-            ).scalar()
-            if gold is not None:
-                conn.execute(
-                    insert(slots).values(item_id=gold, slot=None, holder=account_id, leased_until=moment + LEASE)
-                )
-                return gold, True
+    gold = _gold_question(conn, task, account_id, rng)
+    if gold is not None:
+        conn.execute(insert(slots).values(item_id=gold, slot=None, holder=account_id, leased_until=moment + LEASE))
+        return gold, True
     free = or_(slots.c.holder.is_(None), slots.c.leased_until < moment)
     candidate = conn.execute(
         select(slots.c.id, slots.c.item_id)
@@ -203,6 +193,22 @@ def _serve_once(conn: Connection, task: Task, account_id: int) -> tuple[int | No
         .values(holder=account_id, leased_until=moment + LEASE)
     ).rowcount
     return candidate.item_id, claimed == 1
+
+
+def _gold_question(conn: Connection, task: Task, account_id: int, rng: random.Random) -> int | None:
+    """With probability gold_share, a gold question this annotator has not seen, drawn at random."""
+    if not task.spec.gold_share or rng.random() >= task.spec.gold_share:
+        return None
+    unseen = (
+        conn.execute(
+            select(items.c.id)
+            .where(items.c.task_id == task.id, items.c.gold_label.is_not(None), _not_seen_by(account_id))
+            .order_by(items.c.id)
+        )
+        .scalars()
+        .all()
+    )
+    return rng.choice(unseen) if unseen else None
 
 
 @dataclass(frozen=True)
@@ -240,14 +246,14 @@ def answer(engine: Engine, task: Task, account_id: int, item_id: int, label: str
 
 
 def answer_and_serve(
-    engine: Engine, task: Task, account_id: int, item_id: int, label: str
+    engine: Engine, task: Task, account_id: int, item_id: int, label: str, rng: random.Random = GOLD_DRAW
 ) -> tuple[Shown | None, bool]:
     """Record the answer and claim the next item in one transaction (one commit per round trip instead of
     two): (next item, retry). retry: the answer is saved but every claim lost a race; ask again."""
     with engine.begin() as conn:
         _answer(conn, task, account_id, item_id, label)
         try:
-            return _claim(conn, task, account_id), False
+            return _claim(conn, task, account_id, rng), False
         except Busy:
             return None, True  # leaving the block commits the answer
 
@@ -268,6 +274,8 @@ def _answer(conn: Connection, task: Task, account_id: int, item_id: int, label: 
         .values(label=label, answered_at=now(), leased_until=None)
     ).rowcount
     if done == 1:
+        if task.spec.adaptive:
+            _ask_again_if_uncertain(conn, task, item_id)
         return
     mine = conn.execute(
         select(slots.c.answered_at).where(slots.c.item_id == item_id, slots.c.holder == account_id)
@@ -345,3 +353,90 @@ def _shown(conn: Connection, task: Task, item_id: int) -> Shown:
         question=task.spec.question,
         instructions=task.spec.instructions,
     )
+
+
+# Adaptive answers: an item of an adaptive task starts with one slot. When its last slot is answered, its
+# label posterior under the task's newest annotator model decides: confident, or max_answers reached,
+# and it is done; else it gets one more slot. Fixed-k tasks never change their slots.
+
+
+def load_model(conn: Connection, task: Task) -> AnnotatorModel:
+    """The task's newest fitted annotator model; before the first fit, the prior alone."""
+    row = conn.execute(select(models.c.model).where(models.c.task_id == task.id)).first()
+    return AnnotatorModel.from_json(row.model) if row else AnnotatorModel.unfitted(task.spec.labels or [])
+
+
+def store_model(engine: Engine, task: Task, model: AnnotatorModel, answers: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(delete(models).where(models.c.task_id == task.id))
+        conn.execute(insert(models).values(task_id=task.id, model=model.to_json(), answers=answers, fitted_at=now()))
+
+
+def confident(task: Task, model: AnnotatorModel, answers: list[tuple[str, str]]) -> bool:
+    return bool(answers) and max(model.posterior(answers)) >= task.spec.confidence
+
+
+def _regular_slots(conn: Connection, where) -> list:
+    return conn.execute(
+        select(
+            slots.c.id,
+            slots.c.item_id,
+            slots.c.slot,
+            slots.c.holder,
+            slots.c.leased_until,
+            slots.c.label,
+            accounts.c.username,
+        )
+        .outerjoin(accounts, accounts.c.id == slots.c.holder)
+        .where(slots.c.slot.is_not(None), where)
+        .order_by(slots.c.item_id, slots.c.slot)
+    ).all()
+
+
+def _ask_again_if_uncertain(conn: Connection, task: Task, item_id: int) -> None:
+    rows = _regular_slots(conn, slots.c.item_id == item_id)
+    if not rows or any(r.label is None for r in rows) or len(rows) >= task.spec.max_answers:
+        return
+    if confident(task, load_model(conn, task), [(r.username, r.label) for r in rows]):
+        return
+    try:
+        with conn.begin_nested():
+            conn.execute(insert(slots).values(item_id=item_id, slot=max(r.slot for r in rows) + 1))
+    except IntegrityError:  # the item's other last answer, committed at the same moment, added it
+        pass
+
+
+def rebalance(engine: Engine, task: Task) -> dict[str, int]:
+    """After a new model fit (adaptive tasks): give an answered item that is now uncertain one more slot,
+    and take back the unclaimed slots of an item that is now confident. Also catches an item whose last two
+    answers came in together, each seeing the other's slot open. Returns the counts."""
+    if not task.spec.adaptive:
+        return {"slots_added": 0, "slots_removed": 0}
+    added = removed = 0
+    moment = now()
+    with engine.begin() as conn:
+        model = load_model(conn, task)
+        rows = _regular_slots(conn, slots.c.item_id.in_(select(items.c.id).where(items.c.task_id == task.id)))
+        ruled = set(conn.execute(select(verdicts.c.item_id).join(items).where(items.c.task_id == task.id)).scalars())
+        by_item: dict[int, list] = {}
+        for r in rows:
+            by_item.setdefault(r.item_id, []).append(r)
+        for item_id, found in by_item.items():
+            answered = [(r.username, r.label) for r in found if r.label is not None]
+            free = [r.id for r in found if r.label is None and (r.holder is None or _expired(r.leased_until, moment))]
+            sure = item_id in ruled or confident(task, model, answered)
+            if sure and free and answered:
+                conn.execute(delete(slots).where(slots.c.id.in_(free)))
+                removed += len(free)
+            elif not sure and len(answered) == len(found) < task.spec.max_answers:
+                conn.execute(insert(slots).values(item_id=item_id, slot=max(r.slot for r in found) + 1))
+                added += 1
+    return {"slots_added": added, "slots_removed": removed}
+
+
+def _expired(leased_until: datetime | None, moment: datetime) -> bool:
+    if leased_until is None:
+        return True
+    if leased_until.tzinfo is None:  # SQLite returns naive datetimes
+        leased_until = leased_until.replace(tzinfo=UTC)
+    return leased_until < moment

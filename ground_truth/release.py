@@ -1,5 +1,6 @@
-"""Versioned, immutable dataset releases of a task's resolved labels: Parquet, a manifest (counts,
-class balance, agreement, annotators, source queues, content hash), a short dataset card and a
+"""Versioned, immutable dataset releases of a task's resolved labels: Parquet (with each label's posterior
+under the annotator model), a manifest (counts, class balance, agreement with its interval, the annotator
+model, annotators and who is flagged, source queues, content hash), a short dataset card and a
 Label Studio import file. An unchanged label set makes no new version; nothing is overwritten."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from engines.releases import (
     newest_release,
     releases_dir,
 )
+from ground_truth import review
+from ground_truth.annotator_model import AnnotatorModel
 from ground_truth.queue import Task
 from ground_truth.review import ItemState, TaskQuality
 
@@ -31,6 +34,7 @@ SCHEMA = {
     "key": pl.String,
     "label": pl.String,
     "resolved_by": pl.String,
+    "posterior": pl.Float64,  # the annotator model's probability of the label (1.0 for a verdict: it is given)
     "answers": pl.Int64,
     "annotators": pl.List(pl.String),
     "answer_labels": pl.List(pl.String),
@@ -48,6 +52,7 @@ class Candidate:
     task: Task
     labels: pl.DataFrame
     quality: TaskQuality
+    model: AnnotatorModel | None = None
 
     @property
     def content_hash(self) -> str:
@@ -65,6 +70,7 @@ class Candidate:
             {
                 "items": [self.labels.height],
                 "krippendorff_alpha": [self.quality.krippendorff_alpha],
+                "krippendorff_alpha_low": [self.quality.krippendorff_alpha_low],
                 "unresolved_disagreements": [self.quality.disputed_open],
                 "smallest_class_share": [
                     min((balance.get(label, 0.0) for label in self.task.spec.labels or []), default=None)
@@ -73,24 +79,34 @@ class Candidate:
             schema={
                 "items": pl.Int64,
                 "krippendorff_alpha": pl.Float64,
+                "krippendorff_alpha_low": pl.Float64,
                 "unresolved_disagreements": pl.Int64,
                 "smallest_class_share": pl.Float64,
             },
         )
 
 
-def candidate(task: Task, states: list[ItemState], quality: TaskQuality) -> Candidate:
+def candidate(
+    task: Task, states: list[ItemState], quality: TaskQuality, model: AnnotatorModel | None = None
+) -> Candidate:
+    """The resolved items (verdict, else the annotator model's label at the task's confidence, else a
+    unanimous answer) with their posteriors; gold questions and open items left out."""
     k = task.spec.annotators_per_item
+    if model is None:
+        weights = {a.annotator: a.weight for a in quality.annotators if a.weight != 1.0}
+        model = review.fit_model(task, states, weights)
     rows = []
     for s in states:
-        label = s.resolved_label(k)
+        posterior = model.posteriors.get(s.key) if model else None
+        label, how = s.resolution(k, posterior, task.spec.labels, task.spec.confidence)
         if s.is_gold_question or label is None:
             continue
         rows.append(
             {
                 "key": s.key,
                 "label": label,
-                "resolved_by": "verdict" if s.verdict else "unanimous",
+                "resolved_by": how,
+                "posterior": posterior[task.spec.labels.index(label)] if posterior else None,
                 "answers": len(s.answers),
                 "annotators": sorted(s.answers),
                 "answer_labels": [s.answers[a] for a in sorted(s.answers)],
@@ -100,7 +116,7 @@ def candidate(task: Task, states: list[ItemState], quality: TaskQuality) -> Cand
                 "model_score": s.model_score,
             }
         )
-    return Candidate(task, pl.DataFrame(rows, schema=SCHEMA).sort("key"), quality)
+    return Candidate(task, pl.DataFrame(rows, schema=SCHEMA).sort("key"), quality, model)
 
 
 def write_release(lake_root: Path, found: Candidate, checks: dict) -> tuple[Release, bool]:
@@ -153,9 +169,18 @@ def _manifest(found: Candidate, release: Release, checks: dict) -> dict:
         "class_counts": dict(found.labels["label"].value_counts().iter_rows()),
         "agreement": {
             "krippendorff_alpha": found.quality.krippendorff_alpha,
+            "krippendorff_alpha_interval": [
+                found.quality.krippendorff_alpha_low,
+                found.quality.krippendorff_alpha_high,
+            ],
+            "interval": "95% percentile bootstrap over items",
             "fleiss_kappa": found.quality.fleiss_kappa,
         },
+        "method": found.model.method if found.model else None,
+        "annotator_model": found.model.to_json() if found.model else None,
+        "answers": found.quality.answers,
         "annotators": [asdict(a) for a in found.quality.annotators],
+        "flagged_annotators": [a.annotator for a in found.quality.annotators if a.flagged],
         "source_queues": dict(queues.iter_rows()),
         "task_spec": found.task.spec.model_dump(mode="json"),
         "checks": checks,
@@ -166,6 +191,8 @@ def dataset_card(found: Candidate, manifest: dict) -> str:
     spec = found.task.spec
     balance = ", ".join(f"{k} {v:.1%}" for k, v in sorted(manifest["class_balance"].items()))
     alpha = manifest["agreement"]["krippendorff_alpha"]
+    low, high = manifest["agreement"]["krippendorff_alpha_interval"]
+    interval = "" if low is None else f" (95% bootstrap interval {low:.3f}-{high:.3f})"
     return f"""# {spec.name} v{manifest["version"]:04d}
 
 {spec.question}
@@ -173,12 +200,16 @@ def dataset_card(found: Candidate, manifest: dict) -> str:
 - Items: {manifest["items"]} ({", ".join(f"{k}: {v}" for k, v in manifest["resolved_by"].items())})
 - Labels: {balance}
 - Annotators per item: {spec.annotators_per_item}; annotators: {len(manifest["annotators"])}
-- Krippendorff's alpha: {"n/a" if alpha is None else f"{alpha:.3f}"}
+- Krippendorff's alpha: {"n/a" if alpha is None else f"{alpha:.3f}"}{interval}
+- Annotator model: {manifest["method"] or "none (free text)"}; answers: {manifest["answers"]}; flagged annotators: \
+{", ".join(manifest["flagged_annotators"]) or "none"}
 - Source queues: {", ".join(f"{k} {v}" for k, v in sorted(manifest["source_queues"].items()))}
 - Content hash (sha256 of sorted key, label): {manifest["content_hash"]}
 
-A label is the unanimous answer of all annotators of the item, or a reviewer's verdict where they
-disagreed. Gold questions are not part of the release. Instructions given to annotators:
+A label is a reviewer's verdict, else the annotator model's most likely label when its posterior
+(column `posterior`) reaches {spec.confidence}, else the unanimous answer of the item's annotators.
+Answers per item: {"adaptive, up to " + str(spec.max_answers) if spec.adaptive else spec.annotators_per_item}.
+Gold questions are not part of the release. Instructions given to annotators:
 
 > {spec.instructions or "(none)"}
 """

@@ -31,6 +31,34 @@ class TaskSpec(BaseModel):
     gold_share: float = Field(
         default=0.1, ge=0.0, lt=1.0, description="Share of served items that are gold questions with a known answer"
     )
+    adaptive: bool = Field(
+        default=False,
+        description="Ask for answers one at a time until the item's posterior reaches `confidence` (at most "
+        "`max_answers`); False: exactly `annotators_per_item` answers per item",
+    )
+    max_answers: int = Field(default=5, ge=1, le=20, description="Most answers an item gets when adaptive")
+    confidence: float = Field(
+        default=0.9,
+        gt=0.5,
+        lt=1.0,
+        description="Posterior at which an adaptive item stops being asked, and at which the annotator model "
+        "settles a disagreement without a reviewer",
+    )
+    min_gold_accuracy: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        description="An annotator whose gold-question accuracy interval lies wholly below this is flagged",
+    )
+    flagged_weight: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Weight of a flagged annotator's answers in the annotator model"
+    )
+    min_alpha: float = Field(
+        default=0.667,
+        ge=-1.0,
+        le=1.0,
+        description="Release floor on Krippendorff's alpha (0.667: Krippendorff's lowest for tentative conclusions)",
+    )
 
     @model_validator(mode="after")
     def _labels_distinct(self) -> TaskSpec:
@@ -39,12 +67,14 @@ class TaskSpec(BaseModel):
                 raise ValueError("labels must be at least two distinct values (or None for free text)")
             if any(not label or len(label) > 64 for label in self.labels):
                 raise ValueError("each label must be 1-64 characters")
+        elif self.adaptive:
+            raise ValueError("adaptive answers need a label set: a free-text answer has no posterior")
         return self
 
     @property
-    def gold_every(self) -> int:
-        """Every n-th answer of an annotator is a gold question (0: none)."""
-        return round(1 / self.gold_share) if self.gold_share > 0 else 0
+    def first_answers(self) -> int:
+        """Answer slots an item starts with: one when adaptive (more are added while it is uncertain)."""
+        return 1 if self.adaptive else self.annotators_per_item
 
 
 class ItemIn(BaseModel):

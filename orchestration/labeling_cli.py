@@ -79,9 +79,64 @@ def tasks(data_dir: str | None) -> None:
                         "resolved": quality.resolved,
                         "disputes_open": quality.disputed_open,
                         "krippendorff_alpha": quality.krippendorff_alpha,
+                        "krippendorff_alpha_interval": [
+                            quality.krippendorff_alpha_low,
+                            quality.krippendorff_alpha_high,
+                        ],
+                        "method": quality.method,
+                        "answers": quality.answers,
+                        "flagged": [a.annotator for a in quality.annotators if a.flagged],
                     }
                 )
             )
+
+
+@labeling.command("refit")
+@click.argument("task")
+@click.option("--data-dir", default=None)
+def refit(task: str, data_dir: str | None) -> None:
+    """Fit TASK's annotator model (Dawid-Skene) on every answer so far and store it for the queue; an
+    adaptive task's items gain or lose open slots by it. The queue and release assets do this too."""
+    from ground_truth import queue, review
+
+    with _store(data_dir) as labels:
+        engine = labels.get_client()
+        try:
+            found = queue.get_task(engine, task)
+        except queue.NotFound as error:
+            raise click.ClickException(str(error)) from error
+        model, slots = review.refresh_model(engine, found)
+    if model is None:
+        raise click.ClickException(f"task {task!r} takes free text: it has no annotator model")
+    click.echo(json.dumps({"task": task, "method": model.method, "iterations": model.iterations, **slots}))
+
+
+@labeling.command("seed-gold")
+@click.argument("task")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--data-dir", default=None)
+def seed_gold(task: str, path: str, data_dir: str | None) -> None:
+    """Add gold questions to TASK from PATH, one JSON object a line: {"key", "gold_label"} and optionally
+    "title", "description", "thumbnail" (an expert's known answers; served at random, never marked)."""
+    from pydantic import ValidationError
+
+    from ground_truth import queue
+    from ground_truth.schema import ItemIn
+
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    try:
+        seeded = [ItemIn.model_validate({"queue": "seeded_gold", **json.loads(line)}) for line in lines]
+    except (ValueError, ValidationError) as error:
+        raise click.ClickException(f"{path}: {error}") from error
+    if missing := [i.key for i in seeded if i.gold_label is None]:
+        raise click.ClickException(f"{path}: no gold_label for {missing[:5]}")
+    with _store(data_dir) as labels:
+        engine = labels.get_client()
+        try:
+            added = queue.add_items(engine, queue.get_task(engine, task), seeded)
+        except (queue.NotFound, ValueError) as error:
+            raise click.ClickException(str(error)) from error
+    click.echo(json.dumps({"task": task, "gold_questions_added": added}))
 
 
 @labeling.command("simulate")

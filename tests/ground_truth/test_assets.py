@@ -127,7 +127,8 @@ def test_labels_review_and_versioned_releases(lake):
     engine, key, people, disputed = label_everything(lake)
     task = queue.get_task(engine, "content_violation")
     quality = review.task_quality(engine, task)
-    assert disputed > 0 and quality.disputed_open == 0 and quality.resolved == quality.items
+    # splits the annotator model cannot settle went to the reviewer; none is left open
+    assert quality.disputed_open == 0 and quality.resolved == quality.items
     by_name = {a.annotator: a for a in quality.annotators}
     for person in people:  # each person's agreement with the truth, recomputed here from what they sent
         items = {s.item_id: s.key for s in review.item_states(engine, task)}
@@ -148,6 +149,17 @@ def test_labels_review_and_versioned_releases(lake):
     studio = json.loads((release.folder / "label_studio.json").read_text())
     assert len(studio) == labels.height and studio[0]["annotations"][-1]["ground_truth"] is True
     assert "Krippendorff" in (release.folder / "README.md").read_text()
+    assert manifest["method"] == meta["method"].value == "dawid-skene"
+    low, high = manifest["agreement"]["krippendorff_alpha_interval"]
+    assert (
+        low <= manifest["agreement"]["krippendorff_alpha"] <= high
+        and manifest["agreement"]["krippendorff_alpha"] >= 0.667
+    )
+    by_how = dict(labels["resolved_by"].value_counts().iter_rows())
+    assert by_how.get("verdict", 0) == disputed and sum(by_how.values()) == labels.height
+    split = labels.filter(pl.col("answer_labels").list.n_unique() > 1)
+    assert (split["resolved_by"] != "unanimous").all()  # a split is the reviewer's or the model's
+    assert (labels.filter(pl.col("resolved_by") == "model")["posterior"] >= 0.9).all()
     files = {p.name: p.read_bytes() for p in release.folder.iterdir()}
     unchanged = run(lake, RELEASE, partitioned=False)
     assert metadata(unchanged, "ground_truth", "content_violation", "release")["created"].value is False

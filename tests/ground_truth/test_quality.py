@@ -53,7 +53,8 @@ def test_gold_questions_are_set_from_an_earlier_release_and_score_annotators(dat
     queue.add_items(engine, task, [ItemIn(key=str(i), queue="audit") for i in range(20, 40)])  # the next day
     assert queue.set_gold(engine, task, known, random.Random(1)) == 10  # a quarter of 40 items
     assert queue.set_gold(engine, task, known, random.Random(2)) == 0  # the share is reached
-    while (item := queue.serve(engine, task, ids["annotator1"])) is not None:
+    draw = random.Random(4)  # seeded: which serves are gold questions is drawn at random
+    while (item := queue.serve(engine, task, ids["annotator1"], draw)) is not None:
         queue.answer(engine, task, ids["annotator1"], item.item_id, "ok")
     quality = {a.annotator: a for a in review.task_quality(engine, task).annotators}
     second = quality["annotator1"]

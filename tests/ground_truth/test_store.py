@@ -3,6 +3,8 @@ gold questions, review; and 20 annotators at once through the HTTP API losing no
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from sqlalchemy import select
 
@@ -80,14 +82,14 @@ def test_items_get_k_answers_skip_and_undo(database_url):
 def test_gold_questions_are_mixed_in_and_score_annotators(database_url):
     engine = connect(database_url)
     (a,) = ids(engine, make_accounts(engine, 1)["annotator"])
-    spec = SPEC.model_copy(update={"name": "gold", "gold_share": 0.25})  # every 4th answer
+    spec = SPEC.model_copy(update={"name": "gold", "gold_share": 0.25})  # a quarter of serves, drawn at random
     task = add_task(engine, spec, [str(i) for i in range(8)], gold={"g1": "violation", "g2": "ok"})
-    served = []
-    while (item := queue.serve(engine, task, a)) is not None:
+    served, rng = [], random.Random(3)  # seeded: this draw serves both gold questions, at positions 0 and 4
+    while (item := queue.serve(engine, task, a, rng)) is not None:
         served.append(item.key)
         queue.answer(engine, task, a, item.item_id, "violation")
+    assert [i for i, k in enumerate(served) if k.startswith("gold")] == [0, 4]
     assert sorted(k for k in served if k.startswith("gold")) == ["gold-g1", "gold-g2"]
-    assert served.index(next(k for k in served if k.startswith("gold"))) == 3
     quality = review.task_quality(engine, task)
     (person,) = quality.annotators
     assert (person.gold_answered, person.gold_accuracy, person.answers) == (2, 0.5, 8)
