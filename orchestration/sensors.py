@@ -10,7 +10,6 @@ import warnings
 from datetime import date
 
 from dagster import (
-    AssetSelection,
     DefaultSensorStatus,
     RunFailureSensorContext,
     RunRequest,
@@ -19,7 +18,6 @@ from dagster import (
     SkipReason,
     SupersessionWarning,
     build_sensor_for_freshness_checks,
-    define_asset_job,
     run_failure_sensor,
     sensor,
 )
@@ -33,7 +31,7 @@ from engines import clip_registry
 from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, days_of_other_versions
 from engines.lake import Lake
 from feature_defs.sources import all_sources
-from jobs import CPU_POOL, daily_pipeline, model_export
+from jobs import clip_reembed, daily_pipeline, model_export
 from resources.lake import LakeResource
 from resources.model_server import ModelServerResource
 from resources.notifications import WebhookNotifier
@@ -145,17 +143,6 @@ def model_export_sensor(
         return SkipReason("the served versions are the ones last exported")
     # no run key: a rollback returns to versions exported before, and must be exported again
     return SensorResult(run_requests=[RunRequest(tags={"mlplane/served_versions": cursor})], cursor=cursor)
-
-
-clip_reembed = define_asset_job(
-    "clip_reembed",
-    selection=AssetSelection.assets(
-        ["models", "clip"], ["embeddings", "items"], ["content_violations", "flags"], ["vectors", "items"]
-    ),
-    description="Re-embed every embedded day with the registry's champion CLIP, flag copies again in its "
-    "embedding space and bring the vector index to that version alone; clip_champion_sensor runs it.",
-    tags=CPU_POOL,
-)
 
 
 @sensor(
