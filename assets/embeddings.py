@@ -115,7 +115,13 @@ def clip_model(
         raise Failure("clip_model chose no weights file (random weights cannot be registered): train or configure one")
     model = load_model(spec)
     kept = items.filter(held_out)
-    evaluation = HeldOut(kept["item_id"].to_numpy(), pixels[held_out], kept["title"].to_list())
+    landing = store.root / "landing"
+    evaluation = HeldOut(
+        kept["item_id"].to_numpy(),
+        pixels[held_out],
+        kept["title"].to_list(),
+        [landing / p for p in kept["thumbnail_path"].to_list()],
+    )
     metrics = retrieval_recall(
         encode_images(model, evaluation.pixels),
         encode_texts(model, tokenizer(spec)(evaluation.titles).numpy()),

@@ -18,7 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ml.clip import ClipSpec, encode_images, encode_texts, load_model, text_to_image_ranks, tokenizer
+from ml.clip import (
+    ClipSpec,
+    encode_images,
+    encode_texts,
+    image_size,
+    load_model,
+    preprocess_image,
+    text_to_image_ranks,
+    tokenizer,
+)
 from ml.comparison import Comparison, judge, paired_bootstrap
 
 MODEL_NAME = "clip"
@@ -91,15 +100,22 @@ def champion_version(registry, cache: Path) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The held-out items the gate compares on: ids, preprocessed thumbnails and title tokens."""
+    """The held-out items the gate compares on: ids, thumbnails (preprocessed at one model's size; the files
+    to read again for a model of another size) and titles."""
 
     item_ids: np.ndarray
     pixels: np.ndarray
     titles: list[str]
+    thumbnails: list[Path]
+
+    def pixels_at(self, size: int) -> np.ndarray:
+        if self.pixels.shape[-1] == size:
+            return self.pixels
+        return np.stack([preprocess_image(path.read_bytes(), size) for path in self.thumbnails])
 
     def hits(self, model, spec: ClipSpec, k: int = GATE_K) -> np.ndarray:
         """1 where an item's title finds its own thumbnail among the k nearest held-out thumbnails."""
-        images = encode_images(model, self.pixels)
+        images = encode_images(model, self.pixels_at(image_size(model)))
         texts = encode_texts(model, tokenizer(spec)(self.titles).numpy())
         return (text_to_image_ranks(images, texts) < k).astype(float)
 
