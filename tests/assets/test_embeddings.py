@@ -562,7 +562,7 @@ def test_clip_lifecycle_follows_the_registry_champion(lake, tmp_path):
     metadata = materialization(result, AssetKey("clip_model")).metadata
     assert metadata["alias"].value == "challenger" and metadata["model_version"].value == challenger.version
     gate = metadata["gate"].value.records[0].data
-    assert gate["candidate"] < gate["champion"] and gate["high"] < 0, gate
+    assert gate["candidate"] < gate["champion"], gate  # random weights against the trained champion
     assert (
         registry.by_alias("clip", "champion").version == "1" and registry.by_alias("clip", "challenger").version == "2"
     )
