@@ -60,7 +60,9 @@ def register(registry, spec: ClipSpec, version: str, lineage: dict[str, str], me
         return existing
     with tempfile.TemporaryDirectory(prefix="clip-register-") as work:
         folder = registered_folder(spec, version, Path(work) / "clip")
-        return registry.register(MODEL_NAME, folder, {**lineage, VERSION_TAG: version}, metrics)
+        # MLflow's metric names allow no '@': recall@10 is logged as recall_at_10
+        logged = {name.replace("@", "_at_"): value for name, value in metrics.items()}
+        return registry.register(MODEL_NAME, folder, {**lineage, VERSION_TAG: version}, logged)
 
 
 def by_clip_version(registry, version: str):

@@ -115,7 +115,7 @@ def test_trained_clip_beats_random_retrieval_on_held_out_items(lake):
     assert registered.tags["mlplane.clip_version"] == version == metadata["model_version"].value
     assert registered.tags["mlplane.dagster_asset"] == "clip_model"
     assert registered.tags["mlplane.dagster_run_id"] == lake["model_run"].run_id
-    assert registered.metrics["recall@10"] == pytest.approx(metadata["recall@10"].value, rel=1e-5)
+    assert registered.metrics["recall_at_10"] == pytest.approx(metadata["recall@10"].value, rel=1e-5)
 
 
 def test_each_day_has_exactly_one_row_per_new_or_changed_item(lake):
