@@ -1,29 +1,35 @@
 """CLIP embeddings of the catalogue: the model, the daily item embeddings (Ray Data), the vector
 index (Qdrant) and content-violation (copy) flags. Thin: the work is in ml/clip.py and engines/."""
 
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import polars as pl
-from dagster import AssetKey, BackfillPolicy, Config, MaterializeResult, MetadataValue, asset
+from dagster import AssetKey, BackfillPolicy, Config, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
+from assets.pipelines import code_version
+from engines import clip_registry
 from engines import content_violation as cv
+from engines.clip_registry import HeldOut
 from engines.copy_calibration import Calibration, calibrate
 from engines.copy_match import CANDIDATES, MATCH_SCHEMA, match_originals, read_thumbnails
 from engines.embeddings import (
+    COLLECTION,
     EmbedConfig,
     catalogue_day,
     catalogue_images,
     current_catalogue,
-    current_model,
     embed_items,
     holdout_mask,
+    index_versions,
     latest_item_embeddings,
     needs_keyword_backfill,
-    save_model_manifest,
+    other_version_points,
     sync_vector_store,
     write_item_embeddings,
 )
@@ -41,9 +47,11 @@ from ml.clip import (
 )
 from resources.lake import LakeResource
 from resources.ray import RayResource
+from resources.registry import ModelRegistryResource
 from resources.vector_store import VectorStoreResource
 
 CLIP_MODEL = AssetKey("clip_model")
+CLIP_CHAMPION = AssetKey(["models", "clip"])  # assets/serving.py: the registry's champion CLIP
 ITEM_EMBEDDINGS = AssetKey(["embeddings", "items"])
 VIOLATION_FLAGS = AssetKey(["content_violations", "flags"])
 ITEM_VECTORS = AssetKey(["vectors", "items"])
@@ -80,13 +88,18 @@ class ClipModelConfig(Config):
     group_name="embeddings",
     description="The CLIP model for item embeddings: the compact open_clip config trained here on the "
     "catalogue's thumbnails and titles with ClipLoss as a Ray Train job, or weights from a "
-    "configured checkpoint. Metadata: text-to-image recall@1/5/10 on held-out items vs random.",
+    "configured checkpoint; registered in MLflow as `clip` with its lineage and held-out metrics. It becomes "
+    "the champion only when its held-out text-to-image recall@10 is shown better than the champion's on "
+    "the same items (paired bootstrap); otherwise it is the challenger. Metadata: recall@1/5/10 vs random, "
+    "the gate.",
     deps=[WAREHOUSE_ITEMS],
-    kinds={"pytorch", "ray"},
+    kinds={"pytorch", "ray", "mlflow"},
     owners=["team:ml-platform"],
     tags={"domain": "models"},
 )
-def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayResource) -> MaterializeResult:
+def clip_model(
+    context, config: ClipModelConfig, lake: LakeResource, ray: RayResource, model_registry: ModelRegistryResource
+) -> MaterializeResult:
     store = lake.get_client()
     catalogue = current_catalogue(store)
     if catalogue.is_empty():
@@ -97,40 +110,53 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
     held_out = holdout_mask(items["item_id"], config.holdout_fraction)
     history = []
     if config.checkpoint is None:
-        ray.ensure_started()
-        use_gpu = ray.cluster_gpus() > 0 if config.use_gpu is None else config.use_gpu
-        output = store.root / "models" / "clip" / f"{config.model_name}.pt"
-        workers = f"{config.num_workers} Ray Train worker(s)" if config.num_workers else "Ray Train in this process"
-        context.log.info(f"training {config.model_name} on {int((~held_out).sum())} items, {workers}, gpu={use_gpu}")
-        history = train_clip(
-            spec,
-            pixels[~held_out],
-            items.filter(~held_out)["title"].to_list(),
-            TrainConfig(
-                epochs=config.epochs,
-                batch_size=config.batch_size,
-                learning_rate=config.learning_rate,
-                num_workers=config.num_workers,
-                use_gpu=use_gpu,
-                cpus_per_worker=config.cpus_per_worker or ray.cpus_per_worker(config.num_workers),
-                placement_strategy=config.placement_strategy,
-            ),
-            output,
-            storage=store.root / "models" / "clip" / "ray_train",
-        )
-        spec = ClipSpec(config.model_name, str(output))
+        spec, history = train(context, config, store, ray, spec, items.filter(~held_out), pixels[~held_out])
+    if not spec.checkpoint:
+        raise Failure("clip_model chose no weights file (random weights cannot be registered): train or configure one")
     model = load_model(spec)
-    evaluation = items.filter(held_out)
+    kept = items.filter(held_out)
+    landing = store.root / "landing"
+    evaluation = HeldOut(
+        kept["item_id"].to_numpy(),
+        pixels[held_out],
+        kept["title"].to_list(),
+        [landing / p for p in kept["thumbnail_path"].to_list()],
+    )
     metrics = retrieval_recall(
-        encode_images(model, pixels[held_out]),
-        encode_texts(model, tokenizer(spec)(evaluation["title"].to_list()).numpy()),
+        encode_images(model, evaluation.pixels),
+        encode_texts(model, tokenizer(spec)(evaluation.titles).numpy()),
     )
     version = spec.version
-    save_model_manifest(store, spec, version, metrics)
-    context.log.info(f"{version}: held-out text-to-image {metrics}")
+    registry = model_registry.get_client()
+    with tempfile.TemporaryDirectory(prefix="clip-champion-") as work:
+        champion_hits, champion_version = clip_registry.champion_hits(registry, evaluation, Path(work))
+    verdict = (
+        clip_registry.GateVerdict(clip_registry.CHAMPION, "this version is the champion already", None)
+        if champion_version == version
+        else clip_registry.gate(evaluation.hits(model, spec), champion_hits, evaluation.item_ids)
+    )
+    lineage = {
+        "mlplane.code_version": code_version(),
+        "mlplane.data_partitions": ",".join(d.isoformat() for d in store.partition_days("warehouse", "items")),
+        "mlplane.dagster_run_id": context.run.run_id,
+        "mlplane.dagster_asset": CLIP_MODEL.to_user_string(),
+        "mlplane.train_items": str(int((~held_out).sum())),
+        "mlplane.held_out_items": str(int(held_out.sum())),
+    }
+    registered = clip_registry.register(registry, spec, version, lineage, metrics)
+    held = registry.by_alias(clip_registry.MODEL_NAME, verdict.alias)
+    if held is None or held.version != registered.version:
+        who = f"dagster run {context.run.run_id}"
+        registry.set_alias(clip_registry.MODEL_NAME, verdict.alias, registered.version, who=who, reason=verdict.reason)
+    context.log.info(f"{version} (registry v{registered.version}) is the {verdict.alias}: {verdict.reason}")
     return MaterializeResult(
         metadata={
             "model_version": version,
+            "registry_version": MetadataValue.int(int(registered.version)),
+            "alias": verdict.alias,
+            "gate": table(verdict.table()),
+            "gate_reason": verdict.reason,
+            "champion_before": champion_version or "none",
             "checkpoint": spec.checkpoint,
             "parameters": sum(p.numel() for p in model.parameters()),
             "train_items": int((~held_out).sum()),
@@ -147,6 +173,7 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
                 ]
             ),
             **{k: float(v) for k, v in metrics.items()},
+            **{k: v for k, v in lineage.items() if k != "mlplane.dagster_run_id"},
             "loss_by_epoch": MetadataValue.md(
                 "| epoch | loss |\n|---|---|\n" + "\n".join(f"| {h['epoch']} | {h['loss']:.4f} |" for h in history)
             )
@@ -154,6 +181,33 @@ def clip_model(context, config: ClipModelConfig, lake: LakeResource, ray: RayRes
             else "pretrained checkpoint, not trained here",
         }
     )
+
+
+def train(context, config: ClipModelConfig, store, ray: RayResource, spec: ClipSpec, items, pixels):
+    """Train the configured model on the training items (Ray Train); the spec of the weights written."""
+    ray.ensure_started()
+    use_gpu = ray.cluster_gpus() > 0 if config.use_gpu is None else config.use_gpu
+    # the run's own output: readers load the registered copy of a version (engines.clip_registry)
+    output = store.root / "models" / "clip" / f"{config.model_name}.pt"
+    workers = f"{config.num_workers} Ray Train worker(s)" if config.num_workers else "Ray Train in this process"
+    context.log.info(f"training {config.model_name} on {items.height} items, {workers}, gpu={use_gpu}")
+    history = train_clip(
+        spec,
+        pixels,
+        items["title"].to_list(),
+        TrainConfig(
+            epochs=config.epochs,
+            batch_size=config.batch_size,
+            learning_rate=config.learning_rate,
+            num_workers=config.num_workers,
+            use_gpu=use_gpu,
+            cpus_per_worker=config.cpus_per_worker or ray.cpus_per_worker(config.num_workers),
+            placement_strategy=config.placement_strategy,
+        ),
+        output,
+        storage=store.root / "models" / "clip" / "ray_train",
+    )
+    return ClipSpec(config.model_name, str(output)), history
 
 
 class ItemEmbeddingsConfig(Config):
@@ -169,20 +223,25 @@ class ItemEmbeddingsConfig(Config):
 @asset(
     key=ITEM_EMBEDDINGS,
     group_name="embeddings",
-    description="CLIP image and text embeddings of the items new or changed each day (warehouse/items), "
-    "by a streaming Ray Data pipeline: read, preprocess and encode in one task per CPU (GPUs: "
-    "an encoder actor pool), rows back through the object store, written as Parquet. Items "
+    description="CLIP image and text embeddings of the items new or changed each day (warehouse/items) by the "
+    "registry's champion CLIP (each row carries its version), by a streaming Ray Data pipeline: read, "
+    "preprocess and encode in one task per CPU (GPUs: an encoder actor pool), rows back through the object "
+    "store, written as Parquet. Items "
     "with a corrupt image or empty title get a row with a skip_reason.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
-    deps=[CLIP_MODEL, WAREHOUSE_ITEMS],
+    deps=[CLIP_CHAMPION, WAREHOUSE_ITEMS],
     kinds={"ray", "pytorch", "parquet"},
     owners=["team:ml-platform"],
     tags={"domain": "embeddings"},
 )
-def item_embeddings(context, config: ItemEmbeddingsConfig, lake: LakeResource, ray: RayResource):
+def item_embeddings(
+    context, config: ItemEmbeddingsConfig, lake: LakeResource, ray: RayResource, model_registry: ModelRegistryResource
+):
     store = lake.get_client()
-    spec, version = current_model(store)
+    spec, version, registry_version = clip_registry.champion(
+        model_registry.get_client(), clip_registry.cache_folder(store.root)
+    )
     ray.ensure_started()
     embed_config = EmbedConfig(
         batch_size=config.batch_size, actors=config.actors, device=config.device, torch_threads=config.torch_threads
@@ -216,6 +275,7 @@ def item_embeddings(context, config: ItemEmbeddingsConfig, lake: LakeResource, r
     return MaterializeResult(
         metadata={
             "model_version": version,
+            "registry_version": registry_version,
             "items": total,
             "skipped": len(skipped),
             "items_per_second": round(total / seconds, 1) if seconds else 0.0,
@@ -309,6 +369,8 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
             if truth
             else "none yet: nothing flagged until the first ground-truth release",
             "candidates": config.candidates,
+            "clip_versions": ", ".join(sorted({v for f in embedded.values() for v in f["model_version"].to_list()}))
+            or "none",
             "flagged": flags.filter("flagged").height,
             **{k: v for k, v in scores.items() if v is not None},
             "flagged_items": table(
@@ -354,42 +416,63 @@ def day_embeddings(store, day) -> pl.DataFrame:
     group_name="embeddings",
     description="The Qdrant collection `items`: image and text vectors of every embedded item, a BM25 keyword "
     "sparse vector (title, description, category) for hybrid search, payload "
-    "(category, creator, price, flags) and payload indexes; idempotent upserts of each day's "
-    "embeddings, items gone from the catalogue deleted.",
+    "(category, creator, price, flags, model_version: the CLIP version of the vectors) and payload indexes; "
+    "idempotent upserts of each day's embeddings, items gone from the catalogue deleted. Only vectors of the "
+    "registry's champion CLIP are indexed: an index holding another version is repaired (the champion's "
+    "vectors upserted for every item, the others' points deleted until they are re-embedded).",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
-    deps=[ITEM_EMBEDDINGS, VIOLATION_FLAGS, WAREHOUSE_ITEMS],
+    deps=[ITEM_EMBEDDINGS, VIOLATION_FLAGS, WAREHOUSE_ITEMS, CLIP_CHAMPION],
     kinds={"qdrant"},
     owners=["team:ml-platform"],
     tags={"domain": "embeddings"},
 )
-def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource):
+def item_vectors(context, lake: LakeResource, vector_store: VectorStoreResource, model_registry: ModelRegistryResource):
     store = lake.get_client()
-    days = partition_days(context)
-    # the newest catalogue row and the newest embedding of each item embedded on these days, so that
-    # re-running an old day neither brings back old vectors nor drops items added since
+    version, registry_version = clip_registry.champion_version(
+        model_registry.get_client(), clip_registry.cache_folder(store.root)
+    )
     catalogue = current_catalogue(store)
     flags = {}  # an item's newest verdict wins
     for day in store.partition_days(cv.FLAGS_ZONE, cv.FLAGS_TABLE):
         for row in store.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day).iter_rows(named=True):
             flags[row["item_id"]] = ["suspected_violation"] if row["flagged"] else []
+    # the newest embedding of each item embedded on these days, so that re-running an old day neither
+    # brings back old vectors nor drops items added since
     touched = [
         store.read_partition("embeddings", "items", d)["item_id"]
-        for d in days
+        for d in partition_days(context)
         if store.partition_path("embeddings", "items", d).exists()
     ]
-    embeddings = (
-        latest_item_embeddings(store.root).filter(pl.col("item_id").is_in(pl.concat(touched).implode()))
-        if touched
-        else pl.DataFrame()
-    )
+    latest = latest_item_embeddings(store.root)
     with vector_store.get_client() as vectors:
-        if needs_keyword_backfill(vectors):  # an index from before keyword vectors: all items again
-            embeddings = latest_item_embeddings(store.root)
-        result = sync_vector_store(vectors, embeddings, catalogue, flags)
-        count = vectors.count("items") if embeddings.height else 0
-    context.log.info(f"vectors/items: {result}, {count} points")
-    return MaterializeResult(metadata={**result, "points": count, "location": vector_store.location})
+        # an index from before keyword vectors, or holding another CLIP version: every item again
+        repair = needs_keyword_backfill(vectors) or bool(other_version_points(vectors, version))
+        if repair or not touched:
+            wanted = latest if repair else latest.clear()
+        else:
+            wanted = latest.filter(pl.col("item_id").is_in(pl.concat(touched).implode()))
+        current = wanted.filter(pl.col("model_version") == version)
+        result = sync_vector_store(vectors, current, catalogue, flags)
+        other = other_version_points(vectors, version)
+        vectors.delete(COLLECTION, other)
+        versions = index_versions(vectors)
+        if set(versions) - {version}:
+            raise Failure(f"vectors/items still mixes CLIP versions {versions} after repair; search would mix them")
+        count = sum(versions.values())
+    context.log.info(f"vectors/items: {result}, {count} points of {version}")
+    return MaterializeResult(
+        metadata={
+            **result,
+            "points": count,
+            "model_version": version,
+            "registry_version": registry_version,
+            "repaired": repair,
+            "deleted_other_versions": len(other),
+            "awaiting_reembedding": wanted.height - current.height,
+            "location": vector_store.location,
+        }
+    )
 
 
 embedding_assets = [clip_model, item_embeddings, content_violation_flags, item_vectors]

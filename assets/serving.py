@@ -1,13 +1,11 @@
-"""What the online model server needs from the asset graph: the CLIP model in the registry (so the
-server loads it by alias like every other model), and the skew check over the feature vectors the
+"""What the online model server needs from the asset graph: the registry's champion CLIP (which the
+server, the embeddings and search follow), and the skew check over the feature vectors the
 server logged (served online values against the offline values as of the time they were served)."""
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -16,21 +14,18 @@ import polars as pl
 from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, Failure, MaterializeResult, asset
 
 from assets.datasets import timing
-from assets.embeddings import CLIP_MODEL
+from assets.embeddings import CLIP_CHAMPION, CLIP_MODEL
 from assets.metadata import table
-from engines.embeddings import current_model
+from engines import clip_registry
+from engines.embeddings import save_model_manifest
 from engines.point_in_time import Timing, features_as_of
 from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, day_end
 from resources.flink import FlinkResource
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
 
-CLIP_REGISTERED = AssetKey(["models", "clip"])
+CLIP_REGISTERED = CLIP_CHAMPION  # the registry's champion CLIP
 SERVED_FEATURES = AssetKey(["serving", "served_features"])
-CLIP_MODEL_NAME = "clip"
-CLIP_VERSION_TAG = "mlplane.clip_version"
-# the registered folder's layout, as serving/models/encoders.py reads it
-WEIGHTS_FILE, CONFIG_FILE = "clip.pt", "clip.json"
 SERVED_LOG = Path("serving") / "served_features"  # written by serving/models/feature_log.py
 SKEW_CHECK = "served_matches_offline"
 TOLERANCE = 1e-6
@@ -43,45 +38,33 @@ TOLERANCE = 1e-6
     kinds={"mlflow", "pytorch"},
     owners=["team:ml-platform"],
     tags={"domain": "models"},
-    description="The clip_model asset's weights registered in MLflow as `clip` (checksummed) with the alias "
-    "`champion`, for the online model server; a version already registered is not added again.",
+    description="The champion CLIP: the version the registry's `clip` model has under the alias `champion` "
+    "(clip_model registers and gates each trained version; `mlplane models rollback clip` moves it back), "
+    "downloaded into the lake with its checksums verified and recorded in models/clip/current.json. "
+    "clip_champion_sensor materializes it with a re-embedding of the catalogue whenever the champion changes.",
 )
 def clip_registered(context, lake: LakeResource, model_registry: ModelRegistryResource) -> MaterializeResult:
-    spec, clip_version = current_model(lake.get_client())
-    if not spec.checkpoint:
-        raise Failure(
-            "clip_model chose no weights file (random weights cannot be served): train it or configure a checkpoint"
-        )
+    store = lake.get_client()
     registry = model_registry.get_client()
-    existing = next(
-        (v for v in registry.versions(CLIP_MODEL_NAME) if v.tags.get(CLIP_VERSION_TAG) == clip_version), None
+    try:
+        spec, version, registry_version = clip_registry.champion(registry, clip_registry.cache_folder(store.root))
+    except LookupError as error:
+        raise Failure(str(error)) from error
+    save_model_manifest(store, spec, version, registry.get(clip_registry.MODEL_NAME, registry_version).metrics)
+    context.log.info(f"champion CLIP: {version} (registry v{registry_version})")
+    return MaterializeResult(
+        metadata={
+            "registry_version": registry_version,
+            "clip_version": version,
+            "checkpoint": spec.checkpoint,
+            "champion_history": table(
+                [
+                    {k: str(e.get(k, "")) for k in ("at", "action", "from", "version", "who", "reason")}
+                    for e in registry.alias_log(clip_registry.MODEL_NAME, clip_registry.CHAMPION)[-10:]
+                ]
+            ),
+        }
     )
-    if existing is None:
-        with tempfile.TemporaryDirectory(prefix="clip-register-") as work:
-            folder = Path(work) / "clip"
-            folder.mkdir()
-            shutil.copyfile(spec.checkpoint, folder / WEIGHTS_FILE)
-            (folder / CONFIG_FILE).write_text(json.dumps({"model_name": spec.model_name, "version": clip_version}))
-            existing = registry.register(
-                CLIP_MODEL_NAME,
-                folder,
-                {
-                    CLIP_VERSION_TAG: clip_version,
-                    "mlplane.dagster_run_id": context.run.run_id,
-                    "mlplane.dagster_asset": CLIP_REGISTERED.to_user_string(),
-                },
-                metrics={},
-            )
-    champion = registry.by_alias(CLIP_MODEL_NAME, "champion")
-    if champion is None or champion.version != existing.version:
-        registry.set_alias(
-            CLIP_MODEL_NAME,
-            "champion",
-            existing.version,
-            who=f"dagster run {context.run.run_id}",
-            reason=f"clip_model {clip_version}",
-        )
-    return MaterializeResult(metadata={"registry_version": existing.version, "clip_version": clip_version})
 
 
 def offline_values_as_of(

@@ -37,7 +37,14 @@ from ml.clip import ClipSpec
 EMBEDDINGS_ZONE = "embeddings"
 ITEMS_TABLE = "items"
 COLLECTION = "items"
-PAYLOAD_INDEXES = {"category": "keyword", "creator": "integer", "price": "float", "flags": "keyword"}
+PAYLOAD_INDEXES = {
+    "category": "keyword",
+    "creator": "integer",
+    "price": "float",
+    "flags": "keyword",
+    "model_version": "keyword",  # the CLIP version of the point's vectors: search filters on it
+}
+VERSION_FIELD = "model_version"
 OUTPUT_SCHEMA = {
     "item_id": pl.Int64,
     "image_embedding": pl.List(pl.Float32),
@@ -308,9 +315,23 @@ def latest_item_embeddings(lake_root: str | Path) -> pl.DataFrame:
     )
 
 
+def days_of_other_versions(lake: Lake, version: str) -> list[date]:
+    """The embedded days holding a row of another CLIP version than `version` (to re-embed)."""
+    days = []
+    for day in lake.partition_days(EMBEDDINGS_ZONE, ITEMS_TABLE):
+        path = lake.partition_path(EMBEDDINGS_ZONE, ITEMS_TABLE, day)
+        versions = pl.read_parquet(path, columns=["model_version"])["model_version"].unique().to_list()
+        if any(v != version for v in versions):
+            days.append(day)
+    return days
+
+
 def item_payloads(items: pl.DataFrame, flags: dict[int, list[str]] | None = None) -> list[dict]:
-    """Vector-store payloads of catalogue rows: category, creator, price, flags."""
+    """Vector-store payloads of catalogue rows: category, creator, price, flags, and the CLIP version of
+    the vectors (`model_version`) where the rows have one."""
     flags = flags or {}
+    columns = ["item_id", "category", "creator_id", "price", "title"]
+    versioned = VERSION_FIELD in items.columns
     return [
         {
             "item_id": row["item_id"],
@@ -319,8 +340,9 @@ def item_payloads(items: pl.DataFrame, flags: dict[int, list[str]] | None = None
             "price": float(row["price"]),
             "title": row["title"],
             "flags": flags.get(row["item_id"], []),
+            **({VERSION_FIELD: row[VERSION_FIELD]} if versioned else {}),
         }
-        for row in items.select("item_id", "category", "creator_id", "price", "title").iter_rows(named=True)
+        for row in items.select(columns + ([VERSION_FIELD] if versioned else [])).iter_rows(named=True)
     ]
 
 
@@ -332,7 +354,8 @@ def sync_vector_store(
     collection: str = COLLECTION,
 ) -> dict:
     """Upsert every embedded item of the catalogue into the `items` collection (image and text
-    vectors, the keyword vector of its title, description and category, payload) and delete points of
+    vectors, the keyword vector of its title, description and category, payload with the embeddings'
+    `model_version` when they have one) and delete points of
     items no longer in the catalogue. BM25's length normalization is relative to the whole catalogue's
     average document length."""
     if embeddings.is_empty():
@@ -360,6 +383,23 @@ def needs_keyword_backfill(store) -> bool:
     return store.exists(COLLECTION) and KEYWORD_VECTOR not in store.sparse_vectors(COLLECTION)
 
 
+def index_versions(store, collection: str = COLLECTION) -> dict[str | None, int]:
+    """How many points of the collection carry each CLIP version (None: a point without one)."""
+    if not store.exists(collection):
+        return {}
+    counts: dict[str | None, int] = {}
+    for version in store.payload_field(collection, VERSION_FIELD).values():
+        counts[version] = counts.get(version, 0) + 1
+    return counts
+
+
+def other_version_points(store, version: str, collection: str = COLLECTION) -> list[str]:
+    """Ids of the points whose vectors are not of CLIP `version` (or carry no version)."""
+    if not store.exists(collection):
+        return []
+    return [i for i, v in store.payload_field(collection, VERSION_FIELD).items() if v != version]
+
+
 # --- the CLIP model the pipeline uses -------------------------------------------------------------
 MODELS_ZONE = "models"
 
@@ -369,6 +409,8 @@ def model_manifest_path(lake: Lake) -> Path:
 
 
 def save_model_manifest(lake: Lake, spec: ClipSpec, version: str, metrics: dict) -> Path:
+    """Where the `models/clip` asset records the champion it downloaded from the registry (for readers
+    without a registry client, such as the vision captioner)."""
     path = model_manifest_path(lake)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -383,10 +425,11 @@ def save_model_manifest(lake: Lake, spec: ClipSpec, version: str, metrics: dict)
 
 
 def current_model(lake: Lake) -> tuple[ClipSpec, str]:
-    """The CLIP model the clip_model asset chose, and its version."""
+    """The champion CLIP as the `models/clip` asset last recorded it, and its version. Embeddings, the
+    index and search read the registry's champion itself (engines.clip_registry.champion)."""
     path = model_manifest_path(lake)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: materialize the clip_model asset first")
+        raise FileNotFoundError(f"{path} not found: materialize the models/clip asset first")
     manifest = json.loads(path.read_text())
     return ClipSpec(manifest["model_name"], manifest["checkpoint"]), manifest["version"]
 

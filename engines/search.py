@@ -5,7 +5,11 @@ watertight meshes only) on the `item_geometry` feature view's current values.
 A text query is hybrid: the CLIP vector search and a BM25 keyword search (engines.keywords) on the
 collection's sparse vector, fused by reciprocal rank in Qdrant, both with the same filters; so an item's
 own title finds it even where the CLIP model is weak. `dense_only=True` (or an index built before the
-keyword vectors) gives the CLIP search alone; an image query is always dense."""
+keyword vectors) gives the CLIP search alone; an image query is always dense.
+
+Given the CLIP version of its model (`model_version`), every query is filtered to points whose vectors that
+version made, so a query is never compared with vectors of another CLIP version; an index with no vector of
+the version is an error that says to re-embed."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from pathlib import Path
 
 import polars as pl
 
-from engines.embeddings import COLLECTION
+from engines.embeddings import COLLECTION, VERSION_FIELD
 from engines.keywords import KEYWORD_VECTOR, query_vector
 from engines.vector_store import Hit, VectorStore
 from ml.clip import ClipSpec, encode_images, encode_texts, image_size, load_model, preprocess_image, tokenizer
@@ -38,6 +42,7 @@ class ItemSearch:
         geometry: pl.DataFrame | None = None,
         collection: str = COLLECTION,
         model=None,
+        model_version: str | None = None,
     ):
         self.store = store
         self.spec = spec
@@ -45,6 +50,17 @@ class ItemSearch:
         self.geometry = geometry  # item_geometry's current rows (engines.geometry_job.current_geometry)
         self.collection = collection
         self.has_keywords = KEYWORD_VECTOR in store.sparse_vectors(collection)
+        self.model_version = model_version
+        if model_version is not None:
+            self._require_version(model_version)
+
+    def _require_version(self, version: str) -> None:
+        dim = len(encode_texts(self.model, tokenizer(self.spec)(["probe"]).numpy())[0])
+        if not self.store.search(self.collection, [1.0] * dim, "image", 1, {VERSION_FIELD: version}):
+            raise ValueError(
+                f"the {self.collection!r} index holds no vectors of CLIP {version}: re-embed the catalogue "
+                "with it (the clip_champion_sensor starts that run when the champion changes)"
+            )
 
     def search(
         self,
@@ -66,6 +82,8 @@ class ItemSearch:
         if (text is None) == (image is None):
             raise ValueError("give exactly one of a text or an image query")
         filters = search_filters(category, price_min, price_max)
+        if self.model_version is not None:
+            filters[VERSION_FIELD] = self.model_version
         if max_faces is not None or watertight:
             allowed = self._fitting_items(max_faces, watertight)
             if not allowed:

@@ -210,7 +210,11 @@ class VectorStore:
 
     def ids(self, name: str) -> list[str]:
         """Every id in the collection (to find the ones to delete)."""
-        return self._engine.ids(name)
+        return [p[ID_KEY] for p in self._engine.payloads(name, [ID_KEY])]
+
+    def payload_field(self, name: str, field: str) -> dict[str, object]:
+        """Each point's id -> its payload's `field` (None where the point has none)."""
+        return {str(v[ID_KEY]): v.get(field) for v in self._engine.payloads(name, [ID_KEY, field])}
 
     def count(self, name: str) -> int:
         return self._engine.count(name)
@@ -337,7 +341,7 @@ class _Engine:
         self, name: str, queries: list[list[float]], using: str, k: int
     ) -> list[list[tuple[float, dict]]]: ...
     def export(self, name: str) -> _Points: ...
-    def ids(self, name: str) -> list[str]: ...
+    def payloads(self, name: str, fields: list[str]) -> list[dict]: ...
     def count(self, name: str) -> int: ...
     def exists(self, name: str) -> bool: ...
     def close(self) -> None: ...
@@ -503,12 +507,12 @@ class _EdgeEngine(_Engine):
     def _dims(self, name) -> dict[str, int]:
         return {n: p["size"] for n, p in self._config(name)["vectors"].items()}
 
-    def ids(self, name):
+    def payloads(self, name, fields):
         q = self._q
         shard, out, offset = self._shard(name), [], None
         while True:
-            records, offset = shard.scroll(q.ScrollRequest(offset=offset, limit=1000, with_payload=[ID_KEY]))
-            out.extend(r.payload[ID_KEY] for r in records)
+            records, offset = shard.scroll(q.ScrollRequest(offset=offset, limit=1000, with_payload=fields))
+            out.extend(dict(r.payload) for r in records)
             if offset is None:
                 return out
 
@@ -645,11 +649,11 @@ class _ServerEngine(_Engine):
             if offset is None:
                 return _points(ids, vectors, payloads, {n: p.size for n, p in params.items()})
 
-    def ids(self, name):
+    def payloads(self, name, fields):
         out, offset = [], None
         while True:
-            records, offset = self._client.scroll(name, limit=1000, offset=offset, with_payload=[ID_KEY])
-            out.extend(r.payload[ID_KEY] for r in records)
+            records, offset = self._client.scroll(name, limit=1000, offset=offset, with_payload=fields)
+            out.extend(dict(r.payload) for r in records)
             if offset is None:
                 return out
 

@@ -75,3 +75,73 @@ SCHEMA = {
     "true_positives": pl.Int64,
     **{f"{m}{s}": pl.Float64 for m in ("precision", "recall", "accuracy") for s in ("", "_low", "_high")},
 }
+
+
+PLOTTED = ("precision", "recall")
+COLOURS = {"precision": "#1f77b4", "recall": "#d62728"}
+
+
+def audit_history(days: list, slices: list[pl.DataFrame]) -> pl.DataFrame:
+    """One row per day (sorted): the audit slice's items and each plotted rate with its interval, nulls on a
+    day without audit items."""
+    rows = []
+    for day, frame in zip(days, slices):
+        audit = frame.filter(pl.col("slice") == AUDIT)
+        row = audit.row(0, named=True) if audit.height else {}
+        rows.append(
+            {
+                "day": day,
+                "items": int(row.get("items") or 0),
+                **{f"{m}{s}": row.get(f"{m}{s}") for m in PLOTTED for s in ("", "_low", "_high")},
+            }
+        )
+    schema = {
+        "day": pl.Date,
+        "items": pl.Int64,
+        **{f"{m}{s}": pl.Float64 for m in PLOTTED for s in ("", "_low", "_high")},
+    }
+    return pl.DataFrame(rows, schema=schema).sort("day")
+
+
+def history_svg(history: pl.DataFrame, width: int = 640, height: int = 200) -> str:
+    """Audit precision and recall per day with their 95% intervals as an SVG chart (0 to 1). A day
+    without audit items (or without a flagged item or a violation among them) has no point and is
+    marked on the axis, so the chart renders whatever the days hold."""
+    left, top = 40, 30
+    n = history.height
+    step = (width - left - 20) / max(n, 1)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + top + 40}">',
+        f'<text x="10" y="16" font-size="13">audit precision and recall per day, 95% intervals ({n} days)</text>',
+        f'<line x1="{left}" y1="{top + height}" x2="{width - 10}" y2="{top + height}" stroke="#999"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + height}" stroke="#999"/>',
+        f'<text x="5" y="{top + 4}" font-size="10">1.0</text><text x="5" y="{top + height}" font-size="10">0.0</text>',
+    ]
+    if not n:
+        parts.append(f'<text x="{left + 10}" y="{top + height / 2}" font-size="12">no days measured yet</text>')
+    for i, row in enumerate(history.iter_rows(named=True)):
+        x = left + step * (i + 0.5)
+        parts.append(f'<text x="{x - 14:.1f}" y="{top + height + 14}" font-size="9">{row["day"]:%m-%d}</text>')
+        if not row["items"]:
+            parts.append(
+                f'<text x="{x - 3:.1f}" y="{top + height - 4}" font-size="10" fill="#999">'
+                "&#8709;<title>no audit items</title></text>"
+            )
+        for j, metric in enumerate(PLOTTED):
+            value = row[metric]
+            if value is None:
+                continue
+            cx = x + (j - 0.5) * 6
+            y = [top + height * (1 - row[f"{metric}{s}"]) for s in ("", "_low", "_high")]
+            colour = COLOURS[metric]
+            parts.append(f'<line x1="{cx:.1f}" y1="{y[1]:.1f}" x2="{cx:.1f}" y2="{y[2]:.1f}" stroke="{colour}"/>')
+            parts.append(f'<circle cx="{cx:.1f}" cy="{y[0]:.1f}" r="3" fill="{colour}"/>')
+    for j, metric in enumerate(PLOTTED):
+        parts.append(
+            f'<text x="{width - 90}" y="{top + 12 * j}" font-size="11" fill="{COLOURS[metric]}">{metric}</text>'
+        )
+    parts.append(
+        f'<text x="{left}" y="{top + height + 32}" font-size="10" fill="#999">&#8709;: no audit items that day</text>'
+    )
+    parts.append("</svg>")
+    return "".join(parts)

@@ -50,6 +50,16 @@ item_embeddings_daily = define_asset_job(
     tags=CPU_POOL,
 )
 
+clip_reembed = define_asset_job(
+    "clip_reembed",
+    selection=AssetSelection.assets(
+        ["models", "clip"], ["embeddings", "items"], ["content_violations", "flags"], ["vectors", "items"]
+    ),
+    description="Re-embed every embedded day with the registry's champion CLIP, flag copies again in its "
+    "embedding space and bring the vector index to that version alone; clip_champion_sensor runs it.",
+    tags=CPU_POOL,
+)
+
 batch_inference = define_asset_job(
     "batch_inference",
     selection=AssetSelection.groups("inference", "experiments"),

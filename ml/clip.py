@@ -167,21 +167,27 @@ def encode_texts(model, tokens: np.ndarray, device: str = "cpu") -> np.ndarray:
     return features.float().cpu().numpy()
 
 
-def retrieval_recall(
-    image_embeddings: np.ndarray, text_embeddings: np.ndarray, ks: tuple[int, ...] = RECALL_KS
-) -> dict[str, float]:
-    """Text-to-image recall@k: the share of texts whose own image is among the k most similar
-    images, beside the random baseline k/n."""
+def text_to_image_ranks(image_embeddings: np.ndarray, text_embeddings: np.ndarray) -> np.ndarray:
+    """Each text's 0-based rank of its own image (row i's) among all the images: how many are strictly
+    closer to the text."""
     n = len(image_embeddings)
     if n == 0:
         raise ValueError("retrieval recall needs at least one item")
     similarity = np.asarray(text_embeddings) @ np.asarray(image_embeddings).T
     own = similarity[np.arange(n), np.arange(n)]
-    rank = (similarity > own[:, None]).sum(axis=1)  # images strictly closer than the right one
+    return (similarity > own[:, None]).sum(axis=1)
+
+
+def retrieval_recall(
+    image_embeddings: np.ndarray, text_embeddings: np.ndarray, ks: tuple[int, ...] = RECALL_KS
+) -> dict[str, float]:
+    """Text-to-image recall@k: the share of texts whose own image is among the k most similar
+    images, beside the random baseline k/n."""
+    rank = text_to_image_ranks(image_embeddings, text_embeddings)
     out = {}
     for k in ks:
         out[f"recall@{k}"] = float((rank < k).mean())
-        out[f"random_recall@{k}"] = min(1.0, k / n)
+        out[f"random_recall@{k}"] = min(1.0, k / len(rank))
     return out
 
 

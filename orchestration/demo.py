@@ -138,7 +138,8 @@ def embeddings_and_search(data_dir: Path, first: date, last: date) -> None:
 def search_for_an_item(data_dir: Path) -> None:
     import random
 
-    from engines.embeddings import current_catalogue, current_model
+    from engines import clip_registry
+    from engines.embeddings import current_catalogue
     from engines.lake import Lake
     from engines.search import ItemSearch
     from orchestration.profiles import open_resource
@@ -146,9 +147,10 @@ def search_for_an_item(data_dir: Path) -> None:
     lake = Lake(data_dir)
     catalogue = current_catalogue(lake)
     item = catalogue.row(random.Random(7).randrange(catalogue.height), named=True)
-    spec, _ = current_model(lake)
+    with open_resource("model_registry", str(data_dir)) as registry:
+        spec, version, _ = clip_registry.champion(registry.get_client(), clip_registry.cache_folder(lake.root))
     with open_resource("vector_store", str(data_dir)) as vectors, vectors.get_client() as store:
-        hits = ItemSearch(store, spec).search(text=item["title"], k=10)
+        hits = ItemSearch(store, spec, model_version=version).search(text=item["title"], k=10)
     found = [h.payload.get("item_id", h.id) for h in hits]
     rank = f"ranks #{found.index(item['item_id']) + 1}" if item["item_id"] in found else "is not in the top 10"
     click.echo(f'   mlplane search "{item["title"]}": item {item["item_id"]} (that title\'s own item) {rank}; top 3:')

@@ -48,18 +48,27 @@ def search(
 ) -> None:
     """Top-k catalogue items for a TEXT query (or --image PATH), with optional filters. A TEXT query
     fuses the CLIP search with a keyword search of titles, descriptions and categories."""
-    from engines.embeddings import current_model
+    from engines import clip_registry
     from engines.geometry_job import current_geometry
     from engines.search import ItemSearch
     from orchestration.profiles import open_resource
 
     if (text is None) == (image is None):
         raise click.UsageError("give a TEXT query or --image PATH (not both)")
-    with open_resource("lake", data_dir) as lake, open_resource("vector_store", data_dir) as vectors:
-        spec, _ = current_model(lake.get_client())
+    with (
+        open_resource("lake", data_dir) as lake,
+        open_resource("vector_store", data_dir) as vectors,
+        open_resource("model_registry", data_dir) as registry,
+    ):
+        try:  # the registry's champion CLIP, whose vectors alone the query is compared with
+            spec, version, _ = clip_registry.champion(
+                registry.get_client(), clip_registry.cache_folder(lake.get_client().root)
+            )
+        except LookupError as error:
+            raise click.ClickException(str(error)) from error
         with vectors.get_client() as store:
             try:
-                search = ItemSearch(store, spec, current_geometry(lake.get_client()))
+                search = ItemSearch(store, spec, current_geometry(lake.get_client()), model_version=version)
                 hits = search.search(
                     text=text,
                     image=image,

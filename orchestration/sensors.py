@@ -1,5 +1,6 @@
 """Sensors: a run when a day lands (or changes) in landing, an export when a served model's registry version
-changes, and a notification when a run fails."""
+changes, a re-embedding of the catalogue when the champion CLIP changes, and a notification when a run
+fails."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ from assets import all_asset_checks
 from assets.model_export import served_versions
 from assets.partitions import daily_partitions
 from assets.pipelines import NOTIFY_TAG
+from engines import clip_registry
+from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, days_of_other_versions
 from engines.lake import Lake
 from feature_defs.sources import all_sources
-from jobs import daily_pipeline, model_export
+from jobs import clip_reembed, daily_pipeline, model_export
 from resources.lake import LakeResource
 from resources.model_server import ModelServerResource
 from resources.notifications import WebhookNotifier
@@ -140,3 +143,38 @@ def model_export_sensor(
         return SkipReason("the served versions are the ones last exported")
     # no run key: a rollback returns to versions exported before, and must be exported again
     return SensorResult(run_requests=[RunRequest(tags={"mlplane/served_versions": cursor})], cursor=cursor)
+
+
+@sensor(
+    job=clip_reembed,
+    minimum_interval_seconds=60,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Re-embeds the catalogue when the registry's champion CLIP changes (a better version trained by "
+    "clip_model, `mlplane models promote` or `rollback` of `clip`): one run over every embedded day, whenever a "
+    "day's embeddings are of another version than the champion.",
+)
+def clip_champion_sensor(context: SensorEvaluationContext, lake: LakeResource, model_registry: ModelRegistryResource):
+    store, registry = lake.get_client(), model_registry.get_client()
+    try:
+        version, registry_version = clip_registry.champion_version(registry, clip_registry.cache_folder(store.root))
+    except LookupError as error:
+        return SkipReason(str(error))
+    stale = days_of_other_versions(store, version)
+    if not stale:
+        return SkipReason(f"every embedded day is of the champion CLIP {version}")
+    days = store.partition_days(EMBEDDINGS_ZONE, ITEMS_TABLE)
+    # one run per champion change: a rollback to a version embedded before is a change of its own
+    changes = len(registry.alias_log(clip_registry.MODEL_NAME, clip_registry.CHAMPION))
+    context.log.info(f"{len(stale)} embedded day(s) not of the champion {version}: re-embedding {days[0]}..{days[-1]}")
+    return SensorResult(
+        run_requests=[
+            RunRequest(
+                run_key=f"clip-v{registry_version}-change{changes}",
+                tags={
+                    ASSET_PARTITION_RANGE_START_TAG: days[0].isoformat(),
+                    ASSET_PARTITION_RANGE_END_TAG: days[-1].isoformat(),
+                    "mlplane/clip_version": version,
+                },
+            )
+        ]
+    )

@@ -23,10 +23,12 @@ from engines.embeddings import (
     current_catalogue,
     current_model,
     embed_items,
+    index_versions,
     latest_item_embeddings,
     sync_vector_store,
 )
 from engines.lake import Lake
+from engines.registry import ModelRegistry
 from engines.releases import newest_release
 from engines.search import ItemSearch
 from engines.vector_store import VectorStore
@@ -84,7 +86,7 @@ def lake(tmp_path_factory):
     run_pipeline(data_dir, FIRST_DAY, LAST_DAY, selection=AssetSelection.assets(["warehouse", "items"]))
     model_run = materialize(
         all_assets,
-        selection=AssetSelection.assets("clip_model"),
+        selection=AssetSelection.assets("clip_model", ["models", "clip"]),
         resources=resources(data_dir, ray_dir),
         instance=DagsterInstance.ephemeral(),
         run_config={"ops": {"clip_model": {"config": {"epochs": 12}}}},
@@ -107,6 +109,13 @@ def test_trained_clip_beats_random_retrieval_on_held_out_items(lake):
     assert metadata["recall@10"].value >= 0.4
     spec, version = current_model(Lake(lake["dir"]))
     assert version.startswith("mlplane-clip-compact@") and spec.checkpoint
+    # registered by its training asset with lineage; the first version has no champion to beat
+    registered = ModelRegistry.local(lake["dir"] / "registry").by_alias("clip", "champion")
+    assert metadata["alias"].value == "champion" and registered.version == "1"
+    assert registered.tags["mlplane.clip_version"] == version == metadata["model_version"].value
+    assert registered.tags["mlplane.dagster_asset"] == "clip_model"
+    assert registered.tags["mlplane.dagster_run_id"] == lake["model_run"].run_id
+    assert registered.metrics["recall_at_10"] == pytest.approx(metadata["recall@10"].value, rel=1e-5)
 
 
 def test_each_day_has_exactly_one_row_per_new_or_changed_item(lake):
@@ -190,13 +199,14 @@ def test_rerunning_a_partition_is_idempotent(lake):
 
 def test_search_with_filters_returns_only_matching_items(lake):
     store = Lake(lake["dir"])
-    spec, _ = current_model(store)
+    spec, version = current_model(store)
     catalogue = current_catalogue(store)
     target = catalogue.filter(pl.col("item_id") == latest_item_embeddings(lake["dir"])["item_id"][5]).row(0, named=True)
     with VectorStore.open(str(lake["dir"] / "vectors")) as vectors:
-        search = ItemSearch(vectors, spec)
+        search = ItemSearch(vectors, spec, model_version=version)
         exact = search.search(text=target["title"], k=3, using="text")
         assert exact[0].payload["item_id"] == target["item_id"]
+        assert {h.payload["model_version"] for h in exact} == {version}
         hits = search.search(
             text=target["title"],
             k=20,
@@ -502,3 +512,106 @@ def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(la
     assert served.status_code == 200, served.text
     alone = generate_captions(model, processor, [images[test_rows[0]]])[0]  # batch size 1, as served
     assert served.json()["choices"][0]["message"]["content"] == alone
+
+
+REEMBED = AssetSelection.assets(
+    ["models", "clip"], ["embeddings", "items"], ["content_violations", "flags"], ["vectors", "items"]
+)
+
+
+def champion_sensor(data_dir):
+    """One evaluation of clip_champion_sensor over the lake and its registry."""
+    from dagster import build_sensor_context
+
+    from orchestration.sensors import clip_champion_sensor
+
+    local = resources_for("local", data_dir=str(data_dir))
+    with build_sensor_context(resources={"lake": local["lake"], "model_registry": local["model_registry"]}) as context:
+        return clip_champion_sensor(context)
+
+
+def test_clip_lifecycle_follows_the_registry_champion(lake, tmp_path):
+    """Last in this module (it changes the champion). A CLIP that does not beat the champion's held-out
+    recall@10 (random weights) is registered as the challenger and nothing is re-embedded; promoted by hand,
+    the sensor asks for one run over every embedded day, which re-embeds them and leaves the index holding
+    that version alone; search follows the registry (the CLI too); vectors of another version put back by
+    hand are never returned and the next index run repairs them; a rollback asks for a run of its own."""
+    import torch
+    from dagster import SkipReason
+
+    from ml.clip import ClipSpec
+
+    store, registry = Lake(lake["dir"]), ModelRegistry.local(lake["dir"] / "registry")
+    _, trained = current_model(store)
+    embedded = latest_item_embeddings(lake["dir"])
+    with VectorStore.open(str(lake["dir"] / "vectors")) as vectors:
+        assert index_versions(vectors) == {trained: embedded.height}
+    assert isinstance(champion_sensor(lake["dir"]), SkipReason)
+
+    weights = tmp_path / "random.pt"
+    torch.manual_seed(0)
+    torch.save(load_model(ClipSpec()).state_dict(), weights)
+    challenger = ClipSpec(checkpoint=str(weights))
+    result = materialize(
+        all_assets,
+        selection=AssetSelection.assets("clip_model"),
+        resources=resources(lake["dir"], lake["ray_dir"]),
+        instance=DagsterInstance.ephemeral(),
+        run_config={"ops": {"clip_model": {"config": {"checkpoint": str(weights)}}}},
+    )
+    metadata = materialization(result, AssetKey("clip_model")).metadata
+    assert metadata["alias"].value == "challenger" and metadata["model_version"].value == challenger.version
+    gate = metadata["gate"].value.records[0].data
+    assert gate["candidate"] < gate["champion"], gate  # random weights against the trained champion
+    assert (
+        registry.by_alias("clip", "champion").version == "1" and registry.by_alias("clip", "challenger").version == "2"
+    )
+    assert isinstance(champion_sensor(lake["dir"]), SkipReason)
+
+    registry.promote("clip", "champion", "2", who="test", reason="the lifecycle test")
+    with VectorStore.open(str(lake["dir"] / "vectors")) as vectors, pytest.raises(ValueError, match="no vectors of"):
+        ItemSearch(vectors, challenger, model_version=challenger.version)
+    (request,) = champion_sensor(lake["dir"]).run_requests
+    days = store.partition_days("embeddings", "items")
+    assert (request.tags[ASSET_PARTITION_RANGE_START_TAG], request.tags[ASSET_PARTITION_RANGE_END_TAG]) == (
+        days[0].isoformat(),
+        days[-1].isoformat(),
+    )
+    run = materialize(
+        all_assets,
+        selection=REEMBED,
+        resources=resources(lake["dir"], lake["ray_dir"]),
+        instance=DagsterInstance.ephemeral(),
+        tags=request.tags,
+    )
+    assert run.success
+    for day in days:
+        assert store.read_partition("embeddings", "items", day)["model_version"].unique().to_list() == [
+            challenger.version
+        ]
+    assert current_model(store)[1] == challenger.version
+    assert isinstance(champion_sensor(lake["dir"]), SkipReason)
+    target = (
+        current_catalogue(store)
+        .filter(pl.col("item_id").is_in(embedded["item_id"].head(5).implode()))
+        .row(0, named=True)
+    )
+    out = CliRunner().invoke(main, ["search", target["title"], "-k", "3", "--data-dir", str(lake["dir"])])
+    assert out.exit_code == 0 and len(out.output.splitlines()) == 3, out.output
+
+    with VectorStore.open(str(lake["dir"] / "vectors")) as vectors:
+        assert index_versions(vectors) == {challenger.version: embedded.height}
+        sync_vector_store(vectors, embedded.head(5), current_catalogue(store))  # the former champion's vectors
+        assert index_versions(vectors) == {challenger.version: embedded.height - 5, trained: 5}
+        hits = ItemSearch(vectors, challenger, model_version=challenger.version).search(text=target["title"], k=50)
+        assert hits and {h.payload["model_version"] for h in hits} == {challenger.version}
+    repaired = materialize_days(
+        lake["dir"], lake["ray_dir"], LAST_DAY, LAST_DAY, AssetSelection.assets(["vectors", "items"])
+    )
+    assert materialization(repaired, AssetKey(["vectors", "items"])).metadata["repaired"].value is True
+    with VectorStore.open(str(lake["dir"] / "vectors")) as vectors:
+        assert index_versions(vectors) == {challenger.version: embedded.height}
+
+    registry.rollback("clip", "champion", who="test", reason="the lifecycle test")
+    (again,) = champion_sensor(lake["dir"]).run_requests
+    assert again.run_key != request.run_key and again.tags["mlplane/clip_version"] == trained

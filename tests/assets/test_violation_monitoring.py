@@ -108,3 +108,50 @@ def test_without_a_release_nothing_is_measured(tmp_path):
         partition_key=str(DAY),
     )
     assert result.success and not Lake(tmp_path).partition_path(ZONE, TABLE, DAY).exists()
+
+
+def test_audit_history_plot_renders_a_day_without_audit_items(tmp_path):
+    """Three days measured in two runs, the middle one with no audit item among its flags: the plot (SVG)
+    parses, marks that day, and draws each other day's precision and recall at the values in the lake's
+    table with their intervals; the history spans the earlier run's day too."""
+    from xml.etree import ElementTree
+
+    lake = Lake(tmp_path)
+    days = [DAY + timedelta(days=d) for d in range(3)]
+    audited = {d: list(range(i * 100, i * 100 + 40)) for i, d in enumerate(days) if i != 1}
+    for i, day in enumerate(days):
+        items = list(range(i * 100, i * 100 + 60))
+        lake.write_partition(
+            "content_violations", "flags", day, pl.DataFrame({"item_id": items, "flagged": [j % 3 == 0 for j in items]})
+        )
+    rows = [
+        {"key": str(j), "label": "violation" if j % 2 == 0 else "ok", "queues": ["audit"]}
+        for items in audited.values()
+        for j in items
+    ]
+    rows += [{"key": "150", "label": "violation", "queues": ["detector_flagged"]}]  # labelled, not audited
+    write_release(tmp_path, rows)
+    for first, last in ((days[0], days[0]), (days[1], days[2])):
+        result = materialize(
+            [violation_accuracy],
+            resources={"lake": LakeResource(root=str(tmp_path))},
+            instance=DagsterInstance.ephemeral(),
+            tags={"dagster/asset_partition_range_start": str(first), "dagster/asset_partition_range_end": str(last)},
+        )
+        assert result.success
+    metadata = result.asset_materializations_for_node("monitoring__violation_accuracy")[-1].metadata
+    assert metadata["days_without_audit_items"].value == 1
+    svg = ElementTree.fromstring(metadata["audit_over_days"].value)
+    ns = "{http://www.w3.org/2000/svg}"
+    marks = [t for t in svg.iter(f"{ns}text") if t.find(f"{ns}title") is not None]
+    assert [m.find(f"{ns}title").text for m in marks] == ["no audit items"]
+    circles = [float(c.get("cy")) for c in svg.iter(f"{ns}circle")]
+    expected = []
+    for day in (days[0], days[2]):
+        audit = lake.read_partition(ZONE, TABLE, day).filter(pl.col("slice") == "audit").row(0, named=True)
+        ids = audited[day]
+        tp = sum(j % 3 == 0 and j % 2 == 0 for j in ids)
+        assert audit["precision"] == pytest.approx(tp / sum(j % 3 == 0 for j in ids))
+        assert audit["recall"] == pytest.approx(tp / sum(j % 2 == 0 for j in ids))
+        expected += [30 + 200 * (1 - audit["precision"]), 30 + 200 * (1 - audit["recall"])]
+    assert circles == pytest.approx(expected, abs=0.06)
