@@ -16,7 +16,7 @@ from ground_truth import accounts
 from ground_truth.db import connect
 from ground_truth.schema import TaskSpec
 from ground_truth.throttle import SignInThrottle
-from tests.ground_truth.conftest import PASSWORD, add_task, login, make_accounts, serve_app
+from tests.ground_truth.conftest import PASSWORD, add_task, csrf_of, login, make_accounts, serve_app
 
 TASK = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=1, gold_share=0.0)
 
@@ -73,7 +73,9 @@ def test_sign_in_is_limited_per_account_and_per_address(store):
         refused = httpx.post(base_url + "/api/login", json={"username": "annotator0", "password": PASSWORD})
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0  # even the right one
         assert "too many sign-in attempts" in refused.json()["detail"]
-        form = httpx.post(base_url + "/login", data={"username": "annotator0", "password": PASSWORD})
+        with httpx.Client(base_url=base_url) as page:
+            token = csrf_of(page.get("/login"))
+            form = page.post("/login", data={"username": "annotator0", "password": PASSWORD, "csrf": token})
         assert form.status_code == 429 and "try again in" in form.text and form.headers["retry-after"]
         assert httpx.post(base_url + "/api/login", json={"username": "reviewer0", "password": PASSWORD}).is_success
     with serve_app(url, throttle=SignInThrottle(per_address=3)) as base_url:
