@@ -1,8 +1,7 @@
 """The labeling web app: a JSON API (used by the pages' scripts, the simulated annotators and the
 benchmark) and server-rendered pages. Every route names the roles it admits; others get 403. Errors are
-JSON under /api/ and HTML pages elsewhere; state-changing browser requests are CSRF-checked (guard.py)."""
-
-from __future__ import annotations
+JSON under /api/ and HTML pages elsewhere; state-changing browser requests are CSRF-checked (guard.py).
+(No `from __future__ import annotations`: FastAPI resolves the routes' Annotated aliases at definition.)"""
 
 from pathlib import Path
 from typing import Annotated

@@ -192,6 +192,10 @@ def test_keys_back_forward_expiry_and_the_matched_original_in_chromium(pair_app)
             assert image.evaluate("img => img.naturalWidth") == 24
         expect(page.locator("#progress")).to_contain_text("Done 0 · about 4 left")
         keep(page, "label-side-by-side")
+        boxes = [b.bounding_box() for b in page.locator("#choices button, #skip, #undo").all()]
+        assert len(boxes) == 4 and all(b["height"] >= 44 and b["width"] >= 100 for b in boxes), boxes  # large targets
+        violation, ok = boxes[:2]
+        assert ok["x"] - (violation["x"] + violation["width"]) >= 8, boxes  # apart, not touching
 
         page.keyboard.down("2")  # held: the first press answers ...
         expect(title).to_have_text("Copy 1")
