@@ -117,8 +117,10 @@ def _labeling_api(app: FastAPI, access: Access) -> None:
     Annotator = Annotated[acc.Account, Depends(access.require(*ANNOTATOR))]
     TaskDep = Annotated[q.Task, Depends(access.task_named)]
 
-    def with_original(item: Shown | None, retry: bool = False) -> Next:
-        return Next(item=item, retry=retry, original=originals.of_item(engine, item.item_id) if item else None)
+    original_of = originals.Lookup(engine)
+
+    def with_original(task: q.Task, item: Shown | None, retry: bool = False) -> Next:
+        return Next(item=item, retry=retry, original=original_of(task, item.item_id) if item else None)
 
     @app.post("/api/login")
     async def api_login(request: Request, body: Credentials) -> dict:
@@ -136,24 +138,24 @@ def _labeling_api(app: FastAPI, access: Access) -> None:
 
     @app.get("/api/tasks/{task}/next")
     def api_next(account: Annotator, task: TaskDep) -> Next:
-        return with_original(q.serve(engine, task, account.id))
+        return with_original(task, q.serve(engine, task, account.id))
 
     @app.post("/api/tasks/{task}/answers")
     def api_answer(body: Answer, account: Annotator, task: TaskDep) -> Next:
         item, retry = q.answer_and_serve(engine, task, account.id, body.item_id, body.label)
-        return with_original(item, retry)
+        return with_original(task, item, retry)
 
     @app.post("/api/tasks/{task}/skip")
     def api_skip(body: ItemRef, account: Annotator, task: TaskDep) -> Next:
         q.skip(engine, task, account.id, body.item_id)
         try:
-            return with_original(q.serve(engine, task, account.id))
+            return with_original(task, q.serve(engine, task, account.id))
         except q.Busy:
             return Next(item=None, retry=True)
 
     @app.post("/api/tasks/{task}/undo")
     def api_undo(account: Annotator, task: TaskDep) -> Next:
-        return with_original(q.undo(engine, task, account.id))
+        return with_original(task, q.undo(engine, task, account.id))
 
     @app.get("/api/tasks/{task}/progress")
     def api_progress(account: Annotator, task: TaskDep) -> dict:

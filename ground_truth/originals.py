@@ -5,8 +5,10 @@ of a queued item the caller may see."""
 
 from __future__ import annotations
 
+import time
+
 from pydantic import BaseModel
-from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, String, Table, Text, select
+from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, String, Table, Text, exists, select
 from sqlalchemy.engine import Engine
 
 from ground_truth.db import items
@@ -78,6 +80,32 @@ def record(engine: Engine, task: Task, matches: list[OriginalIn]) -> int:
                 continue
             changed += 1
     return changed
+
+
+class Lookup:
+    """The original of a served item, asked only of tasks that have any: most tasks have none, and the
+    extra transaction each round trip would queue behind the annotators' answers on SQLite's one
+    connection. Whether a task has originals is read again after `recheck_s` (the queue asset, another
+    process, records them)."""
+
+    def __init__(self, engine: Engine, recheck_s: float = 30.0):
+        self.engine, self.recheck_s = engine, recheck_s
+        self._checked: dict[int, tuple[float, bool]] = {}
+
+    def __call__(self, task: Task, item_id: int) -> Original | None:
+        moment = time.monotonic()
+        checked_at, has_any = self._checked.get(task.id, (-float("inf"), False))
+        if not has_any and moment - checked_at > self.recheck_s:
+            has_any = _task_has_originals(self.engine, task)
+            self._checked[task.id] = (moment, has_any)
+        return of_item(self.engine, item_id) if has_any else None
+
+
+def _task_has_originals(engine: Engine, task: Task) -> bool:
+    with engine.begin() as conn:
+        return conn.execute(
+            select(exists(select(item_originals.c.item_id).join(items).where(items.c.task_id == task.id)))
+        ).scalar()
 
 
 def of_item(engine: Engine, item_id: int) -> Original | None:
