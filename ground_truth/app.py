@@ -103,6 +103,7 @@ def create_app(database_url: str, media_root: Path | None = None, throttle: Sign
     app.state.sign_in = SignIn(engine, throttle or SignInThrottle(), HashingPool())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_error_pages(app)
+    app.add_middleware(ApiNotStored)
     access = Access(engine)
     _labeling_api(app, access)
     _review_api(app, access)
@@ -215,6 +216,25 @@ def _admin_api(app: FastAPI, access: Access) -> None:
     @app.post("/api/tasks/{task}/items")
     def api_add_items(body: list[ItemIn], account: Admin, task: TaskDep) -> dict:
         return {"added": q.add_items(engine, task, body)}
+
+
+class ApiNotStored:
+    """`Cache-Control: no-store` on every API answer. Without it a browser going Back or Forward reuses
+    the stored answer of an earlier GET .../next and shows an item the annotator already answered."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+            return await self.app(scope, receive, send)
+
+        async def not_stored(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"cache-control", b"no-store")]
+            await send(message)
+
+        await self.app(scope, receive, not_stored)
 
 
 def _page(request: Request, html: str, status: int = 200) -> HTMLResponse:

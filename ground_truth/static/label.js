@@ -83,7 +83,7 @@ function signInAgain(message) {
 }
 
 async function showProgress() {
-  const response = await fetch(`/api/tasks/${encodeURIComponent(task)}/progress`);
+  const response = await fetch(`/api/tasks/${encodeURIComponent(task)}/progress`, {cache: "no-store"});
   if (!response.ok) return;
   const p = await response.json();
   let gold = "gold score: after your first 10 answers";
@@ -101,6 +101,7 @@ async function send(action, body) {
   try {
     const response = await fetch(`/api/tasks/${encodeURIComponent(task)}/${action}`, {
       method: action === "next" ? "GET" : "POST",
+      cache: "no-store",  // never an earlier answer from the browser's cache (Back, Forward)
       headers: {"content-type": "application/json", "x-csrf-token": csrf},
       body: action === "next" ? undefined : JSON.stringify(body || {}),
     });

@@ -40,6 +40,8 @@ def test_people_get_html_error_pages_and_the_api_json(app):
             assert words in page.text and '<a href="/">' in page.text, page.text
         api = person.get("/api/tasks/nope/disputes")
         assert api.status_code == 404 and api.json() == {"detail": "no task 'nope'"}
+        listed = person.get("/api/tasks")  # no browser keeps an API answer to show again on Back
+        assert listed.status_code == 200 and listed.headers["cache-control"] == "no-store"
         assert person.get("/api/nowhere").json() == {"detail": "Not Found"}
     with httpx.Client(base_url=base_url) as anonymous:
         token = anonymous.get("/login").text.split('name="csrf-token" content="')[1].split('"')[0]
