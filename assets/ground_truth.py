@@ -18,7 +18,7 @@ from assets.models import with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
 from engines.expectations import Suite, gxe
 from engines.releases import newest_release
-from ground_truth import queue, review
+from ground_truth import originals, queue, review
 from ground_truth import release as rel
 from ground_truth import sources as src
 from ground_truth.schema import CONTENT_VIOLATION, RECOMMENDATION_RELEVANCE, ItemIn, TaskSpec
@@ -86,6 +86,10 @@ def content_violation_queue(
         for name, ids in picked.items():
             added = queue.add_items(engine, task, src.catalogue_items(store, day, ids, name, scores, PRIORITY[name]))
             rows.append({"day": day.isoformat(), "queue": name, "candidates": len(ids), "new_items": added})
+        # the annotator judges each item beside the original the detector matched it with
+        originals.record(
+            engine, task, src.matched_originals(store, day, sorted({i for ids in picked.values() for i in ids}))
+        )
         context.log.info(f"content_violation queue {day}: {rows[-3:]}")
     gold = _gold_from_newest_release(Path(lake.root), engine, task, context)
     _, slots = review.refresh_model(engine, task)  # new items and gold answers: refit, rebalance adaptive slots

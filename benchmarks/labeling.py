@@ -7,10 +7,14 @@ it in the clients' process, where their 20 threads compete with it for the inter
 by default or on a PostgreSQL URL. With no think time (the default) every annotator answers the moment
 an item arrives, so the server is never idle and a round trip is mostly the wait behind the other
 annotators' requests; `--think-ms` adds pauses before the answers, as people take (exponential, that mean).
-`--label-studio URL` runs the same loop against a running Label Studio (benchmarks/label_studio.py says how
-to start one in its own environment) in the same run, and prints both figures and the ratio.
+`--sign-in-flood N` runs N threads of wrong sign-ins (unknown users, so each costs a full password
+hash) for the whole run, with the per-address limit lifted so none is refused cheaply: the worst case,
+a flood from many addresses. `--label-studio URL` runs the same loop against a running Label Studio
+(benchmarks/label_studio.py says how to start one in its own environment) in the same run, and prints
+both figures and the ratio.
 
     .venv/bin/python benchmarks/labeling.py --annotators 20 --items 500
+    .venv/bin/python benchmarks/labeling.py --annotators 20 --items 500 --sign-in-flood 20
     .venv/bin/python benchmarks/labeling.py --think-ms 1000 --items 100 --label-studio http://127.0.0.1:8090
     .venv/bin/python benchmarks/labeling.py --database postgresql+psycopg2://postgres@127.0.0.1:5432/bench
 """
@@ -24,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +45,7 @@ from ground_truth import accounts, queue  # noqa: E402
 from ground_truth.db import connect  # noqa: E402
 from ground_truth.schema import ItemIn, Role, TaskSpec  # noqa: E402
 from ground_truth.server import serve_app  # noqa: E402
+from ground_truth.throttle import SignInThrottle  # noqa: E402
 
 PASSWORD = "benchmark-pass"
 
@@ -70,14 +76,41 @@ def prepare(url: str, annotators: int, items: int, k: int) -> dict[str, str]:
 
 
 @contextmanager
-def app_process(url: str) -> Iterator[str]:
+def sign_in_flood(base_url: str, threads: int) -> Iterator[list[int]]:
+    """`threads` loops of wrong sign-ins until the block ends; yields the status codes answered."""
+    codes: list[int] = []
+    stop = threading.Event()
+
+    def guess(n: int) -> None:
+        with httpx.Client(base_url=base_url, timeout=120) as http:
+            attempt = 0
+            while not stop.is_set():
+                attempt += 1
+                body = {"username": f"flood{n}-{attempt}", "password": "wrong guess"}
+                codes.append(http.post("/api/login", json=body).status_code)
+
+    workers = [threading.Thread(target=guess, args=(n,), daemon=True) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield codes
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(120)
+
+
+@contextmanager
+def app_process(url: str, address_limit: int = 100) -> Iterator[str]:
     """The app in a uvicorn process of its own on a free port; yields its base URL."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     code = (
         "import uvicorn; from ground_truth.app import create_app; "
-        f"uvicorn.run(create_app({url!r}), host='127.0.0.1', port={port}, log_level='warning', access_log=False)"
+        "from ground_truth.throttle import SignInThrottle; "
+        f"app = create_app({url!r}, throttle=SignInThrottle(per_address={address_limit})); "
+        f"uvicorn.run(app, host='127.0.0.1', port={port}, log_level='warning', access_log=False)"
     )
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     base_url = f"http://127.0.0.1:{port}"
@@ -110,6 +143,9 @@ def main() -> None:
     parser.add_argument("--label-studio", metavar="URL", help="also run the loop against this Label Studio")
     parser.add_argument("--label-studio-admin", default="admin@example.com:benchmark-pass", help="EMAIL:PASSWORD")
     parser.add_argument("--in-process", action="store_true", help="run the app in this process (as before)")
+    parser.add_argument(
+        "--sign-in-flood", type=int, default=0, metavar="N", help="N threads of wrong sign-ins throughout the run"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="labeling-bench-") as work:
         url = args.database or f"sqlite:///{Path(work) / 'labels.db'}"
@@ -118,10 +154,13 @@ def main() -> None:
             SimulatedAnnotator(f"bench{i}", PASSWORD, 0.9, seed=i, think_seconds=args.think_ms / 1000)
             for i in range(args.annotators)
         ]
-        with serve_app(url) if args.in_process else app_process(url) as base_url:
-            started = time.perf_counter()
-            answers = sum(run_concurrently([lambda p=p: p.label_all(base_url, "bench", truth) for p in people]))
-            seconds = time.perf_counter() - started
+        limit = 10**9 if args.sign_in_flood else 100  # a flood's every attempt costs a hash: none refused
+        in_process = serve_app(url, throttle=SignInThrottle(per_address=limit))
+        with in_process if args.in_process else app_process(url, limit) as base_url:
+            with sign_in_flood(base_url, args.sign_in_flood) as flood:
+                started = time.perf_counter()
+                answers = sum(run_concurrently([lambda p=p: p.label_all(base_url, "bench", truth) for p in people]))
+                seconds = time.perf_counter() - started
     trips = [t * 1000 for p in people for t in p.round_trips]
     backend = url.split(":")[0]
     where = "in the clients' process" if args.in_process else "own process"
@@ -130,6 +169,12 @@ def main() -> None:
         f"{args.think_ms:g} ms, {args.items} items, k={args.k}: "
         f"{answers} answers in {seconds:.1f} s ({answers / seconds:.0f} answers/s)"
     )
+    if args.sign_in_flood:
+        refused = sum(code != 401 for code in flood)
+        print(
+            f"during a sign-in flood of {args.sign_in_flood} threads: {len(flood)} wrong sign-ins answered "
+            f"({len(flood) / seconds:.0f}/s), {refused} not 401"
+        )
     report("answer-to-next-item round trip", trips)
     if args.label_studio:
         answers, seconds, peer = label_studio.run(

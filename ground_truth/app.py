@@ -1,5 +1,7 @@
-"""The labeling web app: a JSON API (used by the pages' script, the simulated annotators and the
-benchmark) and server-rendered pages. Every route names the roles it admits; others get 403."""
+"""The labeling web app: a JSON API (used by the pages' scripts, the simulated annotators and the
+benchmark) and server-rendered pages. Every route names the roles it admits; others get 403. Errors are
+JSON under /api/ and HTML pages elsewhere; state-changing browser requests are CSRF-checked (guard.py).
+(No `from __future__ import annotations`: FastAPI resolves the routes' Annotated aliases at definition.)"""
 
 from pathlib import Path
 from typing import Annotated
@@ -9,13 +11,13 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from ground_truth import accounts as acc
-from ground_truth import pages, review
+from ground_truth import guard, originals, pages, review, seen
 from ground_truth import queue as q
 from ground_truth.db import connect
+from ground_truth.errors import Throttled, install_error_pages
 from ground_truth.schema import ItemIn, Role, Shown, TaskSpec
 from ground_truth.throttle import HashingPool, SignInThrottle
 
@@ -45,28 +47,38 @@ class ItemRef(BaseModel):
 class Next(BaseModel):
     item: Shown | None
     retry: bool = False  # the answer is saved but the next item could not be claimed yet: GET .../next
+    original: originals.Original | None = None  # what the item may copy, shown beside it
 
 
-def create_app(database_url: str, media_root: Path | None = None, throttle: SignInThrottle | None = None) -> FastAPI:
-    engine = connect(database_url)
-    app = FastAPI(title="mlplane labeling", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine = engine
-    app.state.sign_in = SignIn(engine, throttle or SignInThrottle(), HashingPool())
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    _errors(app)
+class Access:
+    """Who is calling (bearer token or session cookie) and what they may do; the tasks by name."""
 
-    def signed_in(request: Request) -> acc.Account:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.known_tasks: dict[str, q.Task] = {}
+
+    def signed_in(self, request: Request) -> acc.Account:
+        return self.caller(request, form_checked=False)
+
+    def caller(self, request: Request, form_checked: bool) -> acc.Account:
+        """The signed-in account. A state-changing call on the session cookie must pass the CSRF check:
+        the header of the pages' scripts here, or a form's field (`form_checked`: done by the route)."""
         header = request.headers.get("authorization", "")
-        token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else request.cookies.get(COOKIE)
-        account = acc.account_for(engine, token) if token else None
+        if header.startswith("Bearer "):
+            token = header.removeprefix("Bearer ").strip()
+        else:
+            token = request.cookies.get(COOKIE)
+            if token and not form_checked:
+                guard.check_cookie_call(request)  # the cookie rides along with any site's request
+        account = acc.account_for(self.engine, token) if token else None
         if account is None:
             raise HTTPException(401, "sign in first (POST /api/login or the /login page)")
         return account
 
     # the role check and the task lookup are async: pure or cached, they need no threadpool hop (each
     # sync dependency is one, and under 20 annotators the hops were a part of every round trip)
-    def require(*roles: Role):
-        async def check(account: Annotated[acc.Account, Depends(signed_in)]) -> acc.Account:
+    def require(self, *roles: Role):
+        async def check(account: Annotated[acc.Account, Depends(self.signed_in)]) -> acc.Account:
             if account.role not in roles:
                 raise HTTPException(
                     403, f"a {account.role.value} may not do this (needs {' or '.join(r.value for r in roles)})"
@@ -75,28 +87,50 @@ def create_app(database_url: str, media_root: Path | None = None, throttle: Sign
 
         return check
 
-    known_tasks: dict[str, q.Task] = {}
-
-    async def task_named(task: str) -> q.Task:
+    async def task_named(self, task: str) -> q.Task:
         # a task's spec never changes (create_task refuses another spec) and tasks are not deleted, so
         # one read per task and process; an unknown name is read again each time (another process may add it)
-        if task not in known_tasks:
-            known_tasks[task] = await run_in_threadpool(q.get_task, engine, task)
-        return known_tasks[task]
+        if task not in self.known_tasks:
+            self.known_tasks[task] = await run_in_threadpool(q.get_task, self.engine, task)
+        return self.known_tasks[task]
 
-    Annotator = Annotated[acc.Account, Depends(require(*ANNOTATOR))]
-    Reviewer = Annotated[acc.Account, Depends(require(*REVIEWERS))]
-    Admin = Annotated[acc.Account, Depends(require(*ADMIN))]
-    Anyone = Annotated[acc.Account, Depends(signed_in)]
-    TaskDep = Annotated[q.Task, Depends(task_named)]
+
+def create_app(database_url: str, media_root: Path | None = None, throttle: SignInThrottle | None = None) -> FastAPI:
+    engine = connect(database_url)
+    originals.create_table(engine)
+    app = FastAPI(title="mlplane labeling", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    app.state.sign_in = SignIn(engine, throttle or SignInThrottle(), HashingPool())
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    install_error_pages(app)
+    app.add_middleware(ApiNotStored)
+    access = Access(engine)
+    _labeling_api(app, access)
+    _review_api(app, access)
+    _admin_api(app, access)
+    _pages(app, access, media_root)
+    return app
+
+
+def _labeling_api(app: FastAPI, access: Access) -> None:
+    engine = access.engine
+    Anyone = Annotated[acc.Account, Depends(access.signed_in)]
+    Annotator = Annotated[acc.Account, Depends(access.require(*ANNOTATOR))]
+    TaskDep = Annotated[q.Task, Depends(access.task_named)]
+
+    original_of = originals.Lookup(engine)
+
+    def with_original(task: q.Task, item: Shown | None, retry: bool = False) -> Next:
+        return Next(item=item, retry=retry, original=original_of(task, item.item_id) if item else None)
 
     @app.post("/api/login")
     async def api_login(request: Request, body: Credentials) -> dict:
+        guard.check_origin(request)
         token = await app.state.sign_in(request, body.username, body.password)
         if token is None:
             raise HTTPException(401, "wrong username or password")
         response = JSONResponse({"token": token})
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        guard.set_cookie(request, response, COOKIE, token)
         return response
 
     @app.get("/api/tasks")
@@ -105,27 +139,42 @@ def create_app(database_url: str, media_root: Path | None = None, throttle: Sign
 
     @app.get("/api/tasks/{task}/next")
     def api_next(account: Annotator, task: TaskDep) -> Next:
-        return Next(item=q.serve(engine, task, account.id))
-
-    def following(task: q.Task, account: acc.Account) -> Next:
-        try:
-            return Next(item=q.serve(engine, task, account.id))
-        except q.Busy:
-            return Next(item=None, retry=True)
+        return with_original(task, q.serve(engine, task, account.id))
 
     @app.post("/api/tasks/{task}/answers")
     def api_answer(body: Answer, account: Annotator, task: TaskDep) -> Next:
         item, retry = q.answer_and_serve(engine, task, account.id, body.item_id, body.label)
-        return Next(item=item, retry=retry)
+        return with_original(task, item, retry)
 
     @app.post("/api/tasks/{task}/skip")
     def api_skip(body: ItemRef, account: Annotator, task: TaskDep) -> Next:
         q.skip(engine, task, account.id, body.item_id)
-        return following(task, account)
+        try:
+            return with_original(task, q.serve(engine, task, account.id))
+        except q.Busy:
+            return Next(item=None, retry=True)
 
     @app.post("/api/tasks/{task}/undo")
     def api_undo(account: Annotator, task: TaskDep) -> Next:
-        return Next(item=q.undo(engine, task, account.id))
+        return with_original(task, q.undo(engine, task, account.id))
+
+    @app.get("/api/tasks/{task}/progress")
+    def api_progress(account: Annotator, task: TaskDep) -> dict:
+        done = seen.progress(engine, task, account.id)
+        return {
+            "done": done.done,
+            "remaining": done.remaining,
+            "gold_scored": done.gold_scored,
+            "gold_correct": done.gold_correct,
+            "gold_accuracy": done.gold_accuracy,
+            "scored_through": done.scored_through,
+        }
+
+
+def _review_api(app: FastAPI, access: Access) -> None:
+    engine = access.engine
+    Reviewer = Annotated[acc.Account, Depends(access.require(*REVIEWERS))]
+    TaskDep = Annotated[q.Task, Depends(access.task_named)]
 
     @app.get("/api/tasks/{task}/disputes")
     def api_disputes(account: Reviewer, task: TaskDep) -> list[dict]:
@@ -136,9 +185,20 @@ def create_app(database_url: str, media_root: Path | None = None, throttle: Sign
         review.adjudicate(engine, task, account.id, body.item_id, body.label)
         return {"item_id": body.item_id, "verdict": body.label}
 
+    @app.delete("/api/tasks/{task}/verdicts/{item_id}")
+    def api_undo_verdict(item_id: int, account: Reviewer, task: TaskDep) -> dict:
+        seen.undo_verdict(engine, task, account, item_id)
+        return {"item_id": item_id, "verdict": None}
+
     @app.get("/api/tasks/{task}/quality")
     def api_quality(account: Reviewer, task: TaskDep) -> dict:
         return pages.quality_json(review.task_quality(engine, task))
+
+
+def _admin_api(app: FastAPI, access: Access) -> None:
+    engine = access.engine
+    Admin = Annotated[acc.Account, Depends(access.require(*ADMIN))]
+    TaskDep = Annotated[q.Task, Depends(access.task_named)]
 
     @app.get("/api/accounts")
     def api_accounts(account: Admin) -> list[dict]:
@@ -157,71 +217,99 @@ def create_app(database_url: str, media_root: Path | None = None, throttle: Sign
     def api_add_items(body: list[ItemIn], account: Admin, task: TaskDep) -> dict:
         return {"added": q.add_items(engine, task, body)}
 
-    _pages(app, engine, signed_in, media_root)
-    return app
+
+class ApiNotStored:
+    """`Cache-Control: no-store` on every API answer. Without it a browser going Back or Forward reuses
+    the stored answer of an earlier GET .../next and shows an item the annotator already answered."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+            return await self.app(scope, receive, send)
+
+        async def not_stored(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"cache-control", b"no-store")]
+            await send(message)
+
+        await self.app(scope, receive, not_stored)
 
 
-def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> None:
+def _page(request: Request, html: str, status: int = 200) -> HTMLResponse:
+    """A page: never stored (Back after sign-out must not show a signed-in page), with the CSRF cookie
+    its forms and script echo."""
+    response = HTMLResponse(html, status, headers={"cache-control": "no-store"})
+    guard.remember_csrf(request, response)
+    return response
+
+
+def _pages(app: FastAPI, access: Access, media_root: Path | None) -> None:
+    engine = access.engine
+
     def page_account(request: Request, roles: tuple[Role, ...] | None = None) -> acc.Account:
+        """The account behind a page or form (a form's CSRF field is checked by its route first)."""
         try:
-            account = signed_in(request)
+            account = access.caller(request, form_checked=True)
         except HTTPException as error:
-            raise HTTPException(303, headers={"location": "/login"}) from error
+            back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            raise HTTPException(303, headers={"location": pages.login_url(back)}) from error
         if roles is not None and account.role not in roles:
             raise HTTPException(403, f"a {account.role.value} may not open this page")
         return account
 
-    @app.get("/login", response_class=HTMLResponse)
-    def login_page(error: str | None = None) -> str:
-        return pages.login(error)
+    _sign_in_pages(app, access)
 
-    @app.post("/login")
-    async def login_form(
+    @app.get("/", response_class=HTMLResponse)
+    def home(request: Request):
+        return _page(request, pages.home(page_account(request), q.list_tasks(engine), guard.csrf_token(request)))
+
+    @app.get("/label/{task}", response_class=HTMLResponse)
+    def label_page(request: Request, task: str):
+        account = page_account(request, ANNOTATOR)
+        return _page(request, pages.label(account, q.get_task(engine, task), guard.csrf_token(request)))
+
+    @app.get("/review/{task}", response_class=HTMLResponse)
+    def review_page(request: Request, task: str):
+        account = page_account(request, REVIEWERS)  # before the lookup: a stranger learns no task names
+        found = q.get_task(engine, task)
+        states = review.disputes(engine, found)
+        shown = {s.item_id: originals.of_item(engine, s.item_id) for s in states}
+        html = pages.review(
+            account, found, states, review.task_quality(engine, found), shown, guard.csrf_token(request)
+        )
+        return _page(request, html)
+
+    @app.get("/admin", response_class=HTMLResponse)
+    def admin_page(request: Request, created: str | None = None):
+        account = page_account(request, ADMIN)
+        people, tasks = acc.list_accounts(engine), q.list_tasks(engine)
+        return _page(request, pages.admin(account, people, tasks, guard.csrf_token(request), created=created))
+
+    @app.post("/admin/accounts")
+    def admin_create_account(
         request: Request,
         username: Annotated[str, Form(max_length=64)],
         password: Annotated[str, Form(max_length=200)],
+        role: Annotated[Role, Form()],
+        csrf: Annotated[str | None, Form(max_length=100)] = None,
     ):
+        guard.check_form(request, csrf)
+        account = page_account(request, ADMIN)
         try:
-            token = await app.state.sign_in(request, username, password)
-        except Throttled as error:
-            return HTMLResponse(pages.login(None, error.retry_after), 429, headers=error.headers)
-        if token is None:
-            return RedirectResponse("/login?error=1", status_code=303)
-        response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
-        return response
-
-    @app.post("/logout")
-    def logout(request: Request):
-        if token := request.cookies.get(COOKIE):
-            acc.sign_out(engine, token)
-        response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE)
-        return response
-
-    @app.get("/", response_class=HTMLResponse)
-    def home(request: Request) -> str:
-        return pages.home(page_account(request), q.list_tasks(engine))
-
-    @app.get("/label/{task}", response_class=HTMLResponse)
-    def label_page(request: Request, task: str) -> str:
-        return pages.label(page_account(request, ANNOTATOR), q.get_task(engine, task))
-
-    @app.get("/review/{task}", response_class=HTMLResponse)
-    def review_page(request: Request, task: str) -> str:
-        account = page_account(request, REVIEWERS)  # before the lookup: a stranger learns no task names
-        found = q.get_task(engine, task)
-        return pages.review(account, found, review.disputes(engine, found), review.task_quality(engine, found))
-
-    @app.get("/admin", response_class=HTMLResponse)
-    def admin_page(request: Request) -> str:
-        return pages.admin(page_account(request, ADMIN), acc.list_accounts(engine), q.list_tasks(engine))
+            acc.create_account(engine, username, password, role)
+        except ValueError as error:  # a bad name or password, or the account exists: say so on the page
+            people, tasks = acc.list_accounts(engine), q.list_tasks(engine)
+            html = pages.admin(account, people, tasks, guard.csrf_token(request), problem=str(error))
+            return _page(request, html, 409 if isinstance(error, acc.AccountExists) else 422)
+        return RedirectResponse(f"/admin?created={username}", status_code=303)
 
     @app.get("/media/{path:path}")
     def media(request: Request, path: str):
-        page_account(request)
-        # only a file an item shows, never the rest of the media root (users, reports, chat messages)
-        if media_root is None or not _plain_path(path) or not q.shows_media(engine, path):
+        account = page_account(request)
+        # only a file an item the caller may see shows, never the rest of the media root
+        if media_root is None or not _plain_path(path) or not seen.may_see_media(engine, account, path):
             raise HTTPException(404, f"no media file {path!r}")
         root = media_root.resolve()
         file = (root / path).resolve()
@@ -230,17 +318,48 @@ def _pages(app: FastAPI, engine: Engine, signed_in, media_root: Path | None) -> 
         return FileResponse(file)
 
 
+def _sign_in_pages(app: FastAPI, access: Access) -> None:
+    @app.get("/login", response_class=HTMLResponse)
+    def login_page(request: Request, error: str | None = None, next: str = "/"):
+        return _page(request, pages.login(error, guard.csrf_token(request), pages.local_path(next)))
+
+    @app.post("/login")
+    async def login_form(
+        request: Request,
+        username: Annotated[str, Form(max_length=64)],
+        password: Annotated[str, Form(max_length=200)],
+        csrf: Annotated[str | None, Form(max_length=100)] = None,
+        next: Annotated[str, Form(max_length=2000)] = "/",
+    ):
+        guard.check_form(request, csrf)
+        back = pages.local_path(next)
+        try:
+            token = await app.state.sign_in(request, username, password)
+        except Throttled as error:
+            html = pages.login(None, guard.csrf_token(request), back, error.retry_after)
+            response = _page(request, html, 429)
+            response.headers.update(error.headers)
+            return response
+        if token is None:
+            return RedirectResponse(pages.login_url(back, error=True), status_code=303)
+        response = RedirectResponse(back, status_code=303)
+        guard.set_cookie(request, response, COOKIE, token)
+        return response
+
+    @app.post("/logout")
+    def logout(request: Request, csrf: Annotated[str | None, Form(max_length=100)] = None):
+        guard.check_form(request, csrf)
+        if token := request.cookies.get(COOKIE):
+            acc.sign_out(access.engine, token)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+
 def _plain_path(path: str) -> bool:
     """A relative path of ordinary names: no '..', no absolute path, no control characters or backslashes."""
     parts = path.split("/")
     return path.isprintable() and "\\" not in path and all(part not in ("", ".", "..") for part in parts)
-
-
-class Throttled(Exception):
-    def __init__(self, retry_after: int):
-        super().__init__(f"too many sign-in attempts for this account or address: try again in {retry_after} s")
-        self.retry_after = retry_after
-        self.headers = {"retry-after": str(retry_after)}
 
 
 class SignIn:
@@ -257,33 +376,3 @@ class SignIn:
         if token is not None:
             self.throttle.succeeded(username, address)
         return token
-
-
-def _errors(app: FastAPI) -> None:
-    @app.exception_handler(Throttled)
-    def throttled(_request, error):
-        return JSONResponse({"detail": str(error)}, status_code=429, headers=error.headers)
-
-    @app.exception_handler(q.NotFound)
-    def not_found(_request, error):
-        return JSONResponse({"detail": str(error)}, status_code=404)
-
-    @app.exception_handler(q.Conflict)
-    def conflict(_request, error):
-        return JSONResponse({"detail": str(error)}, status_code=409)
-
-    @app.exception_handler(acc.AccountExists)
-    def exists(_request, error):
-        return JSONResponse({"detail": str(error)}, status_code=409)
-
-    @app.exception_handler(ValueError)
-    def invalid(_request, error):
-        return JSONResponse({"detail": str(error)}, status_code=422)
-
-    @app.exception_handler(q.Busy)
-    def busy(_request, error):
-        return JSONResponse({"detail": str(error)}, status_code=503, headers={"retry-after": "1"})
-
-    @app.exception_handler(OperationalError)
-    def unavailable(_request, error):
-        return JSONResponse({"detail": f"the label database is unavailable: {error.orig}"}, status_code=503)

@@ -14,6 +14,7 @@ import polars as pl
 from engines import content_violation as cv
 from engines.embeddings import current_catalogue
 from engines.lake import Lake
+from ground_truth.originals import OriginalIn
 from ground_truth.schema import ItemIn
 
 FLAGGED, REPORTS, MODELS, AUDIT = "detector_flagged", "report_disagreement", "model_disagreement", "audit"
@@ -32,6 +33,42 @@ def latest_flags(lake: Lake, through: date) -> pl.DataFrame:
         .unique("item_id", keep="last")
         .select("item_id", "similarity", "flagged")
     )
+
+
+def matched_originals(lake: Lake, day: date, item_ids: list[int]) -> list[OriginalIn]:
+    """The copy detector's newest match (as of `day`) of each of these items: the earlier item of another
+    creator it resembles most, as the annotator sees it beside the item (title, thumbnail, similarity).
+    Items without a match are left out."""
+    days = [d for d in lake.partition_days(cv.FLAGS_ZONE, cv.FLAGS_TABLE) if d <= day]
+    frames = [lake.read_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, d).with_columns(day=pl.lit(d)) for d in days]
+    frames = [f for f in frames if "original_id" in f.columns]
+    if not frames or not item_ids:
+        return []
+    matches = (
+        pl.concat(frames, how="diagonal_relaxed")
+        .filter(pl.col("item_id").is_in(item_ids))
+        .sort("day")
+        .unique("item_id", keep="last")
+        .filter(pl.col("original_id").is_not_null(), pl.col("similarity").is_not_null())
+    )
+    catalogue = current_catalogue(lake, through=day)
+    if matches.is_empty() or catalogue.is_empty():
+        return []
+    originals = catalogue.select(
+        pl.col("item_id").alias("original_id"),
+        pl.col("title").alias("original_title"),
+        pl.col("thumbnail_path").alias("original_thumbnail"),
+    )
+    return [
+        OriginalIn(
+            key=str(r["item_id"]),
+            original_key=str(r["original_id"]),
+            original_title=r["original_title"] or "",
+            original_thumbnail=r["original_thumbnail"],
+            similarity=float(r["similarity"]),
+        )
+        for r in matches.join(originals, on="original_id", how="inner").iter_rows(named=True)
+    ]
 
 
 def flagged_items(lake: Lake, day: date) -> pl.DataFrame:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -70,13 +71,27 @@ class SignInThrottle:
 
 class HashingPool:
     """Password checks on `workers` threads of their own: at most that many scrypt hashes (16 MiB each)
-    run at once, and the server's shared pool stays free for the annotators' requests."""
+    run at once, and the server's shared pool stays free for the annotators' requests. The threads run at
+    a lower CPU priority (Linux keeps a nice value per thread): a flood of sign-ins would otherwise take
+    the cores the annotators' requests need, and a sign-in can wait where an answer should not."""
 
-    def __init__(self, workers: int = 2):
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sign-in")
+    def __init__(self, workers: int = 2, nice: int = 10):
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="sign-in", initializer=_lower_priority, initargs=(nice,)
+        )
 
     async def run(self, function: Callable, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority(nice: int) -> None:
+    """Lower this thread's CPU priority by `nice` (where the platform has per-thread nice values)."""
+    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            thread = threading.get_native_id()  # relative: a thread starts at its creator's nice value
+            os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + nice))
+        except OSError:  # not permitted here: the hashing still runs, at the normal priority
+            pass

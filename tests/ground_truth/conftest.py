@@ -3,6 +3,7 @@ served by a real uvicorn on a free port."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +74,22 @@ def login(base_url: str, username: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=base_url, timeout=60) as client:
         token = client.post("/api/login", json={"username": username, "password": PASSWORD}).json()["token"]
         client.headers["authorization"] = f"Bearer {token}"
+        yield client
+
+
+def csrf_of(page: httpx.Response) -> str:
+    """The CSRF token a page embeds for its forms and scripts."""
+    return re.search(r'<meta name="csrf-token" content="([^"]+)">', page.text).group(1)
+
+
+@contextmanager
+def browser(base_url: str, username: str, headers: dict | None = None) -> Iterator[httpx.Client]:
+    """A client signed in as a browser is: through the /login form (CSRF field and cookies)."""
+    with httpx.Client(base_url=base_url, timeout=60, headers=headers) as client:
+        token = csrf_of(client.get("/login"))
+        signed = client.post("/login", data={"username": username, "password": PASSWORD, "csrf": token})
+        assert signed.status_code == 303, signed.text
+        client.csrf = token
         yield client
 
 

@@ -7,8 +7,9 @@ import httpx
 import pytest
 
 from ground_truth.db import connect
+from ground_truth.pages import login_url
 from ground_truth.schema import TaskSpec
-from tests.ground_truth.conftest import PASSWORD, add_task, login, make_accounts, serve_app
+from tests.ground_truth.conftest import PASSWORD, add_task, browser, login, make_accounts, serve_app
 
 TASK = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=2, gold_share=0.0)
 ANN, REV, ADM = "annotator", "reviewer", "admin"
@@ -23,7 +24,9 @@ API = [
     ("POST", "/api/tasks/violation/undo", None, {ANN}),
     ("GET", "/api/tasks/violation/disputes", None, {REV, ADM}),
     ("POST", "/api/tasks/violation/verdicts", {"item_id": 1, "label": "ok"}, {REV, ADM}),
+    ("DELETE", "/api/tasks/violation/verdicts/1", None, {REV, ADM}),
     ("GET", "/api/tasks/violation/quality", None, {REV, ADM}),
+    ("GET", "/api/tasks/violation/progress", None, {ANN}),
     ("GET", "/api/accounts", None, {ADM}),
     ("POST", "/api/accounts", {"username": "new", "password": PASSWORD, "role": "annotator"}, {ADM}),
     ("POST", "/api/tasks", NEW_TASK, {ADM}),
@@ -68,12 +71,13 @@ def test_api_route_without_sign_in(app_url, method, path, body, admitted):
 @pytest.mark.parametrize("role", [ANN, REV, ADM])
 @pytest.mark.parametrize(("path", "admitted"), PAGES, ids=[p for p, _ in PAGES])
 def test_page_by_role(app_url, role, path, admitted):
-    client = httpx.Client(base_url=app_url)
-    client.post("/login", data={"username": f"{role}0", "password": PASSWORD})  # the form sets the cookie
-    response = client.get(path)
+    with browser(app_url, f"{role}0") as client:  # the form sets the cookie
+        response = client.get(path)
     assert response.status_code == (200 if role in admitted else 403), response.text
+    assert response.headers["content-type"].startswith("text/html")  # a page, also when refused
+    assert response.headers["cache-control"] == "no-store"  # Back after sign-out shows no signed-in page
     anonymous = httpx.get(app_url + path)
-    assert anonymous.status_code == 303 and anonymous.headers["location"] == "/login"
+    assert anonymous.status_code == 303 and anonymous.headers["location"] == login_url(path)
 
 
 def test_bad_input_gets_a_4xx_naming_the_problem(app_url):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ground_truth import queue, review
+from ground_truth import originals, queue, review
 from ground_truth.db import connect
+from ground_truth.originals import OriginalIn
+from ground_truth.pages import login_url
 from ground_truth.schema import ItemIn, TaskSpec
 from tests.ground_truth.conftest import add_task, login, make_accounts, serve_app
 
@@ -23,6 +25,7 @@ def media_app(tmp_path_factory):
     files = {
         "thumbnails/1.png": b"queued",
         "thumbnails/2.png": b"not queued",
+        "thumbnails/3.png": b"matched original",
         "users/date=2026-01-01/part.parquet": b"users",
         "abuse_reports/date=2026-01-01/part.parquet": b"reports",
         "chat_messages/date=2026-01-01/part.parquet": b"chat",
@@ -33,16 +36,44 @@ def media_app(tmp_path_factory):
     (root / "secret.txt").write_bytes(b"outside")
     url = f"sqlite:///{root / 'labels.db'}"
     engine = connect(url)
-    make_accounts(engine, 1)
+    make_accounts(engine, 2)
     task = queue.create_task(engine, TASK)
     queue.add_items(engine, task, [ItemIn(key="1", queue="audit", thumbnail="thumbnails/1.png")])
+    originals.record(
+        engine,
+        task,
+        [
+            OriginalIn(
+                key="1",
+                original_key="3",
+                original_title="the first",
+                original_thumbnail="thumbnails/3.png",
+                similarity=0.97,
+            )
+        ],
+    )
     with serve_app(url, landing) as base_url:
         yield base_url
 
 
-def test_media_serves_the_thumbnails_of_queued_items(media_app):
+def test_media_serves_an_item_and_its_original_only_to_whom_it_was_given(media_app):
     with login(media_app, "annotator0") as client:
+        assert client.get("/media/thumbnails/1.png").status_code == 404  # not given to them yet
+        shown = client.get("/api/tasks/violation/next").json()
+        assert shown["item"]["thumbnail_url"] == "/media/thumbnails/1.png"
+        assert shown["original"] == {
+            "key": "3",
+            "title": "the first",
+            "thumbnail_url": "/media/thumbnails/3.png",
+            "similarity": 0.97,
+        }
         assert client.get("/media/thumbnails/1.png").content == b"queued"
+        assert client.get("/media/thumbnails/3.png").content == b"matched original"
+    with login(media_app, "annotator1") as other:  # never given the item: neither file
+        assert other.get("/media/thumbnails/1.png").status_code == 404
+        assert other.get("/media/thumbnails/3.png").status_code == 404
+    with login(media_app, "reviewer0") as reviewer:  # a reviewer sees every queued item
+        assert reviewer.get("/media/thumbnails/3.png").content == b"matched original"
     assert httpx.get(media_app + "/media/thumbnails/1.png").status_code == 303  # signed in first
 
 
@@ -65,7 +96,7 @@ def test_media_serves_the_thumbnails_of_queued_items(media_app):
     ],
 )
 def test_media_never_serves_other_landing_files(media_app, path):
-    with login(media_app, "annotator0") as client:
+    with login(media_app, "reviewer0") as client:  # who may see every queued item
         response = client.get(f"/media/{path}")
     assert response.status_code == 404, (path, response.status_code)
     assert response.content not in (b"users", b"reports", b"chat", b"outside", b"not queued")
@@ -126,7 +157,7 @@ def test_a_verdict_longer_than_the_column_is_a_4xx_naming_the_limit(database_url
 
 @pytest.mark.parametrize("path", ["/review/violation", "/review/no_such_task", "/label/no_such_task"])
 def test_pages_answer_anonymous_callers_alike_whether_or_not_the_task_exists(media_app, path):
-    response = httpx.get(media_app + path)
-    assert (response.status_code, response.headers.get("location")) == (303, "/login")
+    response = httpx.get(media_app + path)  # the sign-in page, to return to the path the caller named
+    assert (response.status_code, response.headers.get("location")) == (303, login_url(path))
     with login(media_app, "annotator0") as client:
         assert client.get("/review/no_such_task").status_code == client.get("/review/violation").status_code == 403

@@ -4,7 +4,9 @@ shared thread pool so a flood of sign-ins does not stall the annotators' request
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +17,8 @@ import pytest
 from ground_truth import accounts
 from ground_truth.db import connect
 from ground_truth.schema import TaskSpec
-from ground_truth.throttle import SignInThrottle
-from tests.ground_truth.conftest import PASSWORD, add_task, login, make_accounts, serve_app
+from ground_truth.throttle import HashingPool, SignInThrottle
+from tests.ground_truth.conftest import PASSWORD, add_task, csrf_of, login, make_accounts, serve_app
 
 TASK = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=1, gold_share=0.0)
 
@@ -73,7 +75,9 @@ def test_sign_in_is_limited_per_account_and_per_address(store):
         refused = httpx.post(base_url + "/api/login", json={"username": "annotator0", "password": PASSWORD})
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0  # even the right one
         assert "too many sign-in attempts" in refused.json()["detail"]
-        form = httpx.post(base_url + "/login", data={"username": "annotator0", "password": PASSWORD})
+        with httpx.Client(base_url=base_url) as page:
+            token = csrf_of(page.get("/login"))
+            form = page.post("/login", data={"username": "annotator0", "password": PASSWORD, "csrf": token})
         assert form.status_code == 429 and "try again in" in form.text and form.headers["retry-after"]
         assert httpx.post(base_url + "/api/login", json={"username": "reviewer0", "password": PASSWORD}).is_success
     with serve_app(url, throttle=SignInThrottle(per_address=3)) as base_url:
@@ -117,3 +121,15 @@ def test_a_sign_in_flood_does_not_stall_an_annotator(store):
             assert [f.result() for f in flood] == [401] * 60
     answered_first = finished.index("annotator")
     assert answered_first < 30, f"the annotator's ten answers came after {answered_first} of 60 sign-ins"
+
+
+def test_password_checks_run_at_a_lower_cpu_priority():
+    """A flood's hashing must not take the cores from the annotators' requests: its threads are niced."""
+    pool = HashingPool(nice=10)
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    try:
+        hashing = asyncio.run(pool.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    finally:
+        pool.close()
+    assert hashing == min(19, own + 10)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the caller's is untouched
