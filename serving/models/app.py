@@ -182,8 +182,14 @@ def create_app(
         responses=ERRORS,
         tags=["recommendations"],
         summary="Top k items for a user, with the model version",
+        openapi_extra=_json_body(RecommendRequest),
     )
-    async def recommend(body: RecommendRequest):
+    async def recommend(request: Request):
+        raw = await request.body()
+        if len(raw) > OFF_LOOP_BYTES:  # a long exclusion list is parsed beside the loop, not on it
+            body = await run_in_threadpool(read_recommend_body, raw)
+        else:
+            body = read_recommend_body(raw)
         answer = await server.recommend(body.user_id, body.k, body.context, body.request_id)
         return {
             "request_id": answer.request_id,
@@ -299,6 +305,19 @@ def read_infer_body(raw: bytes, header_length: str | None) -> tuple[InferenceReq
     return body, binary.decode_inputs(body, tensors)
 
 
+def read_recommend_body(raw: bytes) -> RecommendRequest:
+    try:
+        return RecommendRequest.model_validate_json(raw)
+    except ValidationError as error:
+        raise ProtocolError(400, _validation_message(error.errors())) from error
+
+
+def _json_body(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that reads its body itself (documented by _document_request_bodies)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
 def _infer(server: ModelServer):
     async def infer(name: str, request: Request, version: str | None = None):
         server.check_model(name, version)  # an unknown model is refused before its body is read
@@ -388,7 +407,7 @@ def _document_request_bodies(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (InferenceRequest, ChatRequest):
+            for model in (InferenceRequest, ChatRequest, RecommendRequest):
                 request_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(request_schema.pop("$defs", {}))
                 components[model.__name__] = request_schema
