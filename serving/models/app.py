@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, Strict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from serving.models import binary
@@ -43,7 +44,8 @@ from serving.models.protocol import (
 from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
 
 V2 = "open inference protocol v2"
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 413, 503)}
+STRING = {"type": "string"}
 OFF_LOOP_ELEMENTS = 16_384  # larger answers are encoded in a thread, as larger bodies are read (OFF_LOOP_BYTES)
 
 
@@ -168,6 +170,11 @@ def create_app(
     async def protocol_error(request: Request, error: ProtocolError):
         return error_response(error)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        """FastAPI's and Starlette's own refusals (unparsable body, no route, method) in the documented shape."""
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError):
         return JSONResponse({"error": _validation_message(error.errors())}, status_code=400)
@@ -211,7 +218,15 @@ def create_app(
     async def experiments():
         return server.experiments.describe()
 
-    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={
+            200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+        },
+    )
     async def metrics():
         return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
@@ -231,6 +246,7 @@ def _health_routes(app: FastAPI, server: ModelServer) -> None:
     @app.get(
         "/v2/health/ready",
         response_model=ReadyResponse,
+        responses={503: {"model": ReadyResponse, "description": "Not ready (yet)"}},
         tags=[V2],
         summary="Ready when every configured model serves a version",
     )
@@ -259,7 +275,7 @@ def _model_routes(app: FastAPI, server: ModelServer) -> None:
             _ready(server),
             methods=["GET"],
             response_model=ReadyResponse,
-            responses=ERRORS,
+            responses={**ERRORS, 503: {"model": ReadyResponse, "description": "Not ready (yet)"}},
             tags=[V2],
             summary="Model readiness",
         )

@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, Strict
 
 
 class ProtocolError(Exception):
@@ -124,7 +124,7 @@ class InferenceResponse(BaseModel):
 
 
 class RepositoryIndexRequest(BaseModel):
-    ready: bool = False
+    ready: Annotated[bool, Strict()] = False  # a JSON boolean: 0 and "yes" are refused
 
 
 class RepositoryModel(BaseModel):
