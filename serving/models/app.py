@@ -398,7 +398,8 @@ def _repository_routes(app: FastAPI, server: ModelServer) -> None:
         summary="Load now (parameters: `version` or `alias` to follow); needs the admin key",
     )
     async def load(name: str, body: RepositoryLoadRequest | None = None):
-        return await run_in_threadpool(server.repository.load, name, body.parameters if body else None)
+        parameters = body.parameters.model_dump(exclude_none=True) if body and body.parameters else None
+        return await run_in_threadpool(server.repository.load, name, parameters)
 
     @app.post(
         "/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving; needs the admin key"

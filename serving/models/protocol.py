@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 
 class ProtocolError(Exception):
@@ -139,8 +139,15 @@ class RepositoryModel(BaseModel):
     )
 
 
+class LoadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str | None = Field(default=None, min_length=1, description="Serve this registry version")
+    alias: str | None = Field(default=None, min_length=1, description="Follow this alias (one of the two)")
+
+
 class RepositoryLoadRequest(BaseModel):
-    parameters: dict[str, Any] | None = Field(default=None, description="`version` or `alias` to serve")
+    parameters: LoadParameters | None = Field(default=None, description="`version` or `alias` to serve")
 
 
 # --- tensors --------------------------------------------------------------------------------
