@@ -74,6 +74,8 @@ class Settings(BaseModel):
     model_config = STRICT
 
     store: str = "sqlite:///data/gateway/gateway.db"
+    # usage records the store refuses wait here (files) until it answers again; replayed at start too
+    usage_spill_dir: str = "data/gateway/usage_spill"
     rate_limits: str = "memory"
     rate_limit_prefix: str = "mlplane:gateway"
     # what a request meets while the rate-limit Redis is unreachable: "closed" answers 503 (nothing is

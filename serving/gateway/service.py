@@ -78,7 +78,7 @@ class Gateway:
         self.store = GatewayStore(settings.store)
         self.limiter = limiter_for(settings.rate_limits, settings.rate_limit_prefix, settings.redis_timeout_s)
         self.metrics = GatewayMetrics()
-        self.usage = UsageWriter(self.store)
+        self.usage = UsageWriter(self.store, settings.usage_spill_dir)
         self.key_cache: dict[str, tuple[Caller | None, float]] = {}
         self.store_version: tuple | None = None
         self.session = None  # the connection pool to backends (http1.Pool), made on the running loop by start()

@@ -243,13 +243,18 @@ class GatewayStore:
             raise KeyError(f"no API key with id {key_id!r}")
 
     # usage
-    def write_usage(self, records: list[dict]) -> None:
+    def write_usage(self, records: list[dict], skip_existing: bool = False) -> None:
         """One transaction for a batch. The INSERT is compiled once and its rows go to the driver as
-        they are: SQLAlchemy's per-row parameter processing cost more than SQLite itself."""
-        if records:
-            statement, order = self._usage_insert
-            rows = [tuple(record[column] for column in order) for record in records] if order else records
-            with self.engine.begin() as conn:
+        they are: SQLAlchemy's per-row parameter processing cost more than SQLite itself. With
+        `skip_existing` (a replay), records whose request id the store holds are left out."""
+        with self.engine.begin() as conn:
+            if skip_existing and records:
+                ids = [record["request_id"] for record in records]
+                held = set(conn.scalars(sa.select(usage_table.c.request_id).where(usage_table.c.request_id.in_(ids))))
+                records = [record for record in records if record["request_id"] not in held]
+            if records:
+                statement, order = self._usage_insert
+                rows = [tuple(record[column] for column in order) for record in records] if order else records
                 conn.exec_driver_sql(statement, rows)
 
     @functools.cached_property

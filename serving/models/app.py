@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, Strict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from serving.models import binary
@@ -43,7 +44,8 @@ from serving.models.protocol import (
 from serving.models.server import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelServer
 
 V2 = "open inference protocol v2"
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 413, 503)}
+STRING = {"type": "string"}
 OFF_LOOP_ELEMENTS = 16_384  # larger answers are encoded in a thread, as larger bodies are read (OFF_LOOP_BYTES)
 
 
@@ -168,6 +170,11 @@ def create_app(
     async def protocol_error(request: Request, error: ProtocolError):
         return error_response(error)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        """FastAPI's and Starlette's own refusals (unparsable body, no route, method) in the documented shape."""
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError):
         return JSONResponse({"error": _validation_message(error.errors())}, status_code=400)
@@ -182,8 +189,14 @@ def create_app(
         responses=ERRORS,
         tags=["recommendations"],
         summary="Top k items for a user, with the model version",
+        openapi_extra=_json_body(RecommendRequest),
     )
-    async def recommend(body: RecommendRequest):
+    async def recommend(request: Request):
+        raw = await request.body()
+        if len(raw) > OFF_LOOP_BYTES:  # a long exclusion list is parsed beside the loop, not on it
+            body = await run_in_threadpool(read_recommend_body, raw)
+        else:
+            body = read_recommend_body(raw)
         answer = await server.recommend(body.user_id, body.k, body.context, body.request_id)
         return {
             "request_id": answer.request_id,
@@ -205,7 +218,15 @@ def create_app(
     async def experiments():
         return server.experiments.describe()
 
-    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={
+            200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+        },
+    )
     async def metrics():
         return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
@@ -225,6 +246,7 @@ def _health_routes(app: FastAPI, server: ModelServer) -> None:
     @app.get(
         "/v2/health/ready",
         response_model=ReadyResponse,
+        responses={503: {"model": ReadyResponse, "description": "Not ready (yet)"}},
         tags=[V2],
         summary="Ready when every configured model serves a version",
     )
@@ -253,7 +275,7 @@ def _model_routes(app: FastAPI, server: ModelServer) -> None:
             _ready(server),
             methods=["GET"],
             response_model=ReadyResponse,
-            responses=ERRORS,
+            responses={**ERRORS, 503: {"model": ReadyResponse, "description": "Not ready (yet)"}},
             tags=[V2],
             summary="Model readiness",
         )
@@ -297,6 +319,19 @@ def read_infer_body(raw: bytes, header_length: str | None) -> tuple[InferenceReq
     except ValidationError as error:
         raise ProtocolError(400, "invalid inference request: " + _validation_message(error.errors())) from error
     return body, binary.decode_inputs(body, tensors)
+
+
+def read_recommend_body(raw: bytes) -> RecommendRequest:
+    try:
+        return RecommendRequest.model_validate_json(raw)
+    except ValidationError as error:
+        raise ProtocolError(400, _validation_message(error.errors())) from error
+
+
+def _json_body(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that reads its body itself (documented by _document_request_bodies)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def _infer(server: ModelServer):
@@ -363,7 +398,8 @@ def _repository_routes(app: FastAPI, server: ModelServer) -> None:
         summary="Load now (parameters: `version` or `alias` to follow); needs the admin key",
     )
     async def load(name: str, body: RepositoryLoadRequest | None = None):
-        return await run_in_threadpool(server.repository.load, name, body.parameters if body else None)
+        parameters = body.parameters.model_dump(exclude_none=True) if body and body.parameters else None
+        return await run_in_threadpool(server.repository.load, name, parameters)
 
     @app.post(
         "/v2/repository/models/{name}/unload", tags=[V2], responses=ERRORS, summary="Stop serving; needs the admin key"
@@ -388,7 +424,7 @@ def _document_request_bodies(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (InferenceRequest, ChatRequest):
+            for model in (InferenceRequest, ChatRequest, RecommendRequest):
                 request_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(request_schema.pop("$defs", {}))
                 components[model.__name__] = request_schema

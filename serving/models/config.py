@@ -102,6 +102,11 @@ class ServerConfig(BaseModel):
         default="MLPLANE_MODEL_SERVER_KEY",
         description="The environment variable holding the key of data-plane calls; unset: they are open",
     )
+    keys_file: str | None = Field(
+        default=None,
+        description="Named keys made by `mlplane models keys` (digests only; default "
+        "<lake>/serving/model_server_keys.json), re-read when it changes",
+    )
 
     @classmethod
     def local(cls, data_dir: str | Path, vision: bool = False, **overrides) -> ServerConfig:
@@ -137,6 +142,9 @@ class ServerConfig(BaseModel):
 
     def work_path(self) -> Path:
         return Path(self.workdir) if self.workdir else self.lake_path() / "serving" / "models"
+
+    def keys_path(self) -> Path:
+        return Path(self.keys_file) if self.keys_file else self.lake_path() / "serving" / "model_server_keys.json"
 
     def spill_path(self) -> Path:
         return Path(self.prediction_log_spill) if self.prediction_log_spill else self.work_path() / "log_spill"

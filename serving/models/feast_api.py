@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from engines.feature_store import OnlineReader
@@ -64,7 +64,7 @@ INT64 = range(-(2**63), 2**63)
 class GetOnlineFeaturesRequest(BaseModel):
     """As `feast serve` takes it: a feature service or `view:feature` references, entity columns."""
 
-    entities: dict[str, list[Any]]
+    entities: dict[str, list[Any]] = Field(min_length=1, description="Join key -> values (one or more keys)")
     feature_service: str | None = None
     features: list[str] = []
     full_feature_names: bool = False

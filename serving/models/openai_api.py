@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from serving.models.captioner import MAX_NEW_TOKENS
-from serving.models.protocol import ProtocolError
+from serving.models.protocol import ErrorResponse, ProtocolError
 
 CHAT_KIND = "vision_llm"
 TAGS = ["openai"]
@@ -76,11 +76,31 @@ def _chat_states(server) -> dict:
     return {name: state for name, state in server.repository.states.items() if state.entry.kind == CHAT_KIND}
 
 
+class OpenAIError(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorResponse(BaseModel):
+    error: OpenAIError
+
+
+class WaitingResponse(BaseModel):
+    waiting: dict[str, str]
+
+
 def add_openai_routes(app: FastAPI, server) -> None:
     @app.post(
         "/v1/chat/completions",
         tags=TAGS,
         summary="A question about one image (OpenAI chat shape; server-sent events when stream is true)",
+        responses={
+            200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            **{status: {"model": OpenAIErrorResponse} for status in (400, 404, 409, 413, 503)},
+            **{status: {"model": ErrorResponse} for status in (401, 403)},  # the server's key check answers these
+        },
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -103,7 +123,16 @@ def add_openai_routes(app: FastAPI, server) -> None:
         ]
         return {"object": "list", "data": data}
 
-    @app.get("/health", tags=TAGS, summary="200 when every chat model serves a version (vLLM's probe path)")
+    @app.get(
+        "/health",
+        tags=TAGS,
+        summary="200 when every chat model serves a version (vLLM's probe path)",
+        response_class=Response,
+        responses={
+            200: {"description": "Every chat model serves a version (no body, as vLLM answers)", "content": {}},
+            503: {"model": WaitingResponse, "description": "The chat models still loading, and why"},
+        },
+    )
     async def health():
         waiting = {
             name: state.reason or "not loaded"

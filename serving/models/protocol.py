@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 
 class ProtocolError(Exception):
@@ -124,7 +124,7 @@ class InferenceResponse(BaseModel):
 
 
 class RepositoryIndexRequest(BaseModel):
-    ready: bool = False
+    ready: Annotated[bool, Strict()] = False  # a JSON boolean: 0 and "yes" are refused
 
 
 class RepositoryModel(BaseModel):
@@ -139,8 +139,15 @@ class RepositoryModel(BaseModel):
     )
 
 
+class LoadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str | None = Field(default=None, min_length=1, description="Serve this registry version")
+    alias: str | None = Field(default=None, min_length=1, description="Follow this alias (one of the two)")
+
+
 class RepositoryLoadRequest(BaseModel):
-    parameters: dict[str, Any] | None = Field(default=None, description="`version` or `alias` to serve")
+    parameters: LoadParameters | None = Field(default=None, description="`version` or `alias` to serve")
 
 
 # --- tensors --------------------------------------------------------------------------------

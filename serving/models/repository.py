@@ -77,7 +77,7 @@ class ModelRepository:
         current = state.current
         if current is None:
             raise ProtocolError(
-                503 if not state.unloaded else 400, f"model {name!r} is not ready: {state.reason or 'not loaded'}"
+                503 if not state.unloaded else 409, f"model {name!r} is not ready: {state.reason or 'not loaded'}"
             )
         if version is not None and version != current.version:
             raise ProtocolError(

@@ -1,14 +1,17 @@
 """The gateway's usage records in SQLite and in the real PostgreSQL: the same random records written
-in batches come back as the same report, which equals a recount from the records themselves."""
+in batches come back as the same report, which equals a recount from the records themselves; and the
+usage writer loses none across a long store outage and a stop in the middle of it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections import defaultdict
 
 import pytest
 
+from serving.gateway import usage
 from serving.gateway.store import GatewayStore
 from tests.services import create_database, drop_database
 
@@ -75,3 +78,86 @@ def test_usage_records_in_sqlite_and_postgresql_report_what_was_written(tmp_path
         for store in stores:
             store.engine.dispose()
         drop_database(database)
+
+
+OUTAGE_START_S, OUTAGE_S = 10.0, 60.0  # the store refuses every write for a minute
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StoreWithOutage:
+    """The real SQLite store behind a fault injector (the outage stands for a database the platform does
+    not run: a network cut or a failover): every write in the outage window raises."""
+
+    def __init__(self, store: GatewayStore, clock: Clock):
+        self.store, self.clock, self.refused_at = store, clock, []
+
+    def write_usage(self, records, **options):
+        if OUTAGE_START_S <= self.clock() < OUTAGE_START_S + OUTAGE_S:
+            self.refused_at.append(self.clock())
+            raise ConnectionError("store unreachable")
+        self.store.write_usage(records, **options)
+
+
+async def send(writer: usage.UsageWriter, clock: Clock, records: list[dict], until_s: float) -> None:
+    """Records at a steady rate of the writer's clock, the loop turning between them."""
+    step = 0.1
+    while clock.now < until_s and records:
+        clock.now += step
+        writer.record(records.pop())
+        await asyncio.sleep(0.002)
+
+
+def test_no_usage_record_is_lost_across_a_minute_of_store_outage_and_a_stop(tmp_path, monkeypatch):
+    monkeypatch.setattr(usage, "LINGER_S", 0.0)
+    records = random_records(random.Random(5), 1200)
+    store = GatewayStore(f"sqlite:///{tmp_path}/usage.db")
+    clock = Clock()
+    outage = StoreWithOutage(store, clock)
+    spill = tmp_path / "spill"
+
+    async def before_and_during_the_outage():
+        writer = usage.UsageWriter(outage, spill, clock=clock)
+        writer.start()
+        pending = list(records)
+        await send(writer, clock, pending, OUTAGE_START_S + OUTAGE_S - 0.5)  # the stop comes inside the outage
+        await writer.close()  # what SIGTERM runs (Gateway.stop): the queue is written or spilled
+        return pending
+
+    async def after_a_restart(pending: list[dict]):
+        clock.now = OUTAGE_START_S + OUTAGE_S  # the store is back
+        writer = usage.UsageWriter(outage, spill, clock=clock)
+        writer.start()  # replays the spill first
+        await send(writer, clock, pending, float("inf"))
+        await writer.close()
+
+    try:
+        pending = asyncio.run(before_and_during_the_outage())
+        # the outage lasted its full minute and the writer met it at both ends
+        assert outage.refused_at and min(outage.refused_at) < OUTAGE_START_S + 1
+        assert max(outage.refused_at) > OUTAGE_START_S + OUTAGE_S - usage.RETRY_S[-1] - 1
+        assert list(spill.glob("*.jsonl")) and len(pending) > 0
+        asyncio.run(after_a_restart(pending))
+        assert not list(spill.iterdir())  # every spilled file replayed and removed
+        with store.engine.connect() as conn:
+            ids = [row[0] for row in conn.exec_driver_sql("SELECT request_id FROM gateway_usage")]
+        assert len(ids) == len(records) and set(ids) == {r["request_id"] for r in records}  # each once
+        assert reported(store, 0, 2e9) == recount(records, 0, 2e9)
+    finally:
+        store.engine.dispose()
+
+
+def test_a_replay_skips_records_the_store_already_holds(tmp_path):
+    records = random_records(random.Random(6), 20)
+    store = GatewayStore(f"sqlite:///{tmp_path}/usage.db")
+    try:
+        store.write_usage(records[:8])  # landed, but the writer never heard back
+        store.write_usage(records, skip_existing=True)
+        assert reported(store, 0, 2e9) == recount(records, 0, 2e9)
+    finally:
+        store.engine.dispose()

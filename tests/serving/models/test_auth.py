@@ -4,10 +4,15 @@ the OpenAPI document always. Every refusal is a 401 or 403 whose `error` names t
 
 from __future__ import annotations
 
+import json
+import stat
+
 import httpx
 import pytest
+from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from orchestration.cli import main as mlplane
 from serving.models.app import create_app
 from serving.models.auth import ADMIN, DATA, OPEN, Keys, grpc_role, rest_role
 from serving.models.config import ServerConfig
@@ -103,3 +108,46 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(client_with):
     chunked = client.post("/v2/models/recommend/infer", content=iter([big[:800], big[800:]]))
     assert chunked.status_code == 413, chunked.text
     assert client.post("/v2/models/nope/infer", json={"inputs": []}).status_code == 404  # under the limit
+
+
+def cli(*arguments: str) -> str:
+    result = CliRunner().invoke(mlplane, ["models", "keys", *arguments])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_keys_made_with_the_cli_guard_a_running_server_and_rotate_without_a_restart(client_with, tmp_path):
+    lake = str(tmp_path / "lake0")  # the first client's lake: its server reads <lake>/serving's key file
+    admin = json.loads(cli("create", "ops", "--role", "admin", "--data-dir", lake))["key"]
+    client = client_with(admin_key=None)  # no environment key: only the file's
+    unknown = "/v2/repository/models/no-such-model/unload"  # a control call that passes the check, then 404s
+
+    def status(path: str, key: str | None, method: str = "POST") -> int:
+        return client.request(method, path, headers={"Authorization": f"Bearer {key}"} if key else {}).status_code
+
+    assert (status(unknown, None), status(unknown, admin + "x"), status(unknown, admin)) == (401, 403, 404)
+    assert status("/v2/models/personalization", None, "GET") != 401  # no data key yet: the data plane is open
+
+    rotated = cli("rotate", "ops", "--secret-only", "--data-dir", lake).strip()
+    assert (status(unknown, admin), status(unknown, rotated)) == (403, 404)  # from the next request
+
+    data = cli("create", "reader", "--role", "data", "--secret-only", "--data-dir", lake).strip()
+    assert status("/v2/models/personalization", None, "GET") == 401  # a data key now guards the data plane
+    for key in (data, rotated):
+        assert status("/v2/models/personalization", key, "GET") not in (401, 403)
+    assert status(unknown, data) == 403  # a data key makes no control call
+
+    assert "revoked reader (data)" in cli("revoke", "reader", "--data-dir", lake)
+    assert status("/v2/models/personalization", None, "GET") != 401  # no active data key: open again
+    cli("revoke", "ops", "--data-dir", lake)
+    refused = client.post(unknown, headers={"Authorization": f"Bearer {rotated}"})
+    assert refused.status_code == 403 and "mlplane models keys create" in refused.json()["error"]
+
+    listed = cli("list", "--data-dir", lake)
+    assert "ops" in listed and "reader" in listed and listed.count("[revoked]") == 2
+    key_file = tmp_path / "lake0" / "serving" / "model_server_keys.json"
+    stored = key_file.read_text()
+    assert not any(secret in stored for secret in (admin, rotated, data))  # digests only
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    duplicate = CliRunner().invoke(mlplane, ["models", "keys", "create", "ops", "--role", "data", "--data-dir", lake])
+    assert duplicate.exit_code != 0 and "exists" in duplicate.output

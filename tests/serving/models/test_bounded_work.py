@@ -1,6 +1,6 @@
 """Bounded work per request on the model server: an image's pixels are counted from its header before it
-is decoded, large bodies are parsed, decoded and tokenized off the event loop (so the server keeps
-answering others meanwhile), and an unknown model is refused before its body is read."""
+is decoded, large bodies (infer and /recommend) are parsed, decoded and tokenized off the event loop (so
+the server keeps answering others meanwhile), and an unknown model is refused before its body is read."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import ImageFile
 
-from serving.models import binary
+from serving.models import app, binary
 from serving.models.encoders import ClipEncoder
 
 HOLD_LIMIT_S = 60  # a held stage gives up after this, so a blocked event loop fails the test, not hangs it
@@ -111,6 +111,28 @@ def test_health_answers_while_a_large_body_is_decoded_or_tokenized(clip_server, 
     assert hold.answered_while_held, f"/v2/health/live waited for the {stage} of a large body"
     assert answers["large"].status_code == 200, answers["large"].text
     assert np.array(answers["large"].json()["outputs"][0]["data"]).shape[0] > 0
+
+
+def test_health_answers_while_a_large_recommend_body_is_parsed(clip_server, monkeypatch):
+    """Before: FastAPI parsed and validated `/recommend` bodies (up to max_body_bytes) on the event loop."""
+    hold = Hold()
+    monkeypatch.setattr(app, "read_recommend_body", hold.wrap(app.read_recommend_body))
+    body = json.dumps({"user_id": 1, "context": {"exclude_item_ids": list(range(200_000))}})
+    answers = {}
+
+    def send_large():
+        answers["large"] = httpx.post(f"{clip_server.url}/recommend", content=body, timeout=HOLD_LIMIT_S * 3)
+
+    sender = threading.Thread(target=send_large)
+    sender.start()
+    assert hold.entered.wait(HOLD_LIMIT_S)
+    answers["health"] = httpx.get(f"{clip_server.url}/v2/health/live", timeout=HOLD_LIMIT_S * 2)
+    hold.health_answered.set()
+    sender.join()
+    assert answers["health"].status_code == 200
+    assert hold.answered_while_held, "/v2/health/live waited for the parsing of a large /recommend body"
+    # parsed and valid: this server has no recommend model, which is what the answer says
+    assert answers["large"].status_code in (404, 503) and answers["large"].json()["error"], answers["large"].text
 
 
 def test_an_unknown_model_is_refused_before_its_body_is_read(clip_server):

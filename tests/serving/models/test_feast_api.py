@@ -96,7 +96,7 @@ def test_get_online_features_rejects_bad_requests_with_4xx(platform_server):
         ({"feature_service": "nope", "entities": {"user_id": [1]}}, 404, "unknown feature service 'nope'"),
         ({"entities": {"user_id": [1]}}, 400, "give a feature_service"),
         ({"feature_service": "search", "entities": {"item_id": [1, 2], "user_id": [1]}}, 400, "differ in length"),
-        ({"feature_service": "search", "entities": {}}, 400, "entities is empty"),
+        ({"feature_service": "search", "entities": {}}, 400, "entities: Dictionary should have at least 1 item"),
         ({"feature_service": "search", "entities": {"item_id": [1.5]}}, 400, "integers or strings"),
         ({"feature_service": "search"}, 400, "entities"),
         ({"features": ["no_such_view:x"], "entities": {"user_id": [1]}}, 400, "no_such_view does not exist"),
