@@ -10,6 +10,7 @@ torch from the site-packages the config names (the stub starts with its own inte
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,8 @@ class TritonPythonModel:
         """The requests Triton's dynamic batcher grouped, run as one batch and split back per request."""
         import numpy as np
         import torch
-        import triton_python_backend_utils as pb_utils  # the stub's module
+
+        pb_utils = importlib.import_module("triton_python_backend_utils")  # the stub's own, no package of ours
 
         try:
             columns: dict[str, list] = {name: [] for name, _ in self.inputs}

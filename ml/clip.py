@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ml.ray_train import EpochCheckpoints, fitted
+from ml.ray_train import EpochCheckpoints, fitted, node_id
 
 COMPACT_MODEL = "mlplane-clip-compact"
 MODEL_CONFIGS = Path(__file__).parent / "model_configs"
@@ -304,7 +304,7 @@ def _train_loop(loop_config: dict) -> None:
             steps_per_epoch = max(1, len(losses))
             scheduler = _cosine(optimizer, steps_per_epoch, config)
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan")})
-        history[-1]["node"] = ray.get_runtime_context().get_node_id()
+        history[-1]["node"] = node_id()
         if epoch == config.epochs - 1:
             history[-1]["worker_nodes"] = _worker_nodes(context.get_world_size())
         files = {}

@@ -38,7 +38,7 @@ import polars as pl
 import torch
 from torch import nn
 
-from ml.ray_train import RANK_FILE, EpochCheckpoints, fitted
+from ml.ray_train import RANK_FILE, EpochCheckpoints, fitted, node_id
 
 
 @dataclass(frozen=True)
@@ -553,7 +553,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     nodes = list(own.get("nodes", []))  # the node that trained each epoch, across restarts
 
     def report(epoch: int, losses: list[float], state: dict) -> None:
-        nodes.append(_node_id())
+        nodes.append(node_id())
         metrics = {"epoch": epoch, "train_loss": losses[-1], "loss_curve": list(losses), "epoch_nodes": list(nodes)}
         own_state = {**{k: state[k] for k in ("generator", "torch_rng", "losses")}, "nodes": list(nodes)}
         files = {RANK_FILE.format(rank=rank): own_state}
@@ -564,13 +564,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     resume = {**own, "optimizer": resumed[OPTIMIZER_FILE]} if resumed is not None else None
     fit(objective, loop_config["train"][rank::world], ray.train.torch.get_device(), rank, report, resume)
-
-
-def _node_id() -> str:
-    """The Ray node this worker runs on (the training history says which node ran each epoch)."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id()
 
 
 @dataclass

@@ -110,6 +110,14 @@ class EpochCheckpoints:
         return folder
 
 
+def node_id() -> str:
+    """The Ray node this training function runs on ("local" in a process without Ray): the trainings
+    record it per epoch, which shows where each epoch ran across restarts."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+
+
 def _fit(trainer, num_workers: int):
     """`trainer.fit()`; a local run takes its turn, and this process gets back its torch threads, which the
     training function sets to the worker's CPUs."""
