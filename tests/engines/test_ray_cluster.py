@@ -22,6 +22,7 @@ from engines.embeddings import EmbedConfig, embed_items
 from engines.vector_store import VectorStore
 from ml import personalization as p13n
 from ml.clip import (
+    TRAINING_FILE,
     ClipSpec,
     TrainConfig,
     encode_images,
@@ -220,14 +221,43 @@ class HeadCpus:
         return True
 
 
-def latest_checkpoint_epochs(storage) -> int:
-    """Epochs in the newest complete checkpoint the run has persisted (0: none yet)."""
-    done = [
-        len(torch.load(f, weights_only=False)["losses"])
-        for f in storage.glob(f"personalization/checkpoint_*/{RANK_FILE.format(rank=0)}")
-        if (f.parent / p13n.MODEL_FILE).exists() and (f.parent / p13n.OPTIMIZER_FILE).exists()
-    ]
-    return max(done, default=0)
+def checkpointed_epochs(storage, run: str, count) -> int:
+    """Epochs in the newest checkpoint the run has persisted (0: none yet); `count(folder)` reads one,
+    None while its files are incomplete."""
+    counts = [count(folder) for folder in storage.glob(f"{run}/checkpoint_*")]
+    return max((c for c in counts if c is not None), default=0)
+
+
+def personalization_epochs(folder) -> int | None:
+    files = [folder / RANK_FILE.format(rank=0), folder / p13n.MODEL_FILE, folder / p13n.OPTIMIZER_FILE]
+    return len(torch.load(files[0], weights_only=False)["losses"]) if all(f.exists() for f in files) else None
+
+
+def clip_epochs(folder) -> int | None:
+    files = [folder / "history.pt", folder / "model.pt", folder / TRAINING_FILE]
+    return len(torch.load(files[0], weights_only=False)) if all(f.exists() for f in files) else None
+
+
+def train_losing_the_node(cluster: RayCluster, storage, run: str, count, job) -> tuple[object, int, set[str]]:
+    """Run the training `job` with the head's CPUs held, so that its worker runs on the second node; SIGKILL
+    that node once the run has persisted a checkpoint, and start a replacement. Returns the job's result,
+    the epochs checkpointed when the node died and the lost node's id."""
+    lost = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(WORKER_RESOURCE)}
+    head = HeadCpus.remote()
+    ray.get(head.ready.remote())
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(value=job()), daemon=True)
+    thread.start()
+    while thread.is_alive() and checkpointed_epochs(storage, run, count) == 0:
+        time.sleep(0.05)
+    cluster.kill_worker()
+    before_loss = checkpointed_epochs(storage, run, count)
+    cluster.start_worker()  # the replacement node the restarted run waits for
+    thread.join(timeout=600)
+    ray.kill(head)
+    wait_for_nodes(2)
+    assert not thread.is_alive() and len(lost) == 1
+    return result.get("value"), before_loss, lost
 
 
 def test_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ray_cluster, tmp_path):
@@ -238,22 +268,9 @@ def test_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ra
     train_rows, held_out = clicks_frame(30_000, seed=1), p13n.labelled(clicks_frame(5_000, seed=2))
     config = p13n.TrainConfig(epochs=6, batch_size=256, dim=8, hidden=32, cpus_per_worker=1)
     storage = on_cluster["dir"] / "ray_train_resume"
-    lost = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(WORKER_RESOURCE)}
-    head = HeadCpus.remote()
-    ray.get(head.ready.remote())
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(run=p13n.train(train_rows, config, storage)), daemon=True)
-    thread.start()
-    while thread.is_alive() and latest_checkpoint_epochs(storage) == 0:
-        time.sleep(0.05)
-    ray_cluster.kill_worker()
-    before_loss = latest_checkpoint_epochs(storage)
-    ray_cluster.start_worker()  # the replacement node the restarted run waits for
-    thread.join(timeout=600)
-    ray.kill(head)
-    wait_for_nodes(2)
-    assert not thread.is_alive() and len(lost) == 1
-    run = result["run"]
+    run, before_loss, lost = train_losing_the_node(
+        ray_cluster, storage, "personalization", personalization_epochs, lambda: p13n.train(train_rows, config, storage)
+    )
     assert 1 <= before_loss < config.epochs, "the node was not lost mid-training"
     # each epoch once: the checkpointed ones on the lost node, then the replacement from the next epoch on
     assert len(run.loss_curve) == len(run.epoch_nodes) == config.epochs
@@ -264,6 +281,31 @@ def test_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ra
     assert run.loss_curve == pytest.approx(uninterrupted.loss_curve, rel=1e-5)
     auc = {name: roc_auc(held_out, m.model) for name, m in (("resumed", run), ("uninterrupted", uninterrupted))}
     assert auc["resumed"] > 0.65 and abs(auc["resumed"] - auc["uninterrupted"]) <= 0.005, auc
+
+
+def test_clip_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ray_cluster, tmp_path):
+    """The same for CLIP: restarted from the checkpoint (weights, optimizer, learning-rate schedule), each
+    epoch once, and a final loss within noise of a run that never stopped (Ray Data may hand the batches
+    over in another order)."""
+    items = items_of(on_cluster["landing"]).head(96)
+    pixels = np.stack([preprocess_image((on_cluster["landing"] / p).read_bytes(), 64) for p in items["thumbnail_path"]])
+    titles, config = items["title"].to_list(), TrainConfig(epochs=6, batch_size=16, num_workers=1)
+    storage, output = on_cluster["dir"] / "clip_resume", tmp_path / "clip.pt"
+    history, before_loss, lost = train_losing_the_node(
+        ray_cluster,
+        storage,
+        "clip",
+        clip_epochs,
+        lambda: train_clip(ClipSpec(), pixels, titles, config, output, storage),
+    )
+    assert 1 <= before_loss < config.epochs, "the node was not lost mid-training"
+    assert [h["epoch"] for h in history] == list(range(1, config.epochs + 1))
+    nodes = [h["node"] for h in history]
+    assert set(nodes[:before_loss]) == lost and len(set(nodes[before_loss:]) - lost) == 1, nodes
+    local = dataclasses.replace(config, num_workers=0)
+    uninterrupted = train_clip(ClipSpec(), pixels, titles, local, tmp_path / "local.pt", tmp_path / "local")
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert history[-1]["loss"] == pytest.approx(uninterrupted[-1]["loss"], rel=0.05), (history, uninterrupted)
 
 
 def roc_auc(rows: pl.DataFrame, model: p13n.PersonalizationModel) -> float:
