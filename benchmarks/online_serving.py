@@ -182,14 +182,13 @@ def triton_body(model_dir: Path) -> dict:
     spec = ModelSpec.from_json((model_dir / "model.json").read_text()).user
     row = {spec.id_column: [7], **{c: [1.0] for c in spec.numeric}, **{c: ["eu"] for c in spec.categorical}}
     row |= {c: [[1, 2, 3]] for c in spec.histories}
-    encoded = spec.encode(pl.DataFrame(row))
+    encoded = {k: v.numpy() for k, v in spec.encode(pl.DataFrame(row)).items() if v.numel()}
     encoded["ids"] = encoded["ids"].reshape(-1, 1)  # dims [1], a scalar per row once Triton reshapes it
     datatypes = {"float32": "FP32", "int64": "INT64"}
     return {
         "inputs": [
             {"name": k, "datatype": datatypes[str(v.dtype)], "shape": list(v.shape), "data": v.ravel().tolist()}
             for k, v in encoded.items()
-            if v.size
         ]
     }
 
