@@ -305,7 +305,8 @@ def _train_loop(loop_config: dict) -> None:
             scheduler = _cosine(optimizer, steps_per_epoch, config)
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan")})
         history[-1]["node"] = node_id()
-        if epoch == config.epochs - 1:
+        last = epoch == config.epochs - 1
+        if last:
             history[-1]["worker_nodes"] = _worker_nodes(context.get_world_size())
         files = {}
         if rank == 0:
@@ -313,7 +314,7 @@ def _train_loop(loop_config: dict) -> None:
             training = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "history": history}
             training |= {"steps_per_epoch": steps_per_epoch, "torch_rng": torch.get_rng_state()}
             files = {"model.pt": unwrapped.state_dict(), "history.pt": history, TRAINING_FILE: training}
-        checkpoints.report(epoch, history[-1], files)
+        checkpoints.report(epoch, history[-1], files, last)
 
 
 def _cosine(optimizer, steps_per_epoch: int, config: TrainConfig):

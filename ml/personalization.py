@@ -560,7 +560,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if rank == 0:
             inner = objective.module if hasattr(objective, "module") else objective
             files |= {MODEL_FILE: inner.network.state_dict(), OPTIMIZER_FILE: state["optimizer"]}
-        checkpoints.report(epoch, metrics, files)
+        checkpoints.report(epoch, metrics, files, last=epoch == spec.config.epochs - 1)
 
     resume = {**own, "optimizer": resumed[OPTIMIZER_FILE]} if resumed is not None else None
     fit(objective, loop_config["train"][rank::world], ray.train.torch.get_device(), rank, report, resume)

@@ -48,7 +48,8 @@ def fitted(
     try:
         trainer = TorchTrainer(
             loop,
-            train_loop_config={**loop_config, "staging": str(staging)},
+            # a run in this process has no worker to lose: its checkpoint is the last epoch's alone
+            train_loop_config={**loop_config, "staging": str(staging), "every_epoch": bool(scaling.num_workers)},
             scaling_config=scaling,
             run_config=RunConfig(
                 name=name,
@@ -71,6 +72,7 @@ class EpochCheckpoints:
 
     def __init__(self, loop_config: dict, rank: int):
         self.staging = Path(loop_config["staging"]) / f"rank{rank}"
+        self.every_epoch = loop_config.get("every_epoch", True)
         self.rank = rank
         self.previous: Path | None = None
 
@@ -88,13 +90,14 @@ class EpochCheckpoints:
         state["rank"] = state.get(RANK_FILE.format(rank=self.rank))
         return state
 
-    def report(self, epoch: int, metrics: dict, files: dict[str, object]) -> Path | None:
+    def report(self, epoch: int, metrics: dict, files: dict[str, object], last: bool) -> Path | None:
         """Report `metrics` with a checkpoint of `files` (name -> object, saved with torch.save; none: the
-        metrics alone). Returns the folder reported (the checkpoint itself in local mode)."""
+        metrics alone) after epoch `epoch` (`last`: the run's final one). Returns the folder reported (the
+        checkpoint itself in local mode)."""
         import ray.train
         import torch
 
-        if not files:
+        if not files or not (self.every_epoch or last):
             ray.train.report(metrics)
             return None
 
