@@ -6,6 +6,7 @@ independent recomputation in this process; nothing may be lost or written twice.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from datetime import datetime
@@ -22,7 +23,6 @@ from engines.embeddings import EmbedConfig, embed_items
 from engines.vector_store import VectorStore
 from ml import personalization as p13n
 from ml.clip import (
-    TRAINING_FILE,
     ClipSpec,
     TrainConfig,
     encode_images,
@@ -32,7 +32,6 @@ from ml.clip import (
     tokenizer,
     train_clip,
 )
-from ml.ray_train import RANK_FILE
 from orchestration.profiles import resources_for
 from tests.conftest import SMALL, simulate
 from tests.ray_cluster import NODE_CPUS, WORKER_RESOURCE, RayCluster, running_cluster, wait_for_nodes
@@ -221,21 +220,17 @@ class HeadCpus:
         return True
 
 
-def checkpointed_epochs(storage, run: str, count) -> int:
-    """Epochs in the newest checkpoint the run has persisted (0: none yet); `count(folder)` reads one,
-    None while its files are incomplete."""
-    counts = [count(folder) for folder in storage.glob(f"{run}/checkpoint_*")]
-    return max((c for c in counts if c is not None), default=0)
-
-
-def personalization_epochs(folder) -> int | None:
-    files = [folder / RANK_FILE.format(rank=0), folder / p13n.MODEL_FILE, folder / p13n.OPTIMIZER_FILE]
-    return len(torch.load(files[0], weights_only=False)["losses"]) if all(f.exists() for f in files) else None
-
-
-def clip_epochs(folder) -> int | None:
-    files = [folder / "history.pt", folder / "model.pt", folder / TRAINING_FILE]
-    return len(torch.load(files[0], weights_only=False)) if all(f.exists() for f in files) else None
+def registered_epochs(storage, run: str, count) -> int:
+    """Epochs in the newest checkpoint Ray Train has registered for the run (0: none yet), from the snapshot
+    its controller writes to the run's storage: a checkpoint the worker uploaded but the controller had not
+    yet received when the node died is not one a restart resumes from. `count(metrics)` reads one."""
+    try:
+        latest = json.loads((storage / run / "checkpoint_manager_snapshot.json").read_text())[
+            "latest_checkpoint_result"
+        ]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return count(latest["metrics"]) if latest else 0
 
 
 def train_losing_the_node(cluster: RayCluster, storage, run: str, count, job) -> tuple[object, int, set[str]]:
@@ -248,10 +243,10 @@ def train_losing_the_node(cluster: RayCluster, storage, run: str, count, job) ->
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(value=job()), daemon=True)
     thread.start()
-    while thread.is_alive() and checkpointed_epochs(storage, run, count) == 0:
+    while thread.is_alive() and registered_epochs(storage, run, count) == 0:
         time.sleep(0.05)
     cluster.kill_worker()
-    before_loss = checkpointed_epochs(storage, run, count)
+    before_loss = registered_epochs(storage, run, count)
     cluster.start_worker()  # the replacement node the restarted run waits for
     thread.join(timeout=600)
     ray.kill(head)
@@ -269,7 +264,11 @@ def test_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ra
     config = p13n.TrainConfig(epochs=6, batch_size=256, dim=8, hidden=32, cpus_per_worker=1)
     storage = on_cluster["dir"] / "ray_train_resume"
     run, before_loss, lost = train_losing_the_node(
-        ray_cluster, storage, "personalization", personalization_epochs, lambda: p13n.train(train_rows, config, storage)
+        ray_cluster,
+        storage,
+        "personalization",
+        lambda m: len(m["loss_curve"]),
+        lambda: p13n.train(train_rows, config, storage),
     )
     assert 1 <= before_loss < config.epochs, "the node was not lost mid-training"
     # each epoch once: the checkpointed ones on the lost node, then the replacement from the next epoch on
@@ -295,7 +294,7 @@ def test_clip_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluste
         ray_cluster,
         storage,
         "clip",
-        clip_epochs,
+        lambda metrics: metrics["epoch"],
         lambda: train_clip(ClipSpec(), pixels, titles, config, output, storage),
     )
     assert 1 <= before_loss < config.epochs, "the node was not lost mid-training"
