@@ -5,10 +5,18 @@ with its `config.pbtxt`. Plain Python, no Dagster; the KServe manifests are in e
 Layout, in the lake (generated from the registry, so never committed: it changes with every promotion and
 holds weights):
 
-    deploy/triton/model_repository/<model>/config.pbtxt
+    deploy/triton/model_repository/<model>/config.pbtxt                      pytorch_libtorch (the default)
+    deploy/triton/model_repository/<model>/configs/python_cpu.pbtxt          Python backend, CPU
     deploy/triton/model_repository/<model>/<registry version>/model.pt      TorchScript
+    deploy/triton/model_repository/<model>/<registry version>/model.py      Python-backend model around model.pt
     deploy/triton/model_repository/<model>/<registry version>/source.json   registry model, version, checksum,
                                                                             and how clients encode inputs
+
+Two configurations of the same files, chosen when Triton starts: `config.pbtxt` (the default) runs model.pt on
+the `pytorch_libtorch` backend, on the GPUs where the image has any (instance kind AUTO): NGC's Triton images
+and KServe's Triton runtime. Images without the libtorch backend (the CPU server of the `nvidia-pytriton`
+wheel: Python backend only) start with `--model-config-name python_cpu`, which runs the same model.pt with
+torch inside the Python backend (engines/triton_python_model.py, copied as model.py).
 
 A Triton model per served model and part (`personalization-user_tower`, `clip_text`, ...), its version
 folder named after the registry version and its `version_policy` pinned to the version the server follows,
@@ -25,6 +33,7 @@ import contextlib
 import json
 import os
 import shutil
+import sysconfig
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass
@@ -38,6 +47,9 @@ from ml.personalization import PersonalizationModel, TowerSpec
 
 TRITON_REPOSITORY = Path("deploy") / "triton" / "model_repository"  # under the lake root
 MODEL_FILE, SOURCE_FILE, CONFIG_FILE = "model.pt", "source.json", "config.pbtxt"
+PYTHON_MODEL_FILE = "model.py"
+PYTHON_CONFIG_NAME = "python_cpu"  # tritonserver --model-config-name python_cpu
+PYTHON_MODEL_SOURCE = Path(__file__).with_name("triton_python_model.py")
 CLIP_WEIGHTS, CLIP_CONFIG = "clip.pt", "clip.json"  # a registered CLIP folder (assets/serving.py writes it)
 MAX_BATCH = 64
 HISTORY_LENGTH = 10  # ml.personalization._padded_ids
@@ -214,13 +226,14 @@ def export_encoder(target: ExportTarget, folder: Path) -> list[tuple[TritonModel
 
 
 # --- the repository ---------------------------------------------------------------------------------
-def config_pbtxt(model: TritonModel) -> str:
+def config_pbtxt(model: TritonModel, backend: str = "libtorch") -> str:
     """The model's config.pbtxt, built as Triton's ModelConfig protobuf (tritonclient ships it) and
-    printed in its text format, so every field name and value is one Triton parses."""
+    printed in its text format, so every field name and value is one Triton parses. `backend`: libtorch
+    (config.pbtxt) or python (configs/python_cpu.pbtxt, the same model.pt run by model.py)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    config = mc.ModelConfig(name=model.name, platform="pytorch_libtorch", max_batch_size=MAX_BATCH)
+    config = mc.ModelConfig(name=model.name, max_batch_size=MAX_BATCH)
     config.version_policy.specific.versions.append(int(model.target.version))
     for tensors, field in ((model.inputs, config.input), (model.outputs, config.output)):
         for tensor in tensors:
@@ -228,9 +241,21 @@ def config_pbtxt(model: TritonModel) -> str:
             if tensor.reshape is not None:
                 entry.reshape.shape.extend(tensor.reshape)
     config.dynamic_batching.SetInParent()
-    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
-    config.parameters["INFERENCE_MODE"].string_value = "true"
+    if backend == "libtorch":
+        config.platform = "pytorch_libtorch"
+        config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_AUTO, count=1)  # GPUs where there are any
+        config.parameters["INFERENCE_MODE"].string_value = "true"
+    else:
+        config.backend = "python"
+        config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+        # model.py imports torch from the environment that wrote model.pt (the backend's stub has its own path)
+        config.parameters["site_packages"].string_value = sysconfig.get_paths()["purelib"]
+        config.parameters["torchscript_input"].string_value = "dict" if model.part.endswith("tower") else "tensor"
     return text_format.MessageToString(config)
+
+
+def python_config_file(model_folder: Path) -> Path:
+    return model_folder / "configs" / f"{PYTHON_CONFIG_NAME}.pbtxt"
 
 
 def parse_config(text: str):
@@ -262,7 +287,11 @@ def export_target(target: ExportTarget, folder: Path, repository: Path) -> list[
             **encoding,
         }
         (version_dir / SOURCE_FILE).write_text(json.dumps(source, indent=2))
+        shutil.copyfile(PYTHON_MODEL_SOURCE, version_dir / PYTHON_MODEL_FILE)
         (model.folder(repository) / CONFIG_FILE).write_text(config_pbtxt(model))
+        python_config = python_config_file(model.folder(repository))
+        python_config.parent.mkdir(exist_ok=True)
+        python_config.write_text(config_pbtxt(model, backend="python"))
     return [model for model, _, _ in exported]
 
 
@@ -270,7 +299,8 @@ def publish(staging: Path, repository: Path, models: list[TritonModel]) -> dict[
     """Move checked models from `staging` into the live `repository` so that a Triton polling it never
     reads half a model: a version folder is renamed into place (one already there from the same artifact,
     same checksum, is kept; older versions stay for rollbacks), then config.pbtxt, which pins the version,
-    is replaced atomically. Models no served model exports any more are removed."""
+    is replaced atomically (and the Python backend's, configs/python_cpu.pbtxt). Models no served model
+    exports any more are removed."""
     changed, kept = [], []
     repository.mkdir(parents=True, exist_ok=True)
     for model in models:
@@ -287,6 +317,9 @@ def publish(staging: Path, repository: Path, models: list[TritonModel]) -> dict[
             incoming.rename(live)
             changed.append(model.name)
         _write_atomically(model.folder(repository) / CONFIG_FILE, (model.folder(staging) / CONFIG_FILE).read_text())
+        python_config = python_config_file(model.folder(repository))
+        python_config.parent.mkdir(exist_ok=True)
+        _write_atomically(python_config, python_config_file(model.folder(staging)).read_text())
     wanted = {m.name for m in models}
     removed = [
         f.name

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ml.ray_train import checkpoint_folder, fitted
+from ml.ray_train import EpochCheckpoints, fitted, node_id
 
 COMPACT_MODEL = "mlplane-clip-compact"
 MODEL_CONFIGS = Path(__file__).parent / "model_configs"
 RECALL_KS = (1, 5, 10)
+TRAINING_FILE = "training.pt"  # in a training checkpoint: optimizer, schedule, history, random state
 
 
 def import_open_clip():
@@ -265,17 +266,29 @@ def _train_loop(loop_config: dict) -> None:
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.cpus_per_worker)
     context = ray.train.get_context()
-    model = prepare_model(load_model(spec, device="cpu").train())
+    rank = context.get_world_rank()
+    checkpoints = EpochCheckpoints(loop_config, rank)
+    resumed = checkpoints.resumed()  # after a restart (a lost worker or node): the latest epoch's state
+    network = load_model(spec, device="cpu")
+    if resumed is not None:
+        network.load_state_dict(resumed["model.pt"])  # before the wrap, which syncs rank 0's weights
+    model = prepare_model(network.train())
     device = next(model.parameters()).device
-    loss_fn = open_clip.ClipLoss(
-        local_loss=False, gather_with_grad=True, rank=context.get_world_rank(), world_size=context.get_world_size()
-    )
+    world = context.get_world_size()
+    loss_fn = open_clip.ClipLoss(local_loss=False, gather_with_grad=True, rank=rank, world_size=world)
     optimizer = clip_optimizer(model, config, device)
     shard = ray.train.get_dataset_shard("train")
     steps_per_epoch = None
     scheduler = None
     history = []
-    for epoch in range(config.epochs):
+    if resumed is not None:
+        training = resumed[TRAINING_FILE]
+        optimizer.load_state_dict(training["optimizer"])
+        history, steps_per_epoch = list(training["history"]), training["steps_per_epoch"]
+        scheduler = _cosine(optimizer, steps_per_epoch, config)
+        scheduler.load_state_dict(training["scheduler"])
+        torch.set_rng_state(training["torch_rng"])
+    for epoch in range(len(history), config.epochs):
         losses = []
         for batch in shard.iter_torch_batches(
             batch_size=config.batch_size,
@@ -295,21 +308,25 @@ def _train_loop(loop_config: dict) -> None:
             losses.append(float(loss.detach()))
         if steps_per_epoch is None:  # cosine decay once the shard's size is known
             steps_per_epoch = max(1, len(losses))
-            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
-                optimizer, T_max=steps_per_epoch * max(1, config.epochs - 1)
-            )
+            scheduler = _cosine(optimizer, steps_per_epoch, config)
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan")})
+        history[-1]["node"] = node_id()
         last = epoch == config.epochs - 1
         if last:
             history[-1]["worker_nodes"] = _worker_nodes(context.get_world_size())
-        if last and context.get_world_rank() == 0:
+        files = {}
+        if rank == 0:
             unwrapped = model.module if hasattr(model, "module") else model
-            folder = checkpoint_folder(loop_config)
-            torch.save(unwrapped.state_dict(), folder / "model.pt")
-            torch.save(history, folder / "history.pt")
-            ray.train.report(history[-1], checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
-        else:
-            ray.train.report(history[-1])
+            training = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "history": history}
+            training |= {"steps_per_epoch": steps_per_epoch, "torch_rng": torch.get_rng_state()}
+            files = {"model.pt": unwrapped.state_dict(), "history.pt": history, TRAINING_FILE: training}
+        checkpoints.report(epoch, history[-1], files, last)
+
+
+def _cosine(optimizer, steps_per_epoch: int, config: TrainConfig):
+    import torch
+
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps_per_epoch * max(1, config.epochs - 1))
 
 
 def clip_optimizer(model, config: TrainConfig, device):

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ml import taste_clusters
-from ml.ray_train import checkpoint_folder, fitted
+from ml.ray_train import RANK_FILE, EpochCheckpoints, fitted, node_id
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,7 @@ HISTORY_ATTRIBUTE = "item_content__category"
 TASTE_VIEW, TASTE_WINDOW = "user_category_affinity", "30d"
 LABEL = "label"
 MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"  # in a training checkpoint, beside the weights
 SPEC_FILE = "model.json"
 UNSEEN = 0  # the id bucket of an id outside the trained range (ids start at 1): a new user or item
 
@@ -569,10 +570,17 @@ class Objective(nn.Module):
 
 
 def fit(
-    objective: nn.Module, frame: pl.DataFrame, device: torch.device | str = "cpu", rank: int = 0, on_epoch=None
+    objective: nn.Module,
+    frame: pl.DataFrame,
+    device: torch.device | str = "cpu",
+    rank: int = 0,
+    on_epoch=None,
+    resume: dict | None = None,
 ) -> list[float]:
     """Train an `Objective` (or its data-parallel wrapper) on labelled rows, one worker's shard; returns
-    the loss per epoch. `on_epoch(epoch, losses)` runs after each epoch (Ray Train reports there)."""
+    the loss per epoch. `on_epoch(epoch, losses, state)` runs after each epoch (Ray Train reports and
+    checkpoints there); `resume`, a `state` it was given (the objective already holds that epoch's
+    weights), continues with the next epoch as if the run had not stopped."""
     spec: ModelSpec = (objective.module if hasattr(objective, "module") else objective).network.spec
     config = spec.config
     user_inputs, item_inputs = spec.user.encode(frame), spec.item.encode(frame)
@@ -582,7 +590,12 @@ def fit(
     log_q = _log_impression_shares(frame)
     generator = torch.Generator().manual_seed(config.seed + rank)
     losses: list[float] = []
-    for epoch in range(config.epochs):
+    if resume is not None:
+        optimizer.load_state_dict(resume["optimizer"])
+        generator.set_state(resume["generator"])
+        torch.set_rng_state(resume["torch_rng"])
+        losses = list(resume["losses"])
+    for epoch in range(len(losses), config.epochs):
         objective.train()
         order = torch.randperm(frame.height, generator=generator)
         total, batches = 0.0, 0
@@ -613,7 +626,8 @@ def fit(
             total, batches = total + loss.item(), batches + 1
         losses.append(total / max(batches, 1))
         if on_epoch is not None:
-            on_epoch(epoch, losses)
+            state = {"optimizer": optimizer.state_dict(), "generator": generator.get_state()}
+            on_epoch(epoch, losses, {**state, "torch_rng": torch.get_rng_state(), "losses": list(losses)})
     return losses
 
 
@@ -704,19 +718,27 @@ def train_loop_per_worker(loop_config: dict) -> None:
     network = TwoTower(spec)
     network.set_prior(loop_config["train"])  # from every row, the same on every worker
     network.set_history_categories(loop_config["train"])
+    checkpoints = EpochCheckpoints(loop_config, rank)
+    resumed = checkpoints.resumed()  # after a restart (a lost worker or node): the latest epoch's state
+    if resumed is not None:
+        network.load_state_dict(resumed[MODEL_FILE])  # before the wrap, which syncs rank 0's weights
     objective = ray.train.torch.prepare_model(Objective(network))
 
-    def report(epoch: int, losses: list[float]) -> None:
-        metrics = {"epoch": epoch, "train_loss": losses[-1], "loss_curve": list(losses)}
-        if epoch == spec.config.epochs - 1 and rank == 0:
-            inner = objective.module if hasattr(objective, "module") else objective
-            folder = checkpoint_folder(loop_config)
-            torch.save(inner.network.state_dict(), folder / MODEL_FILE)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
-        else:
-            ray.train.report(metrics)
+    own = (resumed or {}).get("rank") or (resumed or {}).get(RANK_FILE.format(rank=0)) or {}
+    nodes = list(own.get("nodes", []))  # the node that trained each epoch, across restarts
 
-    fit(objective, loop_config["train"][rank::world], ray.train.torch.get_device(), rank, report)
+    def report(epoch: int, losses: list[float], state: dict) -> None:
+        nodes.append(node_id())
+        metrics = {"epoch": epoch, "train_loss": losses[-1], "loss_curve": list(losses), "epoch_nodes": list(nodes)}
+        own_state = {**{k: state[k] for k in ("generator", "torch_rng", "losses")}, "nodes": list(nodes)}
+        files = {RANK_FILE.format(rank=rank): own_state}
+        if rank == 0:
+            inner = objective.module if hasattr(objective, "module") else objective
+            files |= {MODEL_FILE: inner.network.state_dict(), OPTIMIZER_FILE: state["optimizer"]}
+        checkpoints.report(epoch, metrics, files, last=epoch == spec.config.epochs - 1)
+
+    resume = {**own, "optimizer": resumed[OPTIMIZER_FILE]} if resumed is not None else None
+    fit(objective, loop_config["train"][rank::world], ray.train.torch.get_device(), rank, report, resume)
 
 
 @dataclass
@@ -724,6 +746,7 @@ class TrainResult:
     model: PersonalizationModel
     loss_curve: list[float]
     coverage: dict[str, int] = field(default_factory=dict)  # feature_coverage of the training rows
+    epoch_nodes: list[str] = field(default_factory=list)  # the Ray node that trained each epoch
 
 
 def train(
@@ -745,5 +768,10 @@ def train(
     with fitted(train_loop_per_worker, loop_config, scaling, storage_path, "personalization") as result:
         with result.checkpoint.as_directory() as folder:
             network.load_state_dict(torch.load(Path(folder) / MODEL_FILE, map_location="cpu", weights_only=True))
-    coverage = feature_coverage(raw, frame)
-    return TrainResult(PersonalizationModel(network), list(result.metrics["loss_curve"]), coverage)
+    metrics = result.metrics
+    return TrainResult(
+        PersonalizationModel(network),
+        list(metrics["loss_curve"]),
+        coverage=feature_coverage(raw, frame),
+        epoch_nodes=list(metrics["epoch_nodes"]),
+    )

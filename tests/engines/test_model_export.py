@@ -19,12 +19,15 @@ from engines import kserve
 from engines.model_export import (
     CONFIG_FILE,
     MODEL_FILE,
+    PYTHON_MODEL_FILE,
+    PYTHON_MODEL_SOURCE,
     SOURCE_FILE,
     ExportTarget,
     export_target,
     load_exported,
     parse_config,
     publish,
+    python_config_file,
 )
 from engines.registry import CHECKSUM_TAG, ModelRegistry
 from ml.clip import ClipSpec, load_model
@@ -105,6 +108,12 @@ def test_config_pbtxt_declares_the_traced_inputs_and_pins_the_version(exported):
             assert f"Tensor {config.input[0].name}" in schema
         source = json.loads((model.folder(repository) / "1" / SOURCE_FILE).read_text())
         assert source["checksum"] == model.target.checksum and source["torch"] == torch.__version__
+        # the Python-backend configuration (CPU images without libtorch) serves the same tensors
+        python = parse_config(python_config_file(model.folder(repository)).read_text())
+        assert python.backend == "python" and not python.platform
+        assert python.input == config.input and python.output == config.output
+        assert list(python.version_policy.specific.versions) == [1]
+        assert (model.folder(repository) / "1" / PYTHON_MODEL_FILE).read_text() == PYTHON_MODEL_SOURCE.read_text()
 
 
 def test_a_different_model_or_a_wrong_config_fails_the_comparison(exported, tmp_path):
@@ -169,6 +178,8 @@ def test_publish_keeps_versions_and_moves_the_pin(exported, tmp_path):
     user = live / "personalization-user_tower"
     assert (user / "1" / MODEL_FILE).exists() and (user / "2" / MODEL_FILE).exists()
     assert list(parse_config((user / CONFIG_FILE).read_text()).version_policy.specific.versions) == [2]
+    assert list(parse_config(python_config_file(user).read_text()).version_policy.specific.versions) == [2]
+    assert (user / "2" / PYTHON_MODEL_FILE).exists()
     assert not [p for p in live.rglob("*") if p.name.startswith(".")]  # nothing half-written left behind
 
 

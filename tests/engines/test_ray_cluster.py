@@ -5,8 +5,11 @@ independent recomputation in this process; nothing may be lost or written twice.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 import time
+from datetime import datetime
 
 import numpy as np
 import polars as pl
@@ -31,7 +34,7 @@ from ml.clip import (
 )
 from orchestration.profiles import resources_for
 from tests.conftest import SMALL, simulate
-from tests.ray_cluster import RayCluster, running_cluster, wait_for_nodes
+from tests.ray_cluster import NODE_CPUS, WORKER_RESOURCE, RayCluster, running_cluster, wait_for_nodes
 
 K = 5
 
@@ -184,3 +187,129 @@ def test_batch_inference_loses_and_duplicates_nothing_when_a_node_dies(on_cluste
     for user in np.random.default_rng(4).choice(users.height, 10, replace=False).tolist():
         top = np.argsort(-scores[user])[:K].tolist()
         assert out.filter(pl.col("user_id") == user).sort("rank")["item_id"].to_list() == top
+
+
+# --- training that survives the loss of its node -------------------------------------------------------
+def clicks_frame(rows: int, seed: int) -> pl.DataFrame:
+    """Impressions with a planted taste: a user clicks an item of its region's category far more often."""
+    rng = np.random.default_rng(seed)
+    regions, categories = ["eu", "us", "apac"], ["art", "game", "toy"]
+    users, items = rng.integers(0, 300, rows), rng.integers(0, 200, rows)
+    region, category = users % 3, items % 3
+    clicked = rng.random(rows) < np.where(region == category, 0.6, 0.1)
+    return pl.DataFrame(
+        {
+            "user_id": users,
+            "item_id": items,
+            "event_timestamp": [datetime(2026, 1, 1 + int(d)) for d in rng.integers(0, 3, rows)],
+            "user_profile__region": [regions[r] for r in region],
+            "user_engagement__clicks_7d": rng.poisson(3, rows).astype(float),
+            "item_content__price": rng.gamma(2.0, 5.0, rows),
+            "item_content__category": [categories[c] for c in category],
+            "label_click": clicked,
+            "label_play": np.zeros(rows, dtype=bool),
+        }
+    )
+
+
+@ray.remote(num_cpus=NODE_CPUS, resources={"head": 1})
+class HeadCpus:
+    """Holds the head's CPUs, so that the training worker can only run on the second node."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def registered_epochs(storage, run: str, count) -> int:
+    """Epochs in the newest checkpoint Ray Train has registered for the run (0: none yet), from the snapshot
+    its controller writes to the run's storage: a checkpoint the worker uploaded but the controller had not
+    yet received when the node died is not one a restart resumes from. `count(metrics)` reads one."""
+    try:
+        latest = json.loads((storage / run / "checkpoint_manager_snapshot.json").read_text())[
+            "latest_checkpoint_result"
+        ]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return count(latest["metrics"]) if latest else 0
+
+
+def train_losing_the_node(cluster: RayCluster, storage, run: str, count, job) -> tuple[object, int, set[str]]:
+    """Run the training `job` with the head's CPUs held, so that its worker runs on the second node; SIGKILL
+    that node once the run has persisted a checkpoint, and start a replacement. Returns the job's result,
+    the epochs checkpointed when the node died and the lost node's id."""
+    lost = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(WORKER_RESOURCE)}
+    head = HeadCpus.remote()
+    ray.get(head.ready.remote())
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(value=job()), daemon=True)
+    thread.start()
+    while thread.is_alive() and registered_epochs(storage, run, count) == 0:
+        time.sleep(0.05)
+    cluster.kill_worker()
+    before_loss = registered_epochs(storage, run, count)
+    cluster.start_worker()  # the replacement node the restarted run waits for
+    thread.join(timeout=600)
+    ray.kill(head)
+    wait_for_nodes(2)
+    assert not thread.is_alive() and len(lost) == 1
+    return result.get("value"), before_loss, lost
+
+
+def test_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ray_cluster, tmp_path):
+    """One Ray Train worker, on the second node; the node is SIGKILLed once the run has a checkpoint. The
+    run restarts on a new node from that checkpoint: every epoch trained once (the ones before the loss on
+    the lost node, the rest on its replacement), and the same model as a run that never stopped (the
+    checkpoint holds the optimizer and the random streams, so training continues exactly)."""
+    train_rows, held_out = clicks_frame(30_000, seed=1), p13n.labelled(clicks_frame(5_000, seed=2))
+    config = p13n.TrainConfig(epochs=6, batch_size=256, dim=8, hidden=32, cpus_per_worker=1)
+    storage = on_cluster["dir"] / "ray_train_resume"
+    run, before_loss, lost = train_losing_the_node(
+        ray_cluster,
+        storage,
+        "personalization",
+        lambda m: len(m["loss_curve"]),
+        lambda: p13n.train(train_rows, config, storage),
+    )
+    assert 1 <= before_loss < config.epochs, "the node was not lost mid-training"
+    # each epoch once: the checkpointed ones on the lost node, then the replacement from the next epoch on
+    assert len(run.loss_curve) == len(run.epoch_nodes) == config.epochs
+    assert set(run.epoch_nodes[:before_loss]) == lost, run.epoch_nodes
+    assert len(set(run.epoch_nodes[before_loss:]) - lost) == 1, run.epoch_nodes
+    # the run that never stopped: Ray Train's local mode, same rows, seed and threads
+    uninterrupted = p13n.train(train_rows, dataclasses.replace(config, num_workers=0), tmp_path / "local")
+    assert run.loss_curve == pytest.approx(uninterrupted.loss_curve, rel=1e-5)
+    auc = {name: roc_auc(held_out, m.model) for name, m in (("resumed", run), ("uninterrupted", uninterrupted))}
+    assert auc["resumed"] > 0.65 and abs(auc["resumed"] - auc["uninterrupted"]) <= 0.005, auc
+
+
+def test_clip_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ray_cluster, tmp_path):
+    """The same for CLIP: restarted from the checkpoint (weights, optimizer, learning-rate schedule), each
+    epoch once, and a final loss within noise of a run that never stopped (Ray Data may hand the batches
+    over in another order)."""
+    items = items_of(on_cluster["landing"]).head(96)
+    pixels = np.stack([preprocess_image((on_cluster["landing"] / p).read_bytes(), 64) for p in items["thumbnail_path"]])
+    titles, config = items["title"].to_list(), TrainConfig(epochs=6, batch_size=16, num_workers=1)
+    storage, output = on_cluster["dir"] / "clip_resume", tmp_path / "clip.pt"
+    history, before_loss, lost = train_losing_the_node(
+        ray_cluster,
+        storage,
+        "clip",
+        lambda metrics: metrics["epoch"],
+        lambda: train_clip(ClipSpec(), pixels, titles, config, output, storage),
+    )
+    assert 1 <= before_loss < config.epochs, "the node was not lost mid-training"
+    assert [h["epoch"] for h in history] == list(range(1, config.epochs + 1))
+    nodes = [h["node"] for h in history]
+    assert set(nodes[:before_loss]) == lost and len(set(nodes[before_loss:]) - lost) == 1, nodes
+    local = dataclasses.replace(config, num_workers=0)
+    uninterrupted = train_clip(ClipSpec(), pixels, titles, local, tmp_path / "local.pt", tmp_path / "local")
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert history[-1]["loss"] == pytest.approx(uninterrupted[-1]["loss"], rel=0.05), (history, uninterrupted)
+
+
+def roc_auc(rows: pl.DataFrame, model: p13n.PersonalizationModel) -> float:
+    """Mann-Whitney AUC of the model's scores for the held-out labels (ties count half)."""
+    scores, labels = model.score(rows), rows[p13n.LABEL].to_numpy() > 0
+    ranks = pl.Series(scores).rank("average").to_numpy()
+    positives = labels.sum()
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * (len(labels) - positives)))
