@@ -563,7 +563,8 @@ def test_a_one_point_imbalance_each_day_misses_is_caught_on_the_pooled_days():
 
 def test_a_mismatched_experiment_is_no_promotion_evidence():
     records, interactions = simulated(5, users=400, lift=0.5)
-    comparisons = pooled(records, interactions, {"ab": "control"})
+    sized = dataclasses.replace(SETTINGS, minimum_effect=0.5)  # the plan's users reached: a full test
+    comparisons = pooled(records, interactions, {"ab": "control"}, sized)
     assert online_verdict(comparisons, challenger="2", champion="1").passed  # a real lift, well sampled
     ratios = pl.DataFrame({"experiment": ["ab", "other"], "mismatch": [True, False]})
     marked = with_sample_ratio(comparisons, ratios)
