@@ -49,6 +49,7 @@ CONFIG_KEY = AssetKey(["deploy", "experiments_config"])
             "configured split. Observing it records the file's sha256 as its data version.",
             owners=["team:ml-platform"],
             tags={"domain": "serving"},
+            kinds={"yaml"},
         )
     ],
 )
