@@ -48,7 +48,7 @@ def lines_png(series: dict[str, list[tuple]], path: Path, title: str) -> Path:
     xs = [_number(x) for values in points.values() for x, _ in values]
     low, span_x = min(xs), (max(xs) - min(xs)) or 1.0
     top = max(y for values in points.values() for _, y in values) or 1.0
-    plot_width, plot_height = CHART_WIDTH - LEGEND - MARGIN, CHART_HEIGHT - 2 * MARGIN
+    plot_width, plot_height = CHART_WIDTH - LEGEND - 2 * MARGIN, CHART_HEIGHT - 2 * MARGIN
     image = Image.new("RGB", (CHART_WIDTH, CHART_HEIGHT), "white")
     draw = ImageDraw.Draw(image)
     left, bottom = MARGIN + 20, CHART_HEIGHT - MARGIN
