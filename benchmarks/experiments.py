@@ -136,23 +136,28 @@ def concurrent(seeds: int, first: int) -> None:
     print(
         f"\ntwenty concurrent experiments on the recommend request ({arms} treatment arms in "
         f"{len(concurrent_experiments.LAYERS)} layers), {seeds} runs of {concurrent_experiments.USERS:,} users"
-        f"\n  {'assignment':26s} {'95% coverage':>13s} {'mean z-error':>20s} {'arms unbiased':>14s} {'median |z|':>11s}"
+        f"\n  {'assignment':26s} {'95% coverage':>13s} {'relative error':>22s} {'arms unbiased':>14s}"
+        f" {'median |z|':>11s}"
     )
     for method, label in (("layers", "layers (platform)"), ("first_wins", "first wins (old rule)")):
-        cover, z, bias_ok = [], [], 0
+        cover, z, relative, unbiased = [], [], [], 0
         for version in runs[0]["effects"]:
-            errors = [run[method][key] for run in runs for key in run[method] if key[1] == version]
+            estimates = [next(e for key, e in run[method].items() if key[1] == version) for run in runs]
             truths = [run["effects"][version] for run in runs]
-            cover += [concurrent_experiments.covered(e, t) for e, t in zip(errors, truths)]
-            z += [(e[0] - t) / e[1] for e, t in zip(errors, truths)]
-            bias = np.array([e[0] - t for e, t in zip(errors, truths)])
-            bias_ok += abs(bias.mean()) <= 1.96 * bias.std(ddof=1) / math.sqrt(len(bias))
-        half = 1.96 * np.std(z) / math.sqrt(len(z))
+            cover += [concurrent_experiments.covered(e, t) for e, t in zip(estimates, truths)]
+            z += [(e[0] - t) / e[1] for e, t in zip(estimates, truths)]
+            errors = np.array([(e[0] - t) / t for e, t in zip(estimates, truths)])  # relative to the effect
+            relative += errors.tolist()
+            unbiased += abs(errors.mean()) <= 1.96 * errors.std(ddof=1) / math.sqrt(len(errors))
+        half = 1.96 * np.std(relative) / math.sqrt(len(relative))
         print(
-            f"  {label:26s} {np.mean(cover):13.1%} {np.mean(z):+10.3f} +- {half:.3f} {bias_ok:>8d} of {arms}"
+            f"  {label:26s} {np.mean(cover):13.1%} {np.mean(relative):+10.1%} +- {half:.1%} {unbiased:>8d} of {arms}"
             f" {np.median(np.abs(z)):11.2f}"
         )
-    print("  (arms unbiased: the arm's mean error over the runs lies within its 95% interval)")
+    print(
+        "  (relative error: (estimate - effect) / effect, mean over arms and runs; arms unbiased: the arm's mean "
+        "relative error over the runs lies within its 95% interval; median |z|: 0.67 for a unit normal)"
+    )
 
 
 def print_cuped(estimates: dict, lift: float) -> None:
