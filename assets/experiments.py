@@ -110,7 +110,7 @@ def experiment_report(experiment: Experiment):
                 "assigned_users": held_out.filter(assigned == variant.name).get_column("user_id").n_unique(),
                 "users": int(len(scores.users)),
                 "impressions": held_out.height,
-                **{k: round(v, 4) for k, v in scores.metrics().items()},
+                **{k: round(float(v), 4) for k, v in scores.metrics().items()},  # numpy floats do not serialize
             }
             for variant, (version, scores) in zip(experiment.variants, scored)
         ]
@@ -167,8 +167,8 @@ def experiment_report(experiment: Experiment):
                         "low": round(c.low, 4),
                         "high": round(c.high, 4),
                         "p_value": round(c.p_value, 4),
-                        "not_worse": verdict.non_inferior,
-                        "better": verdict.superior,
+                        "not_worse": bool(verdict.non_inferior),
+                        "better": bool(verdict.superior),
                         "test": c.method,
                     }
                 )
