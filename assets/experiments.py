@@ -1,9 +1,22 @@
-"""Offline comparison reports of the A/B experiments in deploy/experiments.yaml: one asset per experiment."""
+"""Offline comparison reports of the A/B experiments in deploy/experiments.yaml: one asset per experiment;
+and the experiments file itself as an observable source asset (`deploy/experiments_config`), so that the
+readers of the file (the served answers, online accuracy) show it upstream in the asset graph."""
 
+import hashlib
 import tempfile
 from pathlib import Path
 
-from dagster import AssetKey, Failure, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetKey,
+    AssetSpec,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    ObserveResult,
+    asset,
+    multi_observable_source_asset,
+)
 
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
@@ -14,6 +27,7 @@ from engines.experiments import Experiment, load
 from feature_defs.compile.polars import day_end
 from ml import evaluation
 from ml import personalization as model_code
+from ml.comparison import judge
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
 
@@ -21,6 +35,37 @@ from resources.registry import ModelRegistryResource
 # (The model server can follow another file at run time: `mlplane serve models --experiments`.)
 EXPERIMENTS_FILE = Path(__file__).resolve().parents[1] / "deploy" / "experiments.yaml"
 RANK_K = 10
+CONFIG_KEY = AssetKey(["deploy", "experiments_config"])
+
+
+@multi_observable_source_asset(
+    name="deploy__experiments_config",
+    specs=[
+        AssetSpec(
+            CONFIG_KEY,
+            group_name="serving",
+            description="deploy/experiments.yaml: layers, experiments (variants, traffic, salts) and shadows, read "
+            "by the model server to route requests and by online accuracy for each experiment's control and "
+            "configured split. Observing it records the file's sha256 as its data version.",
+            owners=["team:ml-platform"],
+            tags={"domain": "serving"},
+            kinds={"yaml"},
+        )
+    ],
+)
+def experiments_config():
+    data = EXPERIMENTS_FILE.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    found = load(EXPERIMENTS_FILE)
+    yield ObserveResult(
+        asset_key=CONFIG_KEY,
+        data_version=DataVersion(digest),
+        metadata={
+            "path": MetadataValue.path(str(EXPERIMENTS_FILE)),
+            "sha256": digest,
+            "experiments": table([{"experiment": e.name, "model": e.model, "layer": e.layer or "-"} for e in found]),
+        },
+    )
 
 
 def experiment_report(experiment: Experiment):
@@ -30,8 +75,10 @@ def experiment_report(experiment: Experiment):
         key=AssetKey(["experiments", experiment.name]),
         group_name="experiments",
         description=f"Offline comparison for A/B experiment {experiment.name!r} on {experiment.model!r}: "
-        f"{variants}. Each variant's model scores the held-out day's impressions of the users "
-        f"the experiment assigns to it. {experiment.description}",
+        f"{variants}. Every variant's model scores the same held-out day (all its users: offline nothing "
+        f"needs splitting them), and each treatment is compared with the control on those rows (paired: AUC "
+        f"by DeLong, recall and NDCG by the bootstrap over users); a leader only where one is shown better. "
+        f"{experiment.description}",
         partitions_def=daily_partitions,
         deps=[TRAINING_SET_KEY, AssetKey(["models", f"{experiment.model}_champion"]), READS_ITEM_EMBEDDINGS],
         kinds={"mlflow", "pytorch"},
@@ -51,9 +98,40 @@ def experiment_report(experiment: Experiment):
         assigned = held_out.get_column("user_id").map_elements(  # null: a user outside its slice of the layer
             lambda u: variant.name if (variant := experiment.assign(u)) else None, return_dtype=str
         )
-        registry = model_registry.get_client()
-        embeddings = clip_image_vectors(the_lake, day_end(days[-2]))
-        rows = []
+        scored = score_variants(
+            model_registry.get_client(), held_out, history, clip_image_vectors(the_lake, day_end(days[-2]))
+        )
+        rows = [
+            {
+                "variant": variant.name,
+                "model": variant.model_ref,
+                "version": version,
+                "traffic": variant.traffic,
+                "assigned_users": held_out.filter(assigned == variant.name).get_column("user_id").n_unique(),
+                "users": int(len(scores.users)),
+                "impressions": held_out.height,
+                **{k: round(float(v), 4) for k, v in scores.metrics().items()},  # numpy floats do not serialize
+            }
+            for variant, (version, scores) in zip(experiment.variants, scored)
+        ]
+        margin = model_registry.promotion_margin
+        paired = against_control(scored, margin)
+        leader, why = leader_of(paired)
+        return MaterializeResult(
+            metadata={
+                "comparison": table(rows),
+                "against_control": table(paired),
+                "leader": leader,
+                "leader_reason": why,
+                "margin": margin,
+                "salt": experiment.salt,
+                "config": MetadataValue.path(str(EXPERIMENTS_FILE)),
+            }
+        )
+
+    def score_variants(registry, held_out, history, embeddings) -> list[tuple[str, evaluation.HeldOutScores]]:
+        """Each variant's registry version and its model's scores of all the held-out rows."""
+        scored = []
         with tempfile.TemporaryDirectory(prefix="experiment-") as work:
             for variant in experiment.variants:
                 version = (
@@ -68,30 +146,48 @@ def experiment_report(experiment: Experiment):
                     )
                 folder = registry.load(experiment.model, version.version, Path(work) / variant.name)
                 model = model_code.PersonalizationModel.load(folder)
-                subset = held_out.filter(assigned == variant.name)
-                scores = evaluation.evaluate(
-                    model, history, subset, RANK_K, embeddings if model.spec.item.embedding_column else None
-                )["model"]
+                uses = embeddings if model.spec.item.embedding_column else None
+                scored.append((version.version, evaluation.held_out_scores(model, history, held_out, RANK_K, uses)))
+        return scored
+
+    def against_control(scored, margin: float) -> list[dict]:
+        """Each treatment against the control on the same rows, per metric, judged at `margin`."""
+        control = scored[0][1]
+        rows = []
+        for variant, (_, scores) in zip(experiment.variants[1:], scored[1:]):
+            for metric, c in evaluation.paired_comparisons(control, scores).items():
+                verdict = judge(c, margin=margin)
                 rows.append(
                     {
                         "variant": variant.name,
-                        "model": variant.model_ref,
-                        "version": version.version,
-                        "traffic": variant.traffic,
-                        "users": subset.get_column("user_id").n_unique(),
-                        "impressions": subset.height,
-                        **{k: round(v, 4) for k, v in scores.items()},
+                        "metric": metric,
+                        "control": round(float(c.estimate_a), 4),
+                        "value": round(float(c.estimate_b), 4),
+                        "difference": round(float(c.difference), 4),
+                        "low": round(float(c.low), 4),
+                        "high": round(float(c.high), 4),
+                        "p_value": round(float(c.p_value), 4),
+                        "not_worse": bool(verdict.non_inferior),
+                        "better": bool(verdict.superior),
+                        "test": c.method,
                     }
                 )
-        best = max(rows, key=lambda r: r["auc"])
-        return MaterializeResult(
-            metadata={
-                "comparison": table(rows),
-                "leader_by_auc": best["variant"],
-                "salt": experiment.salt,
-                "config": MetadataValue.path(str(EXPERIMENTS_FILE)),
-            }
-        )
+        return rows
+
+    def leader_of(paired: list[dict]) -> tuple[str, str]:
+        """The treatment shown better on AUC and not worse by more than the margin on any metric (the
+        largest AUC gain among several), else the control."""
+        winners = [
+            v.name
+            for v in experiment.variants[1:]
+            if all(r["not_worse"] for r in paired if r["variant"] == v.name)
+            and any(r["better"] for r in paired if r["variant"] == v.name and r["metric"] == "auc")
+        ]
+        if not winners:
+            return experiment.variants[0].name, "no treatment shown better on AUC and not worse elsewhere: the control"
+        gain = {r["variant"]: r["difference"] for r in paired if r["metric"] == "auc"}
+        best = max(winners, key=gain.get)
+        return best, f"{best}: AUC {gain[best]:+.4f} against the control, its interval above 0; no metric worse"
 
     return report
 

@@ -4,9 +4,9 @@ Its checks fail when a live model's CTR drops beyond a threshold (the failure is
 the notifier resource, with the numbers) and when an experiment's users per arm do not match its
 configured split (sample-ratio mismatch: its comparisons cannot be trusted)."""
 
+import base64
 import math
-from datetime import date, timedelta
-from html import escape
+from datetime import date, datetime, timedelta
 
 import polars as pl
 from dagster import (
@@ -30,10 +30,13 @@ from assets.ingestion import warehouse_key
 from assets.metadata import table
 from assets.partitions import partition_days, serving_partitions
 from assets.prediction_logs import KEY as PREDICTION_LOGS
+from assets.prediction_logs import READS as SERVING_INPUTS
 from engines import online_accuracy as accuracy
 from engines import prediction_logs as logs
 from engines.experiments import ExperimentConfigError, load
+from feature_defs.compile.polars import day_end
 from feature_defs.sources import interactions
+from ml.plots import lines_png
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 
@@ -43,6 +46,7 @@ EXPERIMENT_USERS_TABLE = accuracy.EXPERIMENT_USERS_TABLE
 DROP_CHECK = "no_ctr_drop"
 SRM_CHECK = "no_sample_ratio_mismatch"
 LATENCY_CHECK = "latency_within_slo"
+PNG_URI = "data:image/png;base64,"
 
 
 class OnlineAccuracyConfig(Config):
@@ -106,37 +110,33 @@ def splits() -> dict[str, dict[str, float]]:
         return {}
 
 
-def svg_lines(series: dict[str, list[tuple]], title: str, width: int = 640, height: int = 240) -> str:
-    """A small line chart (one line per series of (time, value)) as SVG, for the asset's metadata."""
-    points = [p for s in series.values() for p in s if p[1] is not None and not math.isnan(p[1])]
-    if not points:
-        return ""
-    t0, t1 = min(p[0] for p in points), max(p[0] for p in points)
-    top = max(p[1] for p in points) or 1.0
-    span = (t1 - t0).total_seconds() or 1.0
-    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 40}">',
-        f'<text x="10" y="16" font-size="13">{escape(title)} (max {top:.3f})</text>',
+def ctr_picture(lake, day: date, answers: pl.DataFrame, k: int) -> MetadataValue:
+    """CTR@k per hour and variant as a PNG beside the day's online_accuracy partition, shown in the UI as a
+    Markdown image (the file's bytes inline: the UI cannot reach the lake's files)."""
+    series = accuracy.ctr_over_time(answers) if answers.height else pl.DataFrame()
+    if not series.height:
+        return MetadataValue.md("(no answers)")
+    lines = {f"{r} {v}": list(zip(g["served_at"], g["ctr"])) for (r, v), g in series.group_by("role", "variant")}
+    path = lake.partition_path(ZONE, MODELS_TABLE, day).with_name("ctr_over_time.png")
+    try:
+        lines_png(lines, path, f"CTR@{k} per hour, {day} (shadows: counterfactual)")
+    except ValueError:  # every hour without an item shown
+        return MetadataValue.md("(no items shown)")
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    return MetadataValue.md(f"![CTR@{k} per hour]({PNG_URI}{encoded})\n\n`{path}`")
+
+
+def read_interactions(lake, day: date) -> tuple[pl.DataFrame, datetime]:
+    """The day's interactions and the next day's (for answers late in the day), and the time they reach:
+    the end of the next day when it is taken in, else the end of the day."""
+    present = [
+        d for d in (day, day + timedelta(days=1)) if lake.partition_path("warehouse", interactions.name, d).exists()
     ]
-    for i, (name, values) in enumerate(sorted(series.items())):
-        xy = " ".join(
-            f"{40 + (t - t0).total_seconds() / span * (width - 60):.1f},{30 + height - v / top * height:.1f}"
-            for t, v in values
-            if v is not None and not math.isnan(v)
-        )
-        colour = colours[i % len(colours)]
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{xy}"/>')
-        parts.append(f'<text x="{width - 150}" y="{40 + 14 * i}" font-size="11" fill="{colour}">{escape(name)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def read_interactions(lake, day: date) -> pl.DataFrame:
-    scanned = lake.scan_partitions("warehouse", interactions.name, [day, day + timedelta(days=1)])
-    if scanned is None:
+    if day not in present:
         raise Failure(f"no warehouse interactions for {day}: the outcomes that follow the answers are not ingested")
-    return scanned.select("user_id", "item_id", "event_type", "event_timestamp", accuracy.ECHO).collect()
+    scanned = lake.scan_partitions("warehouse", interactions.name, present)
+    frame = scanned.select("user_id", "item_id", "event_type", "event_timestamp", accuracy.ECHO).collect()
+    return frame, day_end(present[-1])
 
 
 def history(lake, day: date, days: int) -> pl.DataFrame:
@@ -162,13 +162,14 @@ def _text(value) -> str:
     group_name="monitoring",
     description="Online accuracy of the served models: the prediction logs joined with the clicks and plays "
     "that followed within a horizon, each credited to one answer, per model version and variant (CTR@k, "
-    "NDCG@k, calibration with intervals), per experiment over its pooled days (plain and CUPED differences, "
+    "NDCG@k with intervals), per experiment over its pooled days (plain and CUPED differences, "
     "a group-sequential test with Holm's adjustment, the sample-size figure and the users still needed), "
     "shadows against the live answers of the same requests, latency percentiles per model. Also reads its "
     "own earlier experiment_users partitions and the interactions of the days before each experiment.",
     partitions_def=serving_partitions,
     backfill_policy=BackfillPolicy.multi_run(1),  # a day per run: each day is checked against the ones before
     deps=[
+        *SERVING_INPUTS,  # the model versions scored and the experiments file (controls, configured splits)
         PREDICTION_LOGS,
         AssetDep(
             warehouse_key(interactions), partition_mapping=TimeWindowPartitionMapping(start_offset=0, end_offset=1)
@@ -192,8 +193,8 @@ def _text(value) -> str:
         AssetCheckSpec(
             SRM_CHECK,
             asset=KEY,
-            description="Each experiment's users per arm match its configured split "
-            "(chi-square goodness of fit; a mismatch at p < 0.001 blocks)",
+            description="Each experiment's users per arm match its configured split, on the day and on the "
+            "pooled days of the experiment (chi-square goodness of fit; a mismatch at p < 0.001 blocks)",
         ),
     ],
 )
@@ -201,14 +202,22 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     (day,) = partition_days(context)
     the_lake, settings = lake.get_client(), settings_of(config)
     logged = the_lake.read_partition(logs.ZONE, logs.TABLE, day)
-    answers = accuracy.scored_answers(logged, read_interactions(the_lake, day), settings)
+    outcomes, until = read_interactions(the_lake, day)
+    scored, waiting = accuracy.with_complete_horizon(logged, until, settings.horizon)
+    answers = accuracy.scored_answers(scored, outcomes, settings)
     models = accuracy.by_model(answers, settings)
     experiment_users = accuracy.experiment_users(answers, day)
     if not experiment_users.is_empty():
         the_lake.write_partition(ZONE, EXPERIMENT_USERS_TABLE, day, experiment_users)
-    comparisons = experiment_comparisons(the_lake, day, answers, experiment_users, settings)
+    pooled = accuracy.pooled_days(the_lake, day, experiment_users) if answers.height else experiment_users
+    ratios = sample_ratios(logged, pooled, settings)
+    comparisons = accuracy.with_sample_ratio(experiment_comparisons(the_lake, answers, pooled, settings), ratios)
     found = accuracy.drops(
-        models, history(the_lake, day, config.history_days), config.drop_threshold, config.drop_alpha
+        models,
+        history(the_lake, day, config.history_days),
+        config.drop_threshold,
+        config.drop_alpha,
+        config.minimum_users,
     )
     if not models.is_empty():
         the_lake.write_partition(ZONE, MODELS_TABLE, day, models)
@@ -232,22 +241,15 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             "drops": table([d.__dict__ for d in found]),
         },
     )
-    yield sample_ratio_check(logged, settings)
+    yield sample_ratio_check(ratios, settings)
     latencies = accuracy.latency(logged)
     yield latency_check(notifier, day, latencies, config)
-    series = accuracy.ctr_over_time(answers) if answers.height else pl.DataFrame()
-    plot = (
-        svg_lines(
-            {f"{r} {v}": list(zip(g["served_at"], g["ctr"])) for (r, v), g in series.group_by("role", "variant")},
-            f"CTR@{config.k} per hour",
-        )
-        if series.height
-        else ""
-    )
     yield MaterializeResult(
         metadata={
             "answers": int(answers.height),
             "horizon_minutes": config.horizon_minutes,
+            "outcomes_until": MetadataValue.timestamp(until),
+            "answers_awaiting_outcomes": waiting,  # their horizon runs past the interactions taken in
             "by_model": table(rounded(models)),
             "experiments": table(rounded(comparisons)),
             "experiment_tests": "pooled days of each experiment, one look per day; group-sequential test of the "
@@ -255,7 +257,7 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             f"needs), Holm over each experiment's variants x metrics at alpha {settings.alpha}; "
             f"no test under {config.minimum_users} users per arm",
             "latency_from_logs": table(rounded(latencies)),
-            "ctr_over_time": MetadataValue.md(plot or "(no answers)"),
+            "ctr_over_time": ctr_picture(the_lake, day, answers, config.k),
             **{
                 f"ctr/{r['role']}/{r['variant']}": float(r["ctr"])
                 for r in models.iter_rows(named=True)
@@ -265,11 +267,11 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     )
 
 
-def experiment_comparisons(lake, day: date, answers, experiment_users, settings) -> pl.DataFrame:
-    """The A/B rows over the pooled days of each experiment running today, and the shadow rows of today."""
+def experiment_comparisons(lake, answers, users, settings) -> pl.DataFrame:
+    """The A/B rows over the pooled days of each experiment running today (`users`), and the shadow rows
+    of today."""
     if not answers.height:
         return pl.DataFrame()
-    users = accuracy.pooled_days(lake, day, experiment_users)
     tables = (
         accuracy.by_experiment(users, controls(), settings, accuracy.covariates(lake, users, settings)),
         accuracy.shadow_against_live(answers, settings),
@@ -278,15 +280,28 @@ def experiment_comparisons(lake, day: date, answers, experiment_users, settings)
     return pl.concat(found, how="diagonal_relaxed") if found else pl.DataFrame()
 
 
-def sample_ratio_check(logged: pl.DataFrame, settings: accuracy.AccuracySettings) -> AssetCheckResult:
-    ratios = accuracy.sample_ratio(logged, splits(), settings)
+def sample_ratios(logged: pl.DataFrame, pooled: pl.DataFrame, settings: accuracy.AccuracySettings) -> pl.DataFrame:
+    """Each experiment's users per arm against its configured split on the day and on its pooled days."""
+    configured = splits()
+    found = [
+        accuracy.sample_ratio(logged, configured, settings),
+        accuracy.pooled_sample_ratio(pooled, configured, settings),
+    ]
+    found = [f for f in found if not f.is_empty()]
+    return pl.concat(found, how="diagonal_relaxed") if found else pl.DataFrame()
+
+
+def sample_ratio_check(ratios: pl.DataFrame, settings: accuracy.AccuracySettings) -> AssetCheckResult:
+    """Fails on a mismatch; its experiment's comparisons carry `sample_ratio_mismatch`, and the online
+    promotion evidence refuses them (`online_verdict`)."""
     mismatched = ratios.filter(pl.col("mismatch")) if ratios.height else ratios
     return AssetCheckResult(
         check_name=SRM_CHECK,
         passed=mismatched.is_empty(),
         severity=AssetCheckSeverity.ERROR,
         description="; ".join(
-            f"{r['experiment']}: {r['arms']} (p={r['p_value']:.2g})" for r in mismatched.iter_rows(named=True)
+            f"{r['experiment']} ({r['scope']}): {r['arms']} (p={r['p_value']:.2g})"
+            for r in mismatched.iter_rows(named=True)
         )
         or "every experiment's users match its split",
         metadata={"alpha": settings.srm_alpha, "experiments": table(rounded(ratios))},

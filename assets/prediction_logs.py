@@ -5,8 +5,18 @@ day reads the server's files again and replaces the partition whole (late files 
 from __future__ import annotations
 
 import polars as pl
-from dagster import AssetCheckSpec, AssetKey, BackfillPolicy, Failure, MaterializeResult, asset
+from dagster import (
+    AssetCheckSpec,
+    AssetDep,
+    AssetKey,
+    BackfillPolicy,
+    Failure,
+    MaterializeResult,
+    TimeWindowPartitionMapping,
+    asset,
+)
 
+from assets.experiments import CONFIG_KEY as EXPERIMENTS_CONFIG
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import partition_days, serving_partitions
 from engines import prediction_logs as logs
@@ -16,6 +26,20 @@ from resources.quality import QualityResource
 
 KEY = AssetKey(["serving", "prediction_logs"])
 MAX_K = 1000  # serving.models.recommend.MAX_K (assets never import serving)
+# What the server answers with: the registry versions of the models it serves (the challenger and the
+# champion aliases of personalization, set by its training and promotion assets; CLIP behind search and
+# the encoders) and the experiments file that routes each request. A day's answers come from the versions
+# registered up to that day: the lineage names the day before and the day itself.
+SERVED_MODELS = [
+    AssetDep(
+        AssetKey(["models", name]),
+        partition_mapping=TimeWindowPartitionMapping(
+            start_offset=-1, end_offset=0, allow_nonexistent_upstream_partitions=True
+        ),
+    )
+    for name in ("personalization", "personalization_champion")
+] + [AssetKey(["models", "clip"])]
+READS = [*SERVED_MODELS, EXPERIMENTS_CONFIG]
 
 suite = Suite(
     "serving_prediction_logs",
@@ -69,6 +93,7 @@ def latency_table(frame: pl.DataFrame) -> list[dict]:
     "experiment and variant, model version, hash of the inputs (the inputs where the model card allows), "
     "outputs and latency, taken in from the server's files behind a great-expectations check.",
     partitions_def=serving_partitions,
+    deps=READS,
     # a day per run, as monitoring/online_accuracy's in the online_monitoring job (one policy per job)
     backfill_policy=BackfillPolicy.multi_run(1),
     kinds={"parquet", "greatexpectations"},

@@ -1,5 +1,6 @@
 """Experiment statistics: do the online A/B tests keep their false-positive rate under daily looks, find
-the effect they were sized for, catch a sample-ratio mismatch, and does CUPED pay?
+the effect they were sized for, catch a sample-ratio mismatch, does CUPED pay, and do twenty concurrent
+experiments each estimate their own effect?
 
 Simulated experiments on the simulator's users (engines.simulator.experiment_users: the world's taste
 clusters and activity, its click model, its impressions per active day), users joining over `--days`
@@ -13,6 +14,11 @@ Then, on the same runs, the platform's test beside what simpler analyses give:
 - fixed horizon: pooled days, one z-test at the last day only;
 - pooled z daily: pooled days, a z-test every day (peeking);
 - newest-day z: each day's rows alone, a z-test every day (the per-day comparison).
+
+The sample-ratio check (chi-square, p < 0.001) on an injected imbalance at 100,000 users: on one day of
+them, on each day's users alone and on the pooled days. Twenty concurrent experiments in layers
+(engines.simulator.concurrent_experiments), each arm's estimate against its known effect, beside the
+same users under the rule layers replaced (the first experiment assigning a non-control variant answers).
 
     .venv/bin/python benchmarks/experiments.py                    # 1,000 runs per proof, a 2% lift
     .venv/bin/python benchmarks/experiments.py --runs 200 --lift 0.05
@@ -32,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.online_accuracy import AccuracySettings, srm_test  # noqa: E402
 from engines.sequential import users_per_arm  # noqa: E402
+from engines.simulator import concurrent_experiments  # noqa: E402
 from engines.simulator.experiment_users import (  # noqa: E402
     METRICS,
     Plan,
@@ -87,22 +94,70 @@ def print_rates(title: str, rates: dict[str, float], runs: int) -> None:
         print(f"  {label:34s} {binomial_interval(rates[method], runs)}")
 
 
-def srm_rates(days: int, users: int, seed: int) -> None:
-    """How often the chi-square check at p < 0.001 flags a day of `users` users split 50/50."""
+IMBALANCES = (  # the control arm's true share of users, configured 50/50
+    ("as configured (false alarms)", 0.5),
+    ("1% imbalance: 51/49", 0.51),
+    ("half of that: 50.5/49.5", 0.505),
+    ("treatment loses 1% of its users", 0.5 / 0.995),
+)
+
+
+def srm_rates(runs: int, users: int, days: int, seed: int) -> None:
+    """How often the platform's chi-square check (p < 0.001) flags an experiment of `users` users split
+    50/50 with an injected imbalance: all of them on one day; the same users arriving over `days` days,
+    checked on each day's users alone and on the pooled days (as the asset checks both)."""
     rng, settings = np.random.default_rng(seed), AccuracySettings()
     split = {"control": 0.5, "treatment": 0.5}
-    print(f"\nsample-ratio check, {days} days of {users:,} users configured 50/50, flagged at p < {settings.srm_alpha}")
-    for label, share in (
-        ("as configured (false alarms)", 0.5),
-        ("one point off: 51/49", 0.51),
-        ("half a point off: 50.5/49.5", 0.505),
-        ("treatment loses 1% of its users", 0.5 / 0.995),
-    ):
-        flagged = sum(
-            srm_test("e", dict(zip(split, rng.multinomial(users, [share, 1 - share]))), split, settings)["mismatch"]
-            for _ in range(days)
+
+    def flagged(control: int, total: int) -> bool:
+        return srm_test("e", {"control": control, "treatment": total - control}, split, settings)["mismatch"]
+
+    print(
+        f"\nsample-ratio check at p < {settings.srm_alpha}, {runs:,} experiments of {users:,} users configured 50/50: "
+        f"share flagged\n  {'injected':34s} {'one day':>10s} {f'{days} days, each day':>20s} {'pooled days':>12s}"
+    )
+    for label, share in IMBALANCES:
+        one_day, per_day, pooled = 0, 0, 0
+        for _ in range(runs):
+            one_day += flagged(int(rng.binomial(users, share)), users)
+            arrivals = rng.multinomial(users, [1 / days] * days)
+            controls = rng.binomial(arrivals, share)
+            per_day += any(flagged(int(c), int(n)) for c, n in zip(controls, arrivals))
+            pooled += any(flagged(int(c), int(n)) for c, n in zip(np.cumsum(controls), np.cumsum(arrivals)))
+        print(f"  {label:34s} {one_day / runs:10.1%} {per_day / runs:20.1%} {pooled / runs:12.1%}")
+
+
+def concurrent(seeds: int, first: int) -> None:
+    """Proof (4): twenty concurrent experiments in layers, each arm's estimate against its known effect,
+    beside the same users and effects under the rule layers replaced (the first experiment that assigns
+    a non-control variant answers), both analysed with a plain two-sample t-test per arm."""
+    runs = [concurrent_experiments.simulate(seed) for seed in range(first, first + seeds)]
+    arms = len(runs[0]["effects"])
+    print(
+        f"\ntwenty concurrent experiments on the recommend request ({arms} treatment arms in "
+        f"{len(concurrent_experiments.LAYERS)} layers), {seeds} runs of {concurrent_experiments.USERS:,} users"
+        f"\n  {'assignment':26s} {'95% coverage':>13s} {'relative error':>22s} {'arms unbiased':>14s}"
+        f" {'median |z|':>11s}"
+    )
+    for method, label in (("layers", "layers (platform)"), ("first_wins", "first wins (old rule)")):
+        cover, z, relative, unbiased = [], [], [], 0
+        for version in runs[0]["effects"]:
+            estimates = [next(e for key, e in run[method].items() if key[1] == version) for run in runs]
+            truths = [run["effects"][version] for run in runs]
+            cover += [concurrent_experiments.covered(e, t) for e, t in zip(estimates, truths)]
+            z += [(e[0] - t) / e[1] for e, t in zip(estimates, truths)]
+            errors = np.array([(e[0] - t) / t for e, t in zip(estimates, truths)])  # relative to the effect
+            relative += errors.tolist()
+            unbiased += abs(errors.mean()) <= 1.96 * errors.std(ddof=1) / math.sqrt(len(errors))
+        half = 1.96 * np.std(relative) / math.sqrt(len(relative))
+        print(
+            f"  {label:26s} {np.mean(cover):13.1%} {np.mean(relative):+10.1%} +- {half:.1%} {unbiased:>8d} of {arms}"
+            f" {np.median(np.abs(z)):11.2f}"
         )
-        print(f"  {label:34s} {flagged / days:6.1%}")
+    print(
+        "  (relative error: (estimate - effect) / effect, mean over arms and runs; arms unbiased: the arm's mean "
+        "relative error over the runs lies within its 95% interval; median |z|: 0.67 for a unit normal)"
+    )
 
 
 def print_cuped(estimates: dict, lift: float) -> None:
@@ -127,6 +182,7 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=14)
     parser.add_argument("--lift", type=float, default=0.02, help="relative CTR lift the plan is sized for")
     parser.add_argument("--seed", type=int, default=38)
+    parser.add_argument("--layer-runs", type=int, default=20, help="runs of the twenty concurrent experiments")
     args = parser.parse_args()
     began = time.perf_counter()
     population = Population.of_world()
@@ -141,8 +197,9 @@ def main() -> None:
     print_rates(f"A/A: false-positive rate over {args.days} daily looks (alpha {plan.alpha})", null, args.runs)
     found, estimates = run(population, plan, users, args.days, args.runs, args.lift, args.seed + 3)
     print_rates(f"A/B with a {args.lift:.0%} lift: power (promised {plan.power:.0%})", found, args.runs)
-    srm_rates(args.runs, 100_000, args.seed + 4)
+    srm_rates(args.runs, 100_000, args.days, args.seed + 4)
     print_cuped(estimates, args.lift)
+    concurrent(args.layer_runs, args.seed + 5)
     print(f"\n{time.perf_counter() - began:.0f} s")
 
 

@@ -9,9 +9,9 @@ Per group of answers (model version, served entry, variant, role):
 - CTR@k = hits / items shown (a ratio over users: its interval is the delta method over users, the
   unit experiments randomize);
 - NDCG@k with binary relevance, the ideal order being the answer's hits first; averaged over answers;
-- calibration = observed hits / expected hits, expected being sigmoid(score) (the two-tower model is
-  trained with a logistic loss on that score): 1 is calibrated, below 1 over-confident;
-each with a normal interval at `confidence`.
+each with a normal interval at `confidence`. No calibration figure: the served score is trained against
+random catalogue items, so its sigmoid estimates exposure, not the chance of a click, and observed over
+"expected" clicks would measure nothing.
 
 Per experiment (intent to treat: every live answer counts for the variant its user was assigned in
 that experiment, whichever experiment decided who answered), on the pooled days of the experiment
@@ -24,9 +24,10 @@ sample-size figure: the users per arm one look needs to detect a `minimum_effect
 no p-value, interval or significance is published and `test` says why. Each arm's served-version mix
 (`*_version_mix`: answers per model version) shows an arm another experiment's variant answered.
 
-Sample-ratio mismatch (`sample_ratio`): per experiment, the users assigned to each arm against the
-configured split, a chi-square goodness-of-fit test; p < `srm_alpha` means the assignment or the
-logging is broken and no comparison of that experiment can be trusted.
+Sample-ratio mismatch: per experiment, the users assigned to each arm against the configured split, a
+chi-square goodness-of-fit test, on the day's logs (`sample_ratio`) and on the pooled days its test reads
+(`pooled_sample_ratio`); p < `srm_alpha` means the assignment or the logging is broken and no comparison
+of that experiment can be trusted.
 
 Shadows are scored counterfactually, on the outcomes credited to the live answer of their request: an
 item the live model did not show never counts, so the estimate always favours the live model and no
@@ -38,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 
 import numpy as np
 import polars as pl
@@ -97,7 +98,7 @@ class Ratio:
 
 # --- per answer ------------------------------------------------------------------------------------------
 def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
-    """One row per recommend answer that succeeded: its hits, items shown, NDCG and expected hits at k. A
+    """One row per recommend answer that succeeded: its hits, items shown, and NDCG at k. A
     shown item is a hit when an outcome of it is credited to the answer's request (`credited_outcomes`):
     a live answer counts what it caused, a shadow what the live answer of its request caused."""
     answers = _recommended(logs).with_row_index("answer")
@@ -113,13 +114,11 @@ def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: Acc
         pl.col("hit").sum().alias("hits"),
         pl.len().alias("shown"),
         (pl.col("hit") / (pl.col("rank") + 1).log(2)).sum().alias("dcg"),
-        (1 / (1 + (-pl.col("score")).exp())).sum().alias("expected"),
     )
     answers = answers.join(per_answer, on="answer", how="left").with_columns(
         pl.col("hits").fill_null(0),
         pl.col("shown").fill_null(0),
         pl.col("dcg").fill_null(0.0),
-        pl.col("expected").fill_null(0.0),
     )
     ideal = pl.DataFrame(
         {
@@ -133,6 +132,16 @@ def scored_answers(logs: pl.DataFrame, interactions: pl.DataFrame, settings: Acc
         .with_columns(pl.when(pl.col("hits") > 0).then(pl.col("dcg") / pl.col("idcg")).otherwise(0.0).alias("ndcg"))
         .drop("idcg")
     )
+
+
+def with_complete_horizon(logs: pl.DataFrame, outcomes_until: datetime, horizon: timedelta) -> tuple[pl.DataFrame, int]:
+    """The records whose horizon ends by `outcomes_until` (the end of the interactions taken in), and how
+    many live recommend answers were left out: an answer whose horizon runs past the data would count its
+    clicks as misses. Left out, they wait for the next day's interactions (a re-run of the day counts them);
+    which answers wait depends on the time of day only, the same in every arm."""
+    complete = pl.col("served_at") + horizon <= outcomes_until
+    waiting = logs.filter(~complete & (pl.col("role") == LIVE) & (pl.col("endpoint") == "recommend")).height
+    return logs.filter(complete), waiting
 
 
 def _recommended(logs: pl.DataFrame) -> pl.DataFrame:
@@ -183,7 +192,6 @@ def _per_user(answers: pl.DataFrame) -> pl.DataFrame:
         pl.col("shown").sum(),
         pl.col("ndcg").sum(),
         pl.len().alias("answers"),
-        pl.col("expected").sum(),
     )
 
 
@@ -191,9 +199,8 @@ def _metrics(users: pl.DataFrame, settings: AccuracySettings) -> dict:
     h, n = users["hits"].to_numpy().astype(float), users["shown"].to_numpy().astype(float)
     ctr = Ratio.of(h, n)
     ndcg = Ratio.of(users["ndcg"].to_numpy(), users["answers"].to_numpy().astype(float))
-    calibration = Ratio.of(h, users["expected"].to_numpy())
     row = {"users": users.height, "answers": int(users["answers"].sum()), "shown": int(n.sum()), "hits": int(h.sum())}
-    for name, ratio in (("ctr", ctr), ("ndcg", ndcg), ("calibration", calibration)):
+    for name, ratio in (("ctr", ctr), ("ndcg", ndcg)):
         low, high = ratio.interval(settings.z)
         row.update({name: ratio.value, f"{name}_low": low, f"{name}_high": high, f"{name}_se": ratio.se})
     return row
@@ -203,7 +210,7 @@ GROUP = ["role", "served_model", "registry_model", "model_version", "variant"]
 
 
 def by_model(answers: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
-    """CTR@k, NDCG@k and calibration with intervals per (role, entry, model version, variant)."""
+    """CTR@k and NDCG@k with intervals per (role, entry, model version, variant)."""
     rows = []
     for key, group in answers.group_by(GROUP, maintain_order=True):
         metrics = _metrics(_per_user(group), settings)
@@ -539,10 +546,40 @@ def sample_ratio(logs: pl.DataFrame, splits: dict[str, dict[str, float]], settin
         for experiment, variant in json.loads(assigned or "{}").items():
             users.setdefault(experiment, {}).setdefault(variant, set()).add(user)
     rows = [
-        srm_test(experiment, {v: len(u) for v, u in arms.items()}, splits.get(experiment), settings)
+        {"scope": "day", **srm_test(experiment, {v: len(u) for v, u in arms.items()}, splits.get(experiment), settings)}
         for experiment, arms in sorted(users.items())
     ]
     return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def pooled_sample_ratio(
+    users: pl.DataFrame, splits: dict[str, dict[str, float]], settings: AccuracySettings
+) -> pl.DataFrame:
+    """`sample_ratio` over the pooled days of each experiment (`users`: experiment_users rows of every day
+    so far, as the experiment's test pools them): each user once per arm. A small imbalance that one day's
+    users cannot show builds up over the days; the test that reads those days must not miss it."""
+    if users.is_empty():
+        return pl.DataFrame()
+    counts = users.group_by("experiment", "arm").agg(
+        pl.col("user_id").n_unique().alias("users"),
+        pl.col("day").min().alias("first"),
+        pl.col("day").max().alias("last"),
+    )
+    rows = []
+    for (experiment,), arms in counts.sort("experiment", "arm").group_by("experiment", maintain_order=True):
+        scope = f"pooled {arms['first'].min()}..{arms['last'].max()}"
+        tested = srm_test(experiment, dict(zip(arms["arm"], arms["users"])), splits.get(experiment), settings)
+        rows.append({"scope": scope, **tested})
+    return pl.DataFrame(rows)
+
+
+def with_sample_ratio(comparisons: pl.DataFrame, ratios: pl.DataFrame) -> pl.DataFrame:
+    """`comparisons` with `sample_ratio_mismatch`: whether any sample-ratio test of the row's experiment
+    (the day's or the pooled days') found a mismatch. Shadow rows have no assignment to mismatch."""
+    if comparisons.is_empty():
+        return comparisons
+    broken = set(ratios.filter(pl.col("mismatch"))["experiment"].to_list()) if ratios.height else set()
+    return comparisons.with_columns(pl.col("experiment").is_in(list(broken)).alias("sample_ratio_mismatch"))
 
 
 def srm_test(
@@ -624,9 +661,13 @@ class Drop:
     p_value: float
 
 
-def drops(today: pl.DataFrame, history: pl.DataFrame, threshold: float, alpha: float) -> list[Drop]:
+def drops(
+    today: pl.DataFrame, history: pl.DataFrame, threshold: float, alpha: float, minimum_users: int = 100
+) -> list[Drop]:
     """Live entries whose CTR fell more than `threshold` (relative) below their CTR pooled over earlier days
-    (`history`: earlier `by_model` results), beyond noise (one-sided z-test at `alpha`)."""
+    (`history`: earlier `by_model` results), beyond noise (one-sided z-test at `alpha`). An entry with fewer
+    than `minimum_users` users on either side, or a group without a standard error (a single user), is not
+    tested: its interval would be no interval, and a missing error taken as 0 makes any dip significant."""
     found = []
     if today.is_empty() or history.is_empty():
         return found
@@ -637,20 +678,22 @@ def drops(today: pl.DataFrame, history: pl.DataFrame, threshold: float, alpha: f
             .group_by("served_model")
             .agg(
                 (pl.col("hits").sum() / pl.col("shown").sum()).alias(name),
-                ((pl.col("ctr_se").fill_nan(0.0) * pl.col("shown")) ** 2)
+                ((pl.col("ctr_se") * pl.col("shown")) ** 2)
                 .sum()
                 .sqrt()
                 .truediv(pl.col("shown").sum())
                 .alias(f"{name}_se"),
+                pl.col("users").sum().alias(f"{name}_users"),
             )
         )
 
     for row in pooled(today, "ctr").join(pooled(history, "baseline"), on="served_model").iter_rows(named=True):
-        if not row["baseline"]:
+        se = math.hypot(row["ctr_se"], row["baseline_se"]) if row["ctr_se"] is not None else math.nan
+        small = min(row["ctr_users"], row["baseline_users"]) < minimum_users
+        if not row["baseline"] or small or not se > 0:  # NaN se: some group had one user
             continue
         relative = (row["baseline"] - row["ctr"]) / row["baseline"]
-        se = math.hypot(row["ctr_se"] or 0.0, row["baseline_se"] or 0.0)
-        p = float(norm.sf(relative * row["baseline"] / se)) if se else 0.0
+        p = float(norm.sf(relative * row["baseline"] / se))
         if relative > threshold and p < alpha:
             found.append(Drop(row["served_model"], row["baseline"], row["ctr"], relative, p))
     return found
@@ -691,6 +734,8 @@ def online_verdict(comparisons: pl.DataFrame, challenger: str, champion: str, ma
         return Evidence(False, f"no A/B test compared v{challenger} with v{champion} yet")
     best = fitting.sort(pl.col("variant_users") + pl.col("control_users"), descending=True).row(0, named=True)
     source, p = best["experiment"], best["adjusted_p_value"]
+    if best.get("sample_ratio_mismatch"):  # the arms are not the randomized groups: no difference is evidence
+        return Evidence(False, f"{source}: sample-ratio mismatch, its comparisons cannot be trusted", source)
     if p is None:
         return Evidence(False, f"{source}: {best['test']}", source, best["difference"])
     if not best["significant"]:

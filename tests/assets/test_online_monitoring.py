@@ -6,6 +6,7 @@ chat relay outside the platform)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -17,6 +18,7 @@ import numpy as np
 import polars as pl
 import pytest
 from dagster import AssetCheckSeverity, DagsterInstance, materialize
+from PIL import Image
 
 from assets import monitoring
 from assets.monitoring import (
@@ -110,7 +112,11 @@ def test_logs_are_taken_in_and_a_ctr_drop_fails_the_check_and_reaches_the_webhoo
     assert ab["looks"] == 1 and ab["variance_reduction"] > 0  # CUPED from the day before the experiment
     assert ab["cuped_difference"] != ab["difference"] and ab["p_value"] is not None
     metadata = first.asset_materializations_for_node("monitoring__online_accuracy")[0].metadata
-    assert "<svg" in metadata["ctr_over_time"].value and "live treatment" in metadata["ctr_over_time"].value
+    picture = metadata["ctr_over_time"].value  # a PNG beside the partition, inline as a Markdown image
+    png = lake.partition_path(ZONE, MODELS_TABLE, day).with_name("ctr_over_time.png")
+    assert picture.startswith(f"![CTR@5 per hour]({monitoring.PNG_URI}") and "<svg" not in picture
+    assert base64.b64decode(picture.split(monitoring.PNG_URI)[1].split(")")[0]) == png.read_bytes()
+    assert Image.open(png).format == "PNG" and metadata["answers_awaiting_outcomes"].value == 0
     assert not received
 
     # the next day: the same traffic, but the users stop clicking
@@ -154,9 +160,16 @@ def test_a_sample_ratio_mismatch_blocks_and_its_tables_hold_no_missing_cells(tmp
     Lake(tmp_path).write_partition("warehouse", "interactions", T0.date(), events)
     result = run(tmp_path, T0.date(), url)
     check = {e.check_name: e for e in result.get_asset_check_evaluations()}[SRM_CHECK]
-    assert not check.passed and check.severity == AssetCheckSeverity.ERROR and check.description.startswith("ab: ")
-    srm = {r.data["experiment"]: r.data for r in check.metadata["experiments"].value.records}
-    assert srm["ab"]["mismatch"] is True and "not in the experiments file" in srm["other"]["test"]
+    assert (
+        not check.passed and check.severity == AssetCheckSeverity.ERROR and check.description.startswith("ab (day): ")
+    )
+    day = str(T0.date())
+    srm = {(r.data["experiment"], r.data["scope"]): r.data for r in check.metadata["experiments"].value.records}
+    assert srm[("ab", "day")]["mismatch"] is True and "not in the experiments file" in srm[("other", "day")]["test"]
+    assert srm[("ab", f"pooled {day}..{day}")]["mismatch"] is True  # the experiment's pooled days: one so far
+    comparisons = Lake(tmp_path).read_partition(ZONE, COMPARISONS_TABLE, T0.date())
+    marked = dict(comparisons.select("experiment", "sample_ratio_mismatch").unique().iter_rows())
+    assert marked["ab"] is True and marked["other"] is False  # the online gate refuses ab's rows
     metadata = result.asset_materializations_for_node("monitoring__online_accuracy")[0].metadata
     for rows in (check.metadata["experiments"].value.records, metadata["experiments"].value.records):
         cells = [v for r in rows for v in r.data.values()]

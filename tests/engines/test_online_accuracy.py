@@ -1,5 +1,5 @@
 """Online accuracy against an independent recomputation: random prediction logs and interactions, each
-metric recomputed with plain Python loops from the raw rows (hits within the horizon, NDCG, calibration,
+metric recomputed with plain Python loops from the raw rows (hits within the horizon, NDCG,
 delta-method intervals over users, z-tests, sample sizes)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from scipy.stats import chisquare
 
 from engines.experiments import assignments, load
 from engines.online_accuracy import (
@@ -25,10 +26,13 @@ from engines.online_accuracy import (
     drops,
     experiment_users,
     online_verdict,
+    pooled_sample_ratio,
     sample_ratio,
     scored_answers,
     shadow_against_live,
     srm_test,
+    with_complete_horizon,
+    with_sample_ratio,
 )
 from engines.prediction_logs import LIVE, SHADOW, PredictionRecord, frame
 
@@ -177,18 +181,17 @@ def credit(records, interactions, horizon=SETTINGS.horizon) -> dict[int, tuple[s
 
 
 def recompute(records, interactions):
-    """Per record: hits, shown, NDCG, expected hits at k, from the raw rows with loops."""
+    """Per record: hits, shown and NDCG at k, from the raw rows with loops."""
     credited = set(credit(records, interactions).values())
     out = []
     for r in records:
         if r.status != "ok":
             continue
-        hits, dcg, expected = [], 0.0, 0.0
-        for rank, (item, score) in enumerate(zip(r.item_ids[:5], r.scores[:5]), start=1):
+        hits, dcg = [], 0.0
+        for rank, item in enumerate(r.item_ids[:5], start=1):
             hit = (r.request_id, item) in credited
             hits.append(hit)
             dcg += hit / math.log2(rank + 1)
-            expected += 1 / (1 + math.exp(-score))
         ideal = sum(1 / math.log2(i + 1) for i in range(1, sum(hits) + 1))
         out.append(
             {
@@ -196,7 +199,6 @@ def recompute(records, interactions):
                 "hits": sum(hits),
                 "shown": len(hits),
                 "ndcg": dcg / ideal if ideal else 0.0,
-                "expected": expected,
             }
         )
     return out
@@ -226,23 +228,18 @@ def test_metrics_per_model_version_match_a_recomputation_from_the_raw_rows():
             if (t["record"].role, t["record"].model_version, t["record"].variant)
             == (row["role"], row["model_version"], row["variant"])
         ]
-        users = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
+        users = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
         for t in mine:
             u = users[t["record"].user_id]
             u[0] += t["hits"]
             u[1] += t["shown"]
             u[2] += t["ndcg"]
             u[3] += 1
-            u[4] += t["expected"]
         ctr, ctr_se = ratio_and_se({k: (v[0], v[1]) for k, v in users.items()})
         ndcg, ndcg_se = ratio_and_se({k: (v[2], v[3]) for k, v in users.items()})
-        calibration, calibration_se = ratio_and_se({k: (v[0], v[4]) for k, v in users.items()})
         assert row["users"] == len(users) and row["hits"] == sum(v[0] for v in users.values())
-        for name, value, se in (
-            ("ctr", ctr, ctr_se),
-            ("ndcg", ndcg, ndcg_se),
-            ("calibration", calibration, calibration_se),
-        ):
+        assert "calibration" not in row  # the score's sigmoid is no click probability: no such figure
+        for name, value, se in (("ctr", ctr, ctr_se), ("ndcg", ndcg, ndcg_se)):
             assert row[name] == pytest.approx(value, rel=1e-9)
             assert row[f"{name}_low"] == pytest.approx(value - Z95 * se, rel=1e-9)
             assert row[f"{name}_high"] == pytest.approx(value + Z95 * se, rel=1e-9)
@@ -529,6 +526,77 @@ def test_a_one_point_imbalance_at_100000_users_is_caught_every_day():
             counts = dict(zip(split, rng.multinomial(100_000, actual)))
             row = srm_test("e", counts, split, SETTINGS)
             assert row["mismatch"] and row["p_value"] < SETTINGS.srm_alpha
+
+
+def pooled_users(rng, days: int, per_day: int, control_share: float) -> pl.DataFrame:
+    """experiment_users rows of an experiment "e" over `days` days of `per_day` new users each, a few
+    coming back on later days (counted once by the pooled check)."""
+    rows, next_user = [], 0
+    for d in range(days):
+        arms = np.where(rng.random(per_day) < control_share, "control", "treatment")
+        users = np.arange(next_user, next_user + per_day)
+        next_user += per_day
+        back = rows[-1].sample(n=min(200, rows[-1].height), seed=d) if rows else None
+        day = pl.DataFrame({"experiment": "e", "arm": arms, "user_id": users, "day": T0.date() + timedelta(days=d)})
+        rows.append(day if back is None else pl.concat([day, back.with_columns(pl.lit(day["day"][0]).alias("day"))]))
+    return pl.concat(rows)
+
+
+def test_a_one_point_imbalance_each_day_misses_is_caught_on_the_pooled_days():
+    rng = np.random.default_rng(7)
+    split = {"e": {"control": 0.5, "treatment": 0.5}}
+    caught_pooled, caught_daily = 0, 0
+    for _ in range(20):  # 14 days of about 7,000 new users: 100,000 users, 51/49
+        users = pooled_users(rng, 14, 7_143, 0.51)
+        (row,) = pooled_sample_ratio(users, split, SETTINGS).to_dicts()
+        unique = users.unique(["arm", "user_id"])
+        assert row["users"] == unique.height == 14 * 7_143  # a user who came back counts once
+        assert row["scope"] == f"pooled {T0.date()}..{T0.date() + timedelta(days=13)}"
+        control = unique.filter(pl.col("arm") == "control").height
+        assert row["p_value"] == pytest.approx(chisquare([control, row["users"] - control]).pvalue, rel=1e-9)
+        caught_pooled += row["mismatch"]
+        days = users.partition_by("day")
+        caught_daily += sum(pooled_sample_ratio(d, split, SETTINGS)["mismatch"][0] for d in days)
+    assert caught_pooled == 20  # z about 6.3: missed with probability about 1e-5 per run
+    assert caught_daily <= 0.15 * 20 * 14  # each day alone: z about 1.7, flagged about 6% of days
+
+
+def test_a_mismatched_experiment_is_no_promotion_evidence():
+    records, interactions = simulated(5, users=400, lift=0.5)
+    sized = dataclasses.replace(SETTINGS, minimum_effect=0.5)  # the plan's users reached: a full test
+    comparisons = pooled(records, interactions, {"ab": "control"}, sized)
+    assert online_verdict(comparisons, challenger="2", champion="1").passed  # a real lift, well sampled
+    ratios = pl.DataFrame({"experiment": ["ab", "other"], "mismatch": [True, False]})
+    marked = with_sample_ratio(comparisons, ratios)
+    assert marked.filter(pl.col("experiment") == "ab")["sample_ratio_mismatch"].all()
+    assert not marked.filter(pl.col("experiment") == "other")["sample_ratio_mismatch"].any()
+    verdict = online_verdict(marked, challenger="2", champion="1")
+    assert not verdict.passed and "sample-ratio mismatch" in verdict.reason
+
+
+def test_answers_whose_horizon_runs_past_the_interactions_taken_in_wait_for_them():
+    records, interactions = simulated(4, users=200)
+    logs = frame(records)
+    until = T0 + timedelta(hours=3)
+    kept, waiting = with_complete_horizon(logs, until, SETTINGS.horizon)
+    cut = until - SETTINGS.horizon
+    assert kept.height == sum(r.served_at <= cut for r in records)
+    assert waiting == sum(r.served_at > cut and r.role == LIVE and r.endpoint == "recommend" for r in records)
+    assert waiting > 0 and kept["served_at"].max() <= cut
+    everything, none = with_complete_horizon(logs, T0 + timedelta(days=1), SETTINGS.horizon)
+    assert none == 0 and everything.height == logs.height
+
+
+def test_a_group_of_one_user_raises_no_drop():
+    records, interactions = simulated(9, users=400)
+    answers = scored_answers(frame(records), interactions, SETTINGS)
+    yesterday = by_model(answers, SETTINGS)
+    one = next(r for r in records if r.role == LIVE and r.model_version == "1")
+    alone = [r for r in records if r.user_id == one.user_id and r.role == LIVE and r.model_version == "1"]
+    today = by_model(scored_answers(frame(alone), interactions.filter(pl.lit(False)), SETTINGS), SETTINGS)
+    assert today["users"].to_list() == [1] and math.isnan(today["ctr_se"][0])
+    assert not drops(today, yesterday, threshold=0.2, alpha=0.01, minimum_users=1)  # no error, no test
+    assert not drops(today, yesterday, threshold=0.2, alpha=0.01)
 
 
 def test_the_servers_own_assignment_of_the_deployed_experiments_shows_no_mismatch_and_a_lost_arm_does():

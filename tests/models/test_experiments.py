@@ -89,4 +89,11 @@ def test_offline_comparison_report_per_variant(trained, pipeline_dir):
     rows = [r.data for r in metadata["comparison"].value.records]
     assert [r["variant"] for r in rows] == ["control", "treatment"]
     assert all(r["impressions"] > 0 and 0 < r["auc"] < 1 for r in rows)
-    assert abs(rows[0]["users"] - rows[1]["users"]) < 0.3 * (rows[0]["users"] + rows[1]["users"])
+    assert abs(rows[0]["assigned_users"] - rows[1]["assigned_users"]) < 0.3 * rows[0]["users"]
+    assert rows[0]["users"] == rows[1]["users"]  # every variant scores the same held-out users
+    paired = {r.data["metric"]: r.data for r in metadata["against_control"].value.records}
+    assert set(paired) == {"auc", "recall@10", "ndcg@10"} and paired["auc"]["test"].startswith("DeLong")
+    assert paired["auc"]["control"] == pytest.approx(rows[0]["auc"], abs=2e-4)  # DeLong rounds the same AUC
+    assert paired["auc"]["value"] == pytest.approx(rows[1]["auc"], abs=2e-4)
+    shown_better = paired["auc"]["better"] and all(r["not_worse"] for r in paired.values())
+    assert metadata["leader"].value == ("treatment" if shown_better else "control")
