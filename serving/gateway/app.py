@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic.json_schema import models_json_schema
 from starlette.requests import ClientDisconnect, Request
 
+from serving.api_docs import NO_CDN_PAGES, add_offline_docs
 from serving.gateway.errors import GatewayError, error_handlers
 from serving.gateway.routes import admin, openai, ops, v2
 from serving.gateway.routes.deps import bearer_secret
@@ -39,7 +40,9 @@ def create_app(config_path: str | Path) -> FastAPI:
         lifespan=lifespan,
         description="One OpenAI-compatible API over model backends in several regions.",
         exception_handlers=error_handlers(),
+        **NO_CDN_PAGES,
     )
+    add_offline_docs(app)
     app.state.gateway = gateway
     for module in (openai, v2, admin, ops):
         app.include_router(module.router)

@@ -21,6 +21,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from serving.api_docs import NO_CDN_PAGES, add_offline_docs
 from serving.models import binary
 from serving.models.auth import Keys, rest_role
 from serving.models.openai_api import ChatRequest, add_openai_routes
@@ -160,7 +161,9 @@ def create_app(
         lifespan=lifespan,
         description="Open Inference Protocol v2 over the platform's registry models, real-time "
         "recommendations and online features.",
+        **NO_CDN_PAGES,
     )
+    add_offline_docs(app)
     app.state.server = server
     app.infer_handler = _infer(server)
     app.keys = server.keys

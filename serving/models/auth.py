@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from serving.api_docs import is_docs_path
 from serving.models.config import ServerConfig
 from serving.models.key_file import KeyFile
 from serving.models.protocol import ProtocolError
@@ -21,9 +22,7 @@ ADMIN, DATA, OPEN = "admin", "data", "open"
 
 # REST: a path ending so is a control call (searched, not anchored, so a root path cannot hide one)
 CONTROL_PATH = re.compile(r"/v2/repository/models/[^/]+/(load|unload)$")
-OPEN_PATHS = frozenset(
-    {"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-)
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics", "/openapi.json"})
 # gRPC: inference.GRPCInferenceService's method names
 CONTROL_METHODS = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
@@ -32,7 +31,7 @@ OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
 def rest_role(path: str) -> str:
     if CONTROL_PATH.search(path):
         return ADMIN
-    return OPEN if path in OPEN_PATHS else DATA
+    return OPEN if path in OPEN_PATHS or is_docs_path(path) else DATA
 
 
 def grpc_role(method: str) -> str:

@@ -17,6 +17,7 @@ from serving.models.app import create_app
 from serving.models.auth import ADMIN, DATA, OPEN, Keys, grpc_role, rest_role
 from serving.models.config import ServerConfig
 from tests.serving.models.conftest import ADMIN_KEY, TOWER_ENTRIES, keyed_server
+from tests.serving.test_api_docs import assert_docs_offline
 
 CONTROL = ("/v2/repository/models/personalization-challenger/unload", "/v2/repository/models/personalization/load")
 
@@ -67,6 +68,10 @@ def test_a_root_path_does_not_hide_a_control_call(client_with):
     client = client_with(admin_key=ADMIN_KEY, root_path="/api")
     assert client.post("/api" + CONTROL[0]).status_code == 401
     assert rest_role("/api" + CONTROL[0]) == ADMIN
+
+
+def test_the_docs_page_works_offline_and_a_data_key_does_not_hide_it(client_with):
+    assert_docs_offline(client_with(admin_key="the-admin", data_key="the-data"))
 
 
 def test_a_data_key_guards_the_data_plane_but_not_the_probes(client_with):
