@@ -43,7 +43,7 @@ def lake(pipeline_dir, tmp_path_factory):
     registry = ModelRegistry.local(data_dir / "registry")
     for seed, alias in ((1, "champion"), (2, "challenger")):
         torch.manual_seed(seed)
-        model = PersonalizationModel(TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=32))))
+        model = PersonalizationModel(TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=32, taste=False))))
         version = registry.register(
             "personalization",
             model.save(data_dir / f"model-{seed}"),
