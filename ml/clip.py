@@ -23,6 +23,7 @@ from ml.ray_train import EpochCheckpoints, fitted, node_id
 COMPACT_MODEL = "mlplane-clip-compact"
 MODEL_CONFIGS = Path(__file__).parent / "model_configs"
 RECALL_KS = (1, 5, 10)
+WEIGHTS_FILE = "model.pt"  # in a training checkpoint: the network's weights
 TRAINING_FILE = "training.pt"  # in a training checkpoint: optimizer, schedule, history, random state
 
 
@@ -245,7 +246,7 @@ def train_clip(
         if result.error:
             raise RuntimeError(f"CLIP training failed: {result.error}") from result.error
         with result.checkpoint.as_directory() as folder:
-            state = torch.load(Path(folder) / "model.pt", map_location="cpu", weights_only=True)
+            state = torch.load(Path(folder) / WEIGHTS_FILE, map_location="cpu", weights_only=True)
             history = [dict(h) for h in torch.load(Path(folder) / "history.pt", weights_only=False)]
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
@@ -271,7 +272,7 @@ def _train_loop(loop_config: dict) -> None:
     resumed = checkpoints.resumed()  # after a restart (a lost worker or node): the latest epoch's state
     network = load_model(spec, device="cpu")
     if resumed is not None:
-        network.load_state_dict(resumed["model.pt"])  # before the wrap, which syncs rank 0's weights
+        network.load_state_dict(resumed[WEIGHTS_FILE])  # before the wrap, which syncs rank 0's weights
     model = prepare_model(network.train())
     device = next(model.parameters()).device
     world = context.get_world_size()
@@ -319,7 +320,7 @@ def _train_loop(loop_config: dict) -> None:
             unwrapped = model.module if hasattr(model, "module") else model
             training = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "history": history}
             training |= {"steps_per_epoch": steps_per_epoch, "torch_rng": torch.get_rng_state()}
-            files = {"model.pt": unwrapped.state_dict(), "history.pt": history, TRAINING_FILE: training}
+            files = {WEIGHTS_FILE: unwrapped.state_dict(), "history.pt": history, TRAINING_FILE: training}
         checkpoints.report(epoch, history[-1], files, last)
 
 
