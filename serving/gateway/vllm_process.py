@@ -16,10 +16,13 @@ import httpx
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
-# CPU build settings: a 1 GiB KV cache per server, no thread pinning (the cores are shared), offline
+# CPU build settings: a 1 GiB KV cache per server, no thread pinning (the cores are shared), the model
+# run inside the engine process (vLLM's CPU build otherwise spawns a worker process, one more torch
+# start per server: unpinned threads need no process of their own; a no-op on GPU hosts), offline
 CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "OMP_NUM_THREADS": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",
     "HF_HUB_OFFLINE": "1",

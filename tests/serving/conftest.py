@@ -29,6 +29,7 @@ from engines.registry import ModelRegistry
 from feature_defs.sources import chat_messages, items
 from orchestration.profiles import PROJECT_ROOT, resources_for
 from serving.gateway.store import GatewayStore
+from serving.gateway.vllm_process import CPU_ENV
 from tests.conftest import FIRST_DAY, run_pipeline, simulate
 
 VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
@@ -173,19 +174,10 @@ def vllm_server(name: str, region: str, model_dir: Path, served_name: str, logs:
         "32",
         "--dtype",
         "float32",
+        "--enforce-eager",  # no graph compile at start: the tests' model is tiny
         *extra,
     ]
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "OMP_NUM_THREADS": "1",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
+    env = {**os.environ, **CPU_ENV}
     return VllmServer(name, region, command, env, logs / f"vllm-{name}.log")
 
 

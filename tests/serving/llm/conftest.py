@@ -14,7 +14,7 @@ def llm_deployments(llm_registry, gateway_llm_lake, tmp_path_factory):
     """A gateway whose model_list only the rollout controller fills: the rolled model (alias champion)
     and the same version with a draft model and with n-gram speculation."""
     workdir = tmp_path_factory.mktemp("rollout")
-    args = ["--max-model-len", "256"]
+    args = ["--max-model-len", "256", "--enforce-eager"]  # no graph compile at start: the model is tiny
     config = {
         "deployments": [
             {
