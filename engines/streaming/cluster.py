@@ -187,9 +187,9 @@ class ClusterJob(FlinkJob):
         return JobHealth(
             status=state,
             healthy=healthy,
-            # restores from a checkpoint, counted by the JobManager as they happen: the `numRestarts`
-            # metric reaches REST through the metric fetcher, which stayed stale for minutes after a
-            # TaskManager was lost (a CI rehearsal)
+            # restores from a checkpoint (a submission from one counts too), counted by the JobManager as
+            # they happen: the `numRestarts` metric reaches REST through the metric fetcher, which stayed
+            # stale for minutes after a TaskManager was lost
             restarts=int(checkpoints.get("counts", {}).get("restored", 0)),
             error=failure,
             checkpoint=completed.get("external_path"),
