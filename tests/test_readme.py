@@ -129,7 +129,8 @@ WAYS = {
     ".venv/bin/python benchmarks/labeling.py": Way(small={"--annotators 20 --items 500": "--annotators 4 --items 20"}),
     ".venv/bin/python benchmarks/model_quality.py": Way(small={"model_quality.py": "model_quality.py --help"}),
     ".venv/bin/python benchmarks/experiments.py": Way(
-        small={"experiments.py": "experiments.py --runs 100 --lift 0.1"}, prints=r"group sequential \(platform\)"
+        small={"experiments.py": "experiments.py --runs 100 --lift 0.1 --layer-runs 2"},
+        prints=r"group sequential \(platform\)",
     ),
     ".venv/bin/python benchmarks/search_quality.py": Way(small={"search_quality.py": "search_quality.py --help"}),
     ".venv/bin/mlplane labeling add-account": Way(small={"--role": "--password readme-pass --role"}),

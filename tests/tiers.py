@@ -102,7 +102,13 @@ SHARED_PACKAGES = {  # test folders whose package- or session-scoped engines one
 LONGEST_FIRST = {
     group: rank
     for rank, group in enumerate(
-        ["tests/test_readme.py", "tests/assets/test_embeddings.py", "tests/serving/llm", "tests/streaming"]
+        [
+            "tests/test_readme.py",
+            "tests/streaming",
+            "tests/serving/llm",
+            "tests/assets/test_embeddings.py",
+            "tests/engines/test_ray_cluster.py",
+        ]
     )
 }
 

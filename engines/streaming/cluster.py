@@ -74,10 +74,6 @@ class FlinkRest:
     def checkpoints(self, job_id: str) -> dict:
         return self.get(f"/jobs/{job_id}/checkpoints")
 
-    def restarts(self, job_id: str) -> int:
-        values = self.get(f"/jobs/{job_id}/metrics?get=numRestarts")
-        return int(float(values[0]["value"])) if values else 0
-
     def failure(self, job_id: str) -> str | None:
         """The root cause of the job's newest failure, if any."""
         history = self.get(f"/jobs/{job_id}/exceptions").get("exceptionHistory", {}).get("entries", [])
@@ -181,18 +177,20 @@ class ClusterJob(FlinkJob):
             state = self.state()
             if state == "NOT_FOUND":
                 return JobHealth(status=state, healthy=False, error=f"the cluster does not know job {job_id}", **base)
-            latest = self.rest.checkpoints(job_id).get("latest") or {}
-            restarts = self.rest.restarts(job_id)
+            checkpoints = self.rest.checkpoints(job_id)
             failure = self.rest.failure(job_id) if state in ("FAILED", "CANCELED") else None
         except StreamingJobError as error:
             return JobHealth(status="UNREACHABLE", healthy=False, error=str(error), **base)
-        completed = latest.get("completed") or {}
+        completed = (checkpoints.get("latest") or {}).get("completed") or {}
         # restarting from a checkpoint is Flink healing itself (a lost TaskManager): counted, not an incident
         healthy = state in SELF_HEALING if self.mode == "streaming" else state == "FINISHED"
         return JobHealth(
             status=state,
             healthy=healthy,
-            restarts=restarts,
+            # restores from a checkpoint (a submission from one counts too), counted by the JobManager as
+            # they happen: the `numRestarts` metric reaches REST through the metric fetcher, which stayed
+            # stale for minutes after a TaskManager was lost
+            restarts=int(checkpoints.get("counts", {}).get("restored", 0)),
             error=failure,
             checkpoint=completed.get("external_path"),
             checkpoint_age_seconds=(round(now - completed["latest_ack_timestamp"] / 1000, 1) if completed else None),
