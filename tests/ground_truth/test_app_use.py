@@ -1,13 +1,13 @@
 """The labeling app as its people use it: error pages in HTML for people and JSON for the API, progress
 and the gold score (recomputed here from what was served), the reviewer's undo and the majority answer,
-the admin's account form stating the password rule."""
+the admin's account form stating the password rule, and each task's answer rule as its queue applies it."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from ground_truth import review
+from ground_truth import queue, review
 from ground_truth.db import connect
 from ground_truth.schema import TaskSpec
 from ground_truth.seen import GOLD_SCORE_STEP, majority
@@ -124,3 +124,14 @@ def test_the_admin_form_states_and_checks_the_password_rule(app):
     with browser(base_url, "annotator0") as annotator:
         denied = annotator.post("/admin/accounts", data={**form, "csrf": annotator.csrf, "password": "x" * 9})
         assert denied.status_code == 403
+
+
+def test_the_admin_page_states_each_tasks_answer_rule(app):
+    base_url, engine = app
+    adaptive = TaskSpec(name="adaptive_copy", question="Copy?", labels=["violation", "ok"], adaptive=True)
+    queue.create_task(engine, adaptive)
+    with browser(base_url, "admin0") as admin:
+        tasks = admin.get("/admin").text.split("<li>violation: ")[1].split("</ul>")[0]
+    assert tasks.startswith("k=1, labels violation, ok")  # TASK asks each item once
+    assert "adaptive_copy: adaptive, until 90% sure or 5 answers, labels violation, ok" in tasks
+    assert "adaptive_copy: k=" not in tasks
