@@ -46,6 +46,9 @@ STREAM_DAY = LAST_DAY + timedelta(days=1)  # the day after the batch pipeline's 
 SLIDE = 900  # 15-minute hops over the 1-hour windows
 WATERMARK_DELAY = 300  # files arrive in time order (see append_in_chunks)
 TIMEOUT = 300  # seconds; generous, the machine is shared
+# between checks of a wait: every wait is on the tests' path, and a check (a status file, a folder
+# listing) costs far less than the time a longer interval adds after the condition came true
+POLL_SECONDS = 0.25
 
 
 @dataclass
@@ -76,7 +79,7 @@ def wait_until(
             pusher.poll()
         if value := condition():
             return value
-        time.sleep(1.0)
+        time.sleep(POLL_SECONDS)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f"; {explain()}" if explain else ""))
 
 
