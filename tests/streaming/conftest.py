@@ -38,6 +38,7 @@ from engines.streaming import (
     StreamingJobSettings,
     read_committed_rows,
 )
+from engines.streaming.sink import committed_files, read_rows
 from feature_defs.compile.polars import TIMESTAMP, build_rows_at
 from feature_defs.dsl import Aggregation
 from tests.conftest import LAST_DAY, SMALL
@@ -46,6 +47,9 @@ STREAM_DAY = LAST_DAY + timedelta(days=1)  # the day after the batch pipeline's 
 SLIDE = 900  # 15-minute hops over the 1-hour windows
 WATERMARK_DELAY = 300  # files arrive in time order (see append_in_chunks)
 TIMEOUT = 300  # seconds; generous, the machine is shared
+# between checks of a wait: every wait is on the tests' path, and a check (a status file, a folder
+# listing) costs far less than the time a longer interval adds after the condition came true
+POLL_SECONDS = 0.25
 
 
 @dataclass
@@ -76,7 +80,7 @@ def wait_until(
             pusher.poll()
         if value := condition():
             return value
-        time.sleep(1.0)
+        time.sleep(POLL_SECONDS)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f"; {explain()}" if explain else ""))
 
 
@@ -140,6 +144,20 @@ def assert_windows_equal_polars(sink: pl.DataFrame, events: pl.DataFrame, view) 
 def sink_frame(folder: Path) -> pl.DataFrame:
     frame = pl.DataFrame(read_committed_rows(folder), infer_schema_length=None)
     return frame.with_columns(pl.col(WINDOW_END).str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_zone="UTC"))
+
+
+_newest_in_file: dict[Path, str] = {}  # a committed sink file never changes: each is read once
+
+
+def newest_window_end(folder: Path) -> str:
+    """The newest window end in `folder`'s committed rows ("" before the first). A wait checks it
+    again and again while the sink grows: only the files committed since the last check are read."""
+    newest = ""
+    for path in committed_files(folder):
+        if path not in _newest_in_file:
+            _newest_in_file[path] = max((row[WINDOW_END] for row in read_rows(path)), default="")
+        newest = max(newest, _newest_in_file[path])
+    return newest
 
 
 def normalised(values, is_list: bool = False) -> list:
@@ -291,10 +309,7 @@ def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
         wait_for_records(job, lines, "every line to be read and checkpointed", pusher=pusher)
         end_of_day = datetime.combine(next_day, day_time(), tzinfo=UTC)
         wait_until(
-            lambda: any(
-                r["window_end"] >= end_of_day.strftime("%Y-%m-%d %H:%M:%S")
-                for r in read_committed_rows(job.sink_root / "item_trending")
-            ),
+            lambda: newest_window_end(job.sink_root / "item_trending") >= end_of_day.strftime("%Y-%m-%d %H:%M:%S"),
             "the windows ending at midnight",
             pusher=pusher,
         )

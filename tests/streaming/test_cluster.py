@@ -23,7 +23,6 @@ from engines.streaming import (
     SourceOptions,
     StandaloneCluster,
     StreamingJobSettings,
-    read_committed_rows,
 )
 from engines.streaming.backlog import resume
 from feature_defs import catalogue
@@ -35,6 +34,7 @@ from tests.streaming.conftest import (
     append_in_chunks,
     assert_windows_equal_polars,
     before,
+    newest_window_end,
     sink_frame,
     varied_time_lines,
     wait_until,
@@ -127,7 +127,7 @@ def between(table: pa.Table, first: int, last: int) -> pa.Table:
 
 
 def newest_window(job: ClusterJob, view: str = "item_trending") -> str:
-    return max((r["window_end"] for r in read_committed_rows(job.sink_root / view)), default="")
+    return newest_window_end(job.sink_root / view)
 
 
 def test_the_job_runs_on_the_cluster_and_survives_a_lost_taskmanager(cluster_run, flink_cluster):

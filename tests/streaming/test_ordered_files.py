@@ -37,50 +37,76 @@ LINES = [
     '{"s": "x"} and more',
 ]
 TRAILING = LINES[-1]  # no JSON line: Flink's JSON functions read the object and ignore the rest
-# read by one reader; names sort against arrival, so only the modification time can order them
+# One Flink process reads both tables (a JVM start is most of a read's cost). `fields`: the lines of
+# LINES, read by one reader; their names sort against arrival, so only the modification time can
+# order them. `timestamps`: a `$.ts` declared TIMESTAMP(3) beside the Kafka sources' SQL on the same text.
 READ_BACK = """
 import json, sys
 from pyflink.table import EnvironmentSettings, TableEnvironment
-folder, jar, fields = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+jar, fields_folder, fields, ts_folder, ts_sql = sys.argv[1:6]
+fields = json.loads(fields)
 env = TableEnvironment.create(EnvironmentSettings.in_batch_mode())
 env.get_config().set("pipeline.jars", jar)
 env.get_config().set("parallelism.default", "1")
 columns = ", ".join(["line STRING", "is_json_object BOOLEAN"] + [f"`$.{f}` STRING" for f in fields])
-env.execute_sql(f"CREATE TABLE t ({columns}) WITH ('connector' = 'ordered-files', 'path' = '{folder}')")
+for table, columns, folder in [
+    ("field_lines", columns, fields_folder),
+    ("time_lines", "line STRING, `$.ts` TIMESTAMP(3)", ts_folder),
+]:
+    env.execute_sql(f"CREATE TABLE {table} ({columns}) WITH ('connector' = 'ordered-files', 'path' = '{folder}')")
 ours = ", ".join(f"`$.{f}`" for f in fields)
 flinks = ", ".join(f"JSON_VALUE(line, '$.{f}')" for f in fields)
-query = f"SELECT line, is_json_object, line IS JSON OBJECT, {ours}, {flinks} FROM t"
-with env.execute_sql(query).collect() as rows:
-    for row in rows:
-        print(json.dumps(list(row)))
+queries = {
+    "fields": f"SELECT line, is_json_object, line IS JSON OBJECT, {ours}, {flinks} FROM field_lines",
+    "timestamps": f"SELECT line, CAST(`$.ts` AS STRING), CAST({ts_sql} AS STRING) FROM time_lines",
+}
+for name, query in queries.items():
+    with env.execute_sql(query).collect() as rows:
+        for row in rows:
+            print(json.dumps([name, *row]))
 """
 
 
-def _read_in_flink(script: str, tmp_path: Path, folder: Path, argument: str) -> list[list]:
-    """Runs a read-back script (FOLDER, our connectors' JAR, ARGUMENT) in .venv-flink; its rows."""
-    path = tmp_path / "read_back.py"
-    path.write_text(textwrap.dedent(script))
+@pytest.fixture(scope="module")
+def read_back(tmp_path_factory) -> dict[str, list[list]]:
+    """The rows Flink reads from both folders (see READ_BACK), by query."""
+    root = tmp_path_factory.mktemp("ordered_files")
+    fields_folder, ts_folder = root / "fields", root / "timestamps"
+    write_lines_in_arrival_order(fields_folder)
+    ts_folder.mkdir()
+    lines = [json.dumps({"ts": t}) for t in TIMESTAMP_TEXTS] + ['{"ts": 17}']  # a number is no ISO-8601 text
+    (ts_folder / "events.jsonl").write_text("".join(line + "\n" for line in lines))
+    script = root / "read_back.py"
+    script.write_text(textwrap.dedent(READ_BACK))
     jar = (Path(DEFAULT_FLINK_PYTHON).parents[1] / CONNECTORS_JAR).resolve().as_uri()
+    ts_sql = _timestamp_of("JSON_VALUE(line, '$.ts')")
     out = subprocess.run(
-        [str(DEFAULT_FLINK_PYTHON), str(path), str(folder), jar, argument],
+        [str(DEFAULT_FLINK_PYTHON), str(script), jar, str(fields_folder), json.dumps(FIELDS), str(ts_folder), ts_sql],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "JVM_ARGS": "-Xmx512m"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
+    rows: dict[str, list[list]] = {"fields": [], "timestamps": []}
+    for line in out.stdout.splitlines():
+        if line.startswith("["):
+            name, *row = json.loads(line)
+            rows[name].append(row)
+    return rows
 
 
-@pytest.mark.services  # a Flink job in .venv-flink
-def test_files_in_arrival_order_and_fields_as_json_value_reads_them(tmp_path):
-    folder = tmp_path / "events"
+def write_lines_in_arrival_order(folder: Path) -> None:
     folder.mkdir()
     for k, line in enumerate(LINES):  # file k arrives k-th but its name sorts last-first
         path = folder / f"events-{len(LINES) - k:03d}.jsonl"
         path.write_text(line + "\n")
         os.utime(path, ns=(1_700_000_000_000_000_000 + k * 10**9,) * 2)
-    rows = _read_in_flink(READ_BACK, tmp_path, folder, json.dumps(FIELDS))
+
+
+@pytest.mark.services  # a Flink job in .venv-flink
+def test_files_in_arrival_order_and_fields_as_json_value_reads_them(read_back):
+    rows = read_back["fields"]
     assert [r[0] for r in rows] == LINES  # arrival order
     n = len(FIELDS)
     for line, is_object, flink_is_object, *values in rows:
@@ -126,19 +152,6 @@ POLARS_ONLY = [
 ]
 BEYOND_9999 = "9999-12-31T23:59:59.999-05:00"
 POSSIBLE = ["2024-02-29T23:59:59.9999Z", "0001-01-01T00:00:00Z", "2026-01-05 10:00:00", "2026-01-05T10:00:00.123456789"]
-READ_TIMESTAMPS = """
-import json, sys
-from pyflink.table import EnvironmentSettings, TableEnvironment
-folder, jar, sql = sys.argv[1], sys.argv[2], sys.argv[3]
-env = TableEnvironment.create(EnvironmentSettings.in_batch_mode())
-env.get_config().set("pipeline.jars", jar)
-env.get_config().set("parallelism.default", "1")
-columns = "line STRING, `$.ts` TIMESTAMP(3)"
-env.execute_sql(f"CREATE TABLE t ({columns}) WITH ('connector' = 'ordered-files', 'path' = '{folder}')")
-with env.execute_sql(f"SELECT line, CAST(`$.ts` AS STRING), CAST({sql} AS STRING) FROM t").collect() as rows:
-    for row in rows:
-        print(json.dumps(list(row)))
-"""
 
 
 def _random_timestamps(n: int, rng: random.Random) -> list[str]:
@@ -157,6 +170,9 @@ def _random_timestamps(n: int, rng: random.Random) -> list[str]:
     return out
 
 
+TIMESTAMP_TEXTS = IMPOSSIBLE + POLARS_ONLY + [BEYOND_9999] + POSSIBLE + _random_timestamps(300, random.Random(17))
+
+
 def _polars_instant(text: str) -> str | None:
     """How polars (engines.ingest) reads the text, cut to milliseconds; None where it refuses it."""
     try:
@@ -167,12 +183,8 @@ def _polars_instant(text: str) -> str | None:
 
 
 @pytest.mark.services  # a Flink job in .venv-flink
-def test_timestamps_read_as_the_sql_and_polars_read_them(tmp_path):
-    texts = IMPOSSIBLE + POLARS_ONLY + [BEYOND_9999] + POSSIBLE + _random_timestamps(300, random.Random(17))
-    folder = tmp_path / "events"
-    folder.mkdir()
-    (folder / "events.jsonl").write_text("".join(json.dumps({"ts": t}) + "\n" for t in texts) + '{"ts": 17}\n')
-    rows = _read_in_flink(READ_TIMESTAMPS, tmp_path, folder, _timestamp_of("JSON_VALUE(line, '$.ts')"))
+def test_timestamps_read_as_the_sql_and_polars_read_them(read_back):
+    texts, rows = TIMESTAMP_TEXTS, read_back["timestamps"]
     assert len(rows) == len(texts) + 1
     ours = {json.loads(line)["ts"]: (our, sqls) for line, our, sqls in rows}
     assert ours[17] == (None, None)  # a number is no ISO-8601 text
