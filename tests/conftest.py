@@ -3,6 +3,10 @@ with the real engines (polars, Feast with DuckDB and SQLite, great-expectations)
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
+from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -110,10 +114,33 @@ def prod_env(monkeypatch, tmp_path) -> dict[str, str]:
 def pipeline_dir(tmp_path_factory) -> Path:
     """Three simulated days, ingested, featurized, materialized online, their streaming history
     backfilled and turned into training data; a fourth day is simulated and ingested only, as the
-    third day's labels look past its midnight."""
-    data_dir = tmp_path_factory.mktemp("lake")
+    third day's labels look past its midnight.
+
+    Built once per run: under xdist the first worker to ask builds it in the run's folder and the
+    others wait for it. Read-only for its users: a test that writes to a lake copies this one."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build_pipeline_lake(tmp_path_factory.mktemp("lake"))
+    run_dir = tmp_path_factory.getbasetemp().parent  # shared by the run's workers, new for each run
+    return built_once(run_dir / "pipeline_lake", build_pipeline_lake)
+
+
+def build_pipeline_lake(data_dir: Path) -> Path:
+    data_dir.mkdir(parents=True, exist_ok=True)
     simulate(data_dir, days=DAYS + 1)
     next_day = LAST_DAY + timedelta(days=1)
     run_pipeline(data_dir, next_day, next_day, selection=AssetSelection.groups("ingestion"))
     run_pipeline(data_dir, FIRST_DAY, LAST_DAY, selection=EVERYTHING_DAILY)
     return data_dir
+
+
+def built_once(path: Path, build: Callable[[Path], Path]) -> Path:
+    """`build(path)` by the first process to get here; the others wait on a file lock and reuse it.
+    A build that failed leaves no marker, so the next process builds again from scratch."""
+    done = path.with_name(path.name + ".built")
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the build raises
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            build(path)
+            done.touch()
+    return path

@@ -1,8 +1,9 @@
 """Fixtures of the model tests: one capped in-process Ray for the session, and the personalization
-pipeline trained once over the shared three simulated days."""
+pipeline trained once over a copy of the shared three simulated days."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,16 @@ def train(
 
 
 @pytest.fixture(scope="session")
-def trained(pipeline_dir, ray_compute, tmp_path_factory):
+def models_lake(pipeline_dir, tmp_path_factory) -> Path:
+    """The pipeline's lake, copied: training and batch inference write to the lake they run over, and
+    the shared lake is read by other workers meanwhile."""
+    return shutil.copytree(pipeline_dir, tmp_path_factory.mktemp("models") / "lake")
+
+
+@pytest.fixture(scope="session")
+def trained(models_lake, ray_compute, tmp_path_factory):
     """The registry after one training run (v1) and the run's result. v1 is the champion, promoted by
     the run itself: it beat the popularity baseline (asserted on in test_personalization)."""
     root = tmp_path_factory.mktemp("registry")
-    result = train(pipeline_dir, ray_compute, root, raise_on_error=False)
+    result = train(models_lake, ray_compute, root, raise_on_error=False)
     return ModelRegistry.local(root), result, root
