@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 from dagster import AssetKey
 
-from engines.registry import CorruptArtifactError
+from engines.registry import CorruptArtifactError, ModelRegistry
 from ml.personalization import PersonalizationModel
 from orchestration.cli import main
 from resources.ray import RayResource
-from tests.conftest import LAST_DAY
+from tests.conftest import LAST_DAY, copy_registry
 from tests.models.conftest import train
 
 MODEL = "personalization"
@@ -109,7 +109,9 @@ def test_training_in_the_runs_own_process_learns_what_a_worker_learns(models_lak
 
 
 def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, models_lake, ray_compute, tmp_path):
-    registry, _, root = trained
+    # a copy of its own: the version it adds and the artifact it corrupts would fail the module's other tests
+    root = copy_registry(trained[2], tmp_path / "registry")
+    registry = ModelRegistry.local(root)
     # margin 0: better than the champion on every gated metric, which a version trained again on the same
     # data is not; the blocking check fails, the champion stays; its worker took one of Ray's two CPUs,
     # as configured, leaving the other to runs alongside
