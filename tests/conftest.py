@@ -3,6 +3,12 @@ with the real engines (polars, Feast with DuckDB and SQLite, great-expectations)
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import shutil
+import sqlite3
+from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -15,7 +21,9 @@ from dagster import (
     build_run_status_sensor_context,
     materialize,
 )
+from dagster._core.execution.execute_in_process_result import ExecuteInProcessResult
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster._serdes import deserialize_value, serialize_value
 
 from assets import all_assets
 from engines.simulator import Simulator, SimulatorConfig
@@ -106,14 +114,88 @@ def prod_env(monkeypatch, tmp_path) -> dict[str, str]:
     return env
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """Where what is built once per run lives: beside the xdist workers' folders, shared by them and
+    new for each run; without xdist, the session's folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
+def built_once(path: Path, build: Callable[[Path], object]) -> Path:
+    """`build(path)` by the first process to get here; the others wait on a file lock and reuse it.
+    A build that failed leaves no marker, so the next process builds again from scratch."""
+    done = path.with_name(path.name + ".built")
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the build raises
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            build(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def pipeline_dir(tmp_path_factory) -> Path:
     """Three simulated days, ingested, featurized, materialized online, their streaming history
     backfilled and turned into training data; a fourth day is simulated and ingested only, as the
-    third day's labels look past its midnight."""
-    data_dir = tmp_path_factory.mktemp("lake")
+    third day's labels look past its midnight.
+
+    Built once per run (`built_once`): under xdist the first worker to ask builds it and the others
+    wait for it. Read-only for its users: a test that writes to a lake copies this one."""
+    return built_once(run_folder(tmp_path_factory) / "pipeline_lake", build_pipeline_lake)
+
+
+def build_pipeline_lake(data_dir: Path) -> None:
     simulate(data_dir, days=DAYS + 1)
     next_day = LAST_DAY + timedelta(days=1)
     run_pipeline(data_dir, next_day, next_day, selection=AssetSelection.groups("ingestion"))
     run_pipeline(data_dir, FIRST_DAY, LAST_DAY, selection=EVERYTHING_DAILY)
-    return data_dir
+
+
+@pytest.fixture(scope="session")
+def personalization_run(pipeline_dir, tmp_path_factory) -> Path:
+    """The personalization model trained by its Dagster assets over a copy of the pipeline's lake, once
+    per run: tests/models' `trained` and tests/serving/models' `served_lake` use the same model. The folder
+    holds `lake`, the `registry` (v1, promoted to champion by the run if it passed its gates) and the run's
+    events (`training_result`). Read-only: users copy the registry with `copy_registry`."""
+    ray_dir = tmp_path_factory.mktemp("ray")  # used only if this process has no Ray yet
+
+    def build(folder: Path) -> None:
+        from resources.ray import RayResource
+        from tests.models.conftest import train
+
+        lake = shutil.copytree(pipeline_dir, folder / "lake")
+        with RayResource(num_cpus=2, object_store_mb=300, temp_dir=str(ray_dir)).session() as ray:
+            result = train(lake, ray, folder / "registry", raise_on_error=False)
+        (folder / RUN_EVENTS).write_text(serialize_value([result.dagster_run, *result.all_events]))
+
+    return built_once(run_folder(tmp_path_factory) / "personalization_run", build)
+
+
+RUN_EVENTS = "run.json"
+
+
+def training_result(run_folder: Path) -> ExecuteInProcessResult:
+    """The training run's result, read back from its events: what `materialize` returned to the process
+    that ran it. Without the job's definition, which the result's event queries do not need."""
+    run, *events = deserialize_value((run_folder / RUN_EVENTS).read_text())
+    return ExecuteInProcessResult(events, run, None, job_def=None)
+
+
+def copy_registry(source: Path, target: Path) -> Path:
+    """A copy of a local registry (`ModelRegistry.local`) that is its own: MLflow's database holds
+    absolute artifact locations, which would still point into `source` (where new versions would go)."""
+    shutil.copytree(source, target)
+    old, new = str(source.resolve()), str(target.resolve())
+    with contextlib.closing(sqlite3.connect(target / "mlflow.db")) as db:
+        tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            for _, column, kind, *_ in db.execute(f'PRAGMA table_info("{table}")').fetchall():
+                if "CHAR" in kind.upper() or "TEXT" in kind.upper():
+                    db.execute(
+                        f'UPDATE "{table}" SET "{column}" = REPLACE("{column}", ?, ?) WHERE instr("{column}", ?)',
+                        (old, new, old),
+                    )
+        db.commit()
+    return target

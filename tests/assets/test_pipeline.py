@@ -4,6 +4,7 @@ computations done here in plain Python straight from the landing files."""
 from __future__ import annotations
 
 import random
+import shutil
 from collections import defaultdict
 from datetime import UTC, datetime, time, timedelta
 
@@ -55,14 +56,21 @@ def expected_user_features(events: list[dict], user_id: int, end: datetime) -> d
 
 
 @pytest.fixture(scope="module")
-def events(pipeline_dir):
-    """The interactions of the days the pipeline ran over (the next day is landed for the labels only)."""
-    return [e for e in landing_events(pipeline_dir) if e["event_timestamp"] < END]
+def lake_copy(pipeline_dir, tmp_path_factory):
+    """The pipeline's lake, copied: two tests here run the pipeline again over it, and the shared lake
+    is read by other workers meanwhile."""
+    return shutil.copytree(pipeline_dir, tmp_path_factory.mktemp("pipeline") / "lake")
 
 
 @pytest.fixture(scope="module")
-def store(pipeline_dir):
-    return resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
+def events(lake_copy):
+    """The interactions of the days the pipeline ran over (the next day is landed for the labels only)."""
+    return [e for e in landing_events(lake_copy) if e["event_timestamp"] < END]
+
+
+@pytest.fixture(scope="module")
+def store(lake_copy):
+    return resources_for("local", data_dir=str(lake_copy))["feature_store"].get_client()
 
 
 def sample_users(events, n=25, seed=0):
@@ -70,8 +78,8 @@ def sample_users(events, n=25, seed=0):
     return random.Random(seed).sample(clickers, n)
 
 
-def test_offline_and_online_features_equal_independent_computation(pipeline_dir, events, store):
-    offline = Lake(pipeline_dir).read_partition("offline", "user_engagement", LAST_DAY)
+def test_offline_and_online_features_equal_independent_computation(lake_copy, events, store):
+    offline = Lake(lake_copy).read_partition("offline", "user_engagement", LAST_DAY)
     assert offline.get_column("event_timestamp").unique().to_list() == [END]
     users = sample_users(events)
     online = store.online_features("personalization_ranking", [{"user_id": u, "item_id": 0} for u in users])
@@ -83,8 +91,8 @@ def test_offline_and_online_features_equal_independent_computation(pipeline_dir,
             assert online[f"user_engagement__{name}"][i] == pytest.approx(value), (user, name, "online")
 
 
-def test_item_and_chat_features_equal_independent_computation(pipeline_dir, events):
-    lake = Lake(pipeline_dir)
+def test_item_and_chat_features_equal_independent_computation(lake_copy, events):
+    lake = Lake(lake_copy)
     items = lake.read_partition("offline", "item_popularity", LAST_DAY)
     week = [e for e in events if END - timedelta(days=7) <= e["event_timestamp"] < END]
     for item in random.Random(4).sample(sorted({e["item_id"] for e in week}), 25):
@@ -96,7 +104,7 @@ def test_item_and_chat_features_equal_independent_computation(pipeline_dir, even
         assert row["ctr_7d"] == (pytest.approx(clicks / shown) if shown else None), item
 
     chat = []
-    for path in sorted((pipeline_dir / "landing" / "chat_messages").glob("date=*/*.parquet")):
+    for path in sorted((lake_copy / "landing" / "chat_messages").glob("date=*/*.parquet")):
         chat += pq.read_table(path).to_pylist()
     day = [m for m in chat if END - timedelta(days=1) <= m["event_timestamp"] < END]
     senders = lake.read_partition("offline", "user_chat", LAST_DAY)
@@ -107,20 +115,20 @@ def test_item_and_chat_features_equal_independent_computation(pipeline_dir, even
         assert row["distinct_receivers_1d"] == len({m["receiver_id"] for m in mine})
 
 
-def test_inactive_entities_get_zero_rows_not_stale_values(pipeline_dir, events):
+def test_inactive_entities_get_zero_rows_not_stale_values(lake_copy, events):
     """A user seen on day 1 only still has a row on day 3, with 1-day counts back at zero."""
     day1_users = {e["user_id"] for e in events if e["event_timestamp"].date() == FIRST_DAY}
     later = {e["user_id"] for e in events if e["event_timestamp"].date() > FIRST_DAY}
     quiet = sorted(day1_users - later)
     assert quiet, "the simulation should have users who were active on the first day only"
-    chat = Lake(pipeline_dir).read_partition("offline", "user_activity_realtime", LAST_DAY)
-    rows = Lake(pipeline_dir).read_partition("offline", "user_engagement", LAST_DAY)
+    chat = Lake(lake_copy).read_partition("offline", "user_activity_realtime", LAST_DAY)
+    rows = Lake(lake_copy).read_partition("offline", "user_engagement", LAST_DAY)
     assert rows.filter(pl.col("user_id").is_in(quiet)).height == len(quiet)
     assert chat.filter(pl.col("user_id").is_in(quiet)).height == 0  # 1h window plus one day has passed
 
 
-def test_training_rows_never_see_the_future(pipeline_dir, events):
-    training = pl.read_parquet(pipeline_dir / "datasets" / "personalization_training" / "date=*/*.parquet")
+def test_training_rows_never_see_the_future(lake_copy, events):
+    training = pl.read_parquet(lake_copy / "datasets" / "personalization_training" / "date=*/*.parquet")
     assert training.height == sum(1 for e in events if e["event_type"] == "impression" and e["event_timestamp"] < END)
     assert training.get_column("event_id").n_unique() == training.height
 
@@ -145,11 +153,11 @@ def test_training_rows_never_see_the_future(pipeline_dir, events):
     assert leaky_would_differ > 0, "the sample must contain rows where a leak would show"
 
 
-def test_labels_come_from_later_clicks_in_the_session(pipeline_dir):
+def test_labels_come_from_later_clicks_in_the_session(lake_copy):
     """A click labels the latest impression of that item before it in the same session, within the
     label horizon; the last day's late impressions are labelled by clicks after midnight."""
-    events = landing_events(pipeline_dir)
-    training = pl.read_parquet(pipeline_dir / "datasets" / "personalization_training" / "date=*/*.parquet")
+    events = landing_events(lake_copy)
+    training = pl.read_parquet(lake_copy / "datasets" / "personalization_training" / "date=*/*.parquet")
     by_session = defaultdict(list)
     for e in sorted(events, key=lambda e: (e["event_timestamp"], e["event_id"])):
         by_session[(e["user_id"], e["item_id"], e["session_id"])].append(e)
@@ -200,8 +208,8 @@ def test_impressions_without_a_session_are_dropped_and_counted():
     assert labelled_impressions(late).rows["label_click"].to_list() == [False]  # a click past the horizon
 
 
-def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
-    lake = Lake(pipeline_dir)
+def test_rerunning_a_partition_is_idempotent(lake_copy, events, store):
+    lake = Lake(lake_copy)
     users = sample_users(events, n=10, seed=5)
     rows = [{"user_id": u, "item_id": 0} for u in users]
     before_online = store.online_features("personalization_ranking", rows)
@@ -211,7 +219,7 @@ def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
     }
     before_training = lake.read_partition("datasets", "personalization_training", LAST_DAY)
 
-    run_pipeline(pipeline_dir, LAST_DAY, LAST_DAY, selection=daily_assets | AssetSelection.groups("datasets"))
+    run_pipeline(lake_copy, LAST_DAY, LAST_DAY, selection=daily_assets | AssetSelection.groups("datasets"))
 
     # Same rows and values; float sums may differ in the last bit with polars' parallel summation order.
     for name, frame in before.items():
@@ -228,11 +236,11 @@ def test_rerunning_a_partition_is_idempotent(pipeline_dir, events, store):
         assert values == [pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for v in before_online[name]], name
 
 
-def test_online_item_content_is_the_latest_catalogue_row(pipeline_dir, store):
+def test_online_item_content_is_the_latest_catalogue_row(lake_copy, store):
     """Every item, from the first full catalogue delivery to today's price changes, is served online
     with its latest attributes, read straight from the landing files."""
     rows = []
-    for path in sorted((pipeline_dir / "landing" / "items").glob("date=*/*.parquet")):
+    for path in sorted((lake_copy / "landing" / "items").glob("date=*/*.parquet")):
         if path.parent.name <= f"date={LAST_DAY.isoformat()}":  # the days the pipeline ran over
             rows += pq.read_table(path).to_pylist()
     latest = {}
@@ -247,11 +255,11 @@ def test_online_item_content_is_the_latest_catalogue_row(pipeline_dir, store):
         assert online["item_content__category"][n] == latest[item]["category"], item
 
 
-def test_rerunning_an_old_day_keeps_the_newest_values_online(pipeline_dir, events, store):
+def test_rerunning_an_old_day_keeps_the_newest_values_online(lake_copy, events, store):
     users = sample_users(events, n=10, seed=7)
     rows = [{"user_id": u, "item_id": 0} for u in users]
     newest = store.online_features("personalization_ranking", rows)
-    run_pipeline(pipeline_dir, FIRST_DAY, FIRST_DAY)
+    run_pipeline(lake_copy, FIRST_DAY, FIRST_DAY)
     assert store.online_features("personalization_ranking", rows) == newest
     for i, user in enumerate(users):
         assert newest["user_engagement__clicks_7d"][i] == expected_user_features(events, user, END)["clicks_7d"]

@@ -1,8 +1,10 @@
 """Fixtures of the model tests: one capped in-process Ray for the session, and the personalization
-pipeline trained once over the shared three simulated days."""
+pipeline trained once over a copy of the shared three simulated days, its lake copied for the
+tests that write to it."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from engines.registry import ModelRegistry
 from orchestration.profiles import resources_for
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource
-from tests.conftest import LAST_DAY
+from tests.conftest import LAST_DAY, copy_registry, training_result
 
 MODEL_ASSETS = AssetSelection.assets(*train_personalization.assets)  # the model and its promotion
 
@@ -53,9 +55,17 @@ def train(
 
 
 @pytest.fixture(scope="session")
-def trained(pipeline_dir, ray_compute, tmp_path_factory):
+def models_lake(pipeline_dir, tmp_path_factory) -> Path:
+    """The pipeline's lake, copied: training and batch inference write to the lake they run over, and
+    the shared lake is read by other workers meanwhile."""
+    return shutil.copytree(pipeline_dir, tmp_path_factory.mktemp("models") / "lake")
+
+
+@pytest.fixture(scope="session")
+def trained(ray_compute, personalization_run, tmp_path_factory):
     """The registry after one training run (v1) and the run's result. v1 is the champion, promoted by
-    the run itself: it beat the popularity baseline (asserted on in test_personalization)."""
-    root = tmp_path_factory.mktemp("registry")
-    result = train(pipeline_dir, ray_compute, root, raise_on_error=False)
-    return ModelRegistry.local(root), result, root
+    the run itself: it beat the popularity baseline (asserted on in test_personalization). The run is the
+    suite's (tests/conftest.py `personalization_run`, after this worker's Ray: a build here uses it); the
+    registry a copy these tests may add versions to and corrupt."""
+    root = copy_registry(personalization_run / "registry", tmp_path_factory.mktemp("trained") / "registry")
+    return ModelRegistry.local(root), training_result(personalization_run), root

@@ -22,10 +22,10 @@ from tests.conftest import LAST_DAY
 K = 5
 
 
-def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipeline_dir, ray_compute, tmp_path):
+def test_recommendations_cover_every_active_user_once_in_the_lake(trained, models_lake, ray_compute, tmp_path):
     _, _, registry_root = trained
     resources = {
-        **resources_for("local", data_dir=str(pipeline_dir)),
+        **resources_for("local", data_dir=str(models_lake)),
         "ray": ray_compute,
         "model_registry": ModelRegistryResource(root=str(registry_root)),
         "vector_store": VectorStoreResource(location=str(tmp_path / "vectors")),
@@ -46,7 +46,7 @@ def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipel
     }
     assert checks == {"covers_active_users": True, "items_exist": True, "score_drift": True, "train_serve_skew": True}
 
-    lake = Lake(pipeline_dir)
+    lake = Lake(models_lake)
     written = lake.read_partition(engine.ZONE, engine.TABLE, LAST_DAY)
     active = engine.active_users(lake, LAST_DAY)
     assert sorted(written.get_column("user_id").unique().to_list()) == active
@@ -68,9 +68,9 @@ def test_recommendations_cover_every_active_user_once_in_the_lake(trained, pipel
     assert set(online["user_recommendations__model_version"]) == {"1"}
 
 
-def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, pipeline_dir, ray_compute, tmp_path):
+def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, models_lake, ray_compute, tmp_path):
     registry, _, _ = trained
-    lake = Lake(pipeline_dir)
+    lake = Lake(models_lake)
     model = PersonalizationModel.load(registry.load("personalization", "1", tmp_path / "model"))
     active = engine.active_users(lake, LAST_DAY)
     existing = engine.existing_items(lake, LAST_DAY)
@@ -100,7 +100,7 @@ def test_a_worker_crash_is_retried_and_users_are_covered_exactly_once(trained, p
 
 
 def test_skew_check_blocks_batch_inference_that_reads_a_days_change_set(
-    trained, pipeline_dir, ray_compute, tmp_path, monkeypatch
+    trained, models_lake, ray_compute, tmp_path, monkeypatch
 ):
     """Issue 11, defect 1 put back: item features read from the day's partition of a dimension view
     (only the rows that changed that day). The blocking skew check fails and nothing is written."""
@@ -124,10 +124,10 @@ def test_skew_check_blocks_batch_inference_that_reads_a_days_change_set(
         return AsOfResult(frame)
 
     monkeypatch.setattr(engine, "entity_features", day_partition)
-    path = Lake(pipeline_dir).partition_path(engine.ZONE, engine.TABLE, LAST_DAY)
+    path = Lake(models_lake).partition_path(engine.ZONE, engine.TABLE, LAST_DAY)
     before = path.read_bytes() if path.exists() else None
     resources = {
-        **resources_for("local", data_dir=str(pipeline_dir)),
+        **resources_for("local", data_dir=str(models_lake)),
         "ray": ray_compute,
         "model_registry": ModelRegistryResource(root=str(registry_root)),
         "vector_store": VectorStoreResource(location=str(tmp_path / "vectors")),

@@ -71,10 +71,10 @@ def test_the_shipped_experiments_file_loads():
     assert "personalization_challenger" in names
 
 
-def test_offline_comparison_report_per_variant(trained, pipeline_dir):
+def test_offline_comparison_report_per_variant(trained, models_lake):
     _, _, registry_root = trained
     resources = {
-        **resources_for("local", data_dir=str(pipeline_dir)),
+        **resources_for("local", data_dir=str(models_lake)),
         "model_registry": ModelRegistryResource(root=str(registry_root)),
     }
     key = AssetKey(["experiments", "personalization_challenger"])

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 from dagster import AssetKey
 
-from engines.registry import CorruptArtifactError
+from engines.registry import CorruptArtifactError, ModelRegistry
 from ml.personalization import PersonalizationModel
 from orchestration.cli import main
 from resources.ray import RayResource
-from tests.conftest import LAST_DAY
+from tests.conftest import LAST_DAY, copy_registry
 from tests.models.conftest import train
 
 MODEL = "personalization"
@@ -61,14 +61,14 @@ def test_every_version_carries_its_lineage(trained):
     } <= set(tags)
 
 
-def test_registry_round_trip_loads_the_trained_model(trained, pipeline_dir, tmp_path):
+def test_registry_round_trip_loads_the_trained_model(trained, models_lake, tmp_path):
     registry, _, _ = trained
     folder = registry.load(MODEL, "1", tmp_path / "v1")
     model = PersonalizationModel.load(folder)
     assert (folder / "loss_curve.png").stat().st_size > 0
     from engines.lake import Lake
 
-    rows = Lake(pipeline_dir).read_partition("datasets", "personalization_training", LAST_DAY).head(50)
+    rows = Lake(models_lake).read_partition("datasets", "personalization_training", LAST_DAY).head(50)
     scores = model.score(rows)
     assert scores.shape == (50,) and len(set(scores.round(6).tolist())) > 1
 
@@ -84,7 +84,7 @@ def test_a_lone_worker_takes_every_cpu_of_the_in_process_ray(trained, ray_comput
     assert RayResource(address="ray://head:10001", train_cpus_per_worker=8).cpus_per_worker(1) == 8
 
 
-def test_training_in_the_runs_own_process_learns_what_a_worker_learns(pipeline_dir, ray_compute, tmp_path):
+def test_training_in_the_runs_own_process_learns_what_a_worker_learns(models_lake, ray_compute, tmp_path):
     """Ray Train's local mode (num_workers=0, ml/ray_train.py) runs the same loop in this process: same seed,
     rows and threads, same weights and losses as one Ray Train worker; no checkpoint is left behind, and
     this process keeps its torch threads."""
@@ -94,7 +94,7 @@ def test_training_in_the_runs_own_process_learns_what_a_worker_learns(pipeline_d
     from ml.personalization import TrainConfig
     from ml.personalization import train as train_model
 
-    rows = Lake(pipeline_dir).read_partition("datasets", "personalization_training", LAST_DAY)
+    rows = Lake(models_lake).read_partition("datasets", "personalization_training", LAST_DAY)
     config = TrainConfig(epochs=2, cpus_per_worker=1)
     threads = torch.get_num_threads()
     worker = train_model(rows, config, tmp_path / "worker")
@@ -108,12 +108,14 @@ def test_training_in_the_runs_own_process_learns_what_a_worker_learns(pipeline_d
     assert not list((tmp_path / "worker" / "staging").iterdir())
 
 
-def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, pipeline_dir, ray_compute, tmp_path):
-    registry, _, root = trained
+def test_gate_blocks_a_worse_challenger_then_rollback_and_corruption(trained, models_lake, ray_compute, tmp_path):
+    # a copy of its own: the version it adds and the artifact it corrupts would fail the module's other tests
+    root = copy_registry(trained[2], tmp_path / "registry")
+    registry = ModelRegistry.local(root)
     # margin 0: better than the champion on every gated metric, which a version trained again on the same
     # data is not; the blocking check fails, the champion stays; its worker took one of Ray's two CPUs,
     # as configured, leaving the other to runs alongside
-    blocked = train(pipeline_dir, ray_compute, root, margin=0.0, raise_on_error=False, cpus_per_worker=1)
+    blocked = train(models_lake, ray_compute, root, margin=0.0, raise_on_error=False, cpus_per_worker=1)
     assert not blocked.success
     assert PersonalizationModel.load(registry.load(MODEL, "2", tmp_path / "v2")).spec.config.cpus_per_worker == 1
     checks = {

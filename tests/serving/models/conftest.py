@@ -174,11 +174,11 @@ def clip_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def served_lake(pipeline_dir, tmp_path_factory) -> Path:
-    """A copy of the shared pipeline lake (this suite writes to its online store) with a registry holding
-    the personalization model trained by its Dagster assets (champion) and CLIP registered by the
-    `models/clip` asset from weights the `clip_model` asset chose (the compact config, random weights:
-    the server needs a real CLIP, not a good one)."""
+def served_lake(personalization_run, tmp_path_factory) -> Path:
+    """A copy of the lake the suite's personalization run trained over (this suite writes to its online
+    store) with a registry holding the model that run trained, registered and promoted through its Dagster
+    assets (champion), and CLIP registered by the `models/clip` asset from weights the `clip_model` asset
+    chose (the compact config, random weights: the server needs a real CLIP, not a good one)."""
     import shutil
 
     from dagster import AssetSelection, DagsterInstance, materialize
@@ -188,15 +188,13 @@ def served_lake(pipeline_dir, tmp_path_factory) -> Path:
     from assets.serving import CLIP_REGISTERED
     from ml.clip import ClipSpec, load_model
     from orchestration.profiles import resources_for
-    from resources.ray import RayResource
     from resources.registry import ModelRegistryResource
-    from tests.models.conftest import train
+    from tests.conftest import copy_registry, training_result
 
     lake = tmp_path_factory.mktemp("served") / "lake"
-    shutil.copytree(pipeline_dir, lake)
-    registry_root = lake / "registry"
-    with RayResource(num_cpus=2, object_store_mb=300, temp_dir=str(tmp_path_factory.mktemp("ray"))).session() as ray:
-        train(lake, ray, registry_root)  # trained, registered, past both gates: the champion
+    shutil.copytree(personalization_run / "lake", lake)
+    registry_root = copy_registry(personalization_run / "registry", lake / "registry")
+    assert training_result(personalization_run).success  # trained, registered, past both gates: the champion
     registry = ModelRegistry.local(registry_root)
     assert registry.by_alias("personalization", "champion").version == "1"
     weights = lake / "models" / "clip-random.pt"
