@@ -57,8 +57,9 @@ def test_redis_online_store_and_postgres_registry_serve_what_sqlite_serves(pipel
         prod.store.teardown()  # removes this project's keys from Redis
 
 
-def test_feast_cli_works_on_the_generated_repo(pipeline_dir):
-    engine = resources_for("local", data_dir=str(pipeline_dir))["feature_store"].get_client()
+def test_feast_cli_works_on_the_generated_repo(pipeline_dir, tmp_path):
+    repo = shutil.copytree(pipeline_dir / "feature_repo", tmp_path / "feature_repo")  # the shared lake stays read-only
+    engine = FeatureStoreEngine(FeatureStoreSettings(repo_dir=repo, offline_root=pipeline_dir / "offline"))
     engine.write_repo()
     feast = Path(sys.executable).with_name("feast")
     out = subprocess.run(
