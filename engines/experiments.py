@@ -22,6 +22,7 @@ import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -101,8 +102,13 @@ class Experiment:
         return (self.slice[1] - self.slice[0]) * seen
 
     def bucket(self, unit: int | str) -> int:
-        digest = hashlib.sha256(f"{self.salt}:{self.name}:{unit}".encode()).digest()
+        digest = hashlib.sha256(self.hash_prefix + str(unit).encode()).digest()
         return int.from_bytes(digest[:8], "big") % BUCKETS
+
+    @cached_property
+    def hash_prefix(self) -> bytes:
+        """`salt:name:`, the part of the hashed `salt:name:unit` that every unit shares."""
+        return f"{self.salt}:{self.name}:".encode()
 
     def includes(self, unit: int | str) -> bool:
         """Whether the unit falls in this experiment's slice of its layer (and in its layer's domain)."""
@@ -112,8 +118,23 @@ class Experiment:
 
     def holds(self, bucket: int) -> bool:
         """Whether a layer bucket falls in this experiment's slice."""
-        start, end = (round(bound * BUCKETS) for bound in self.slice)
+        start, end = self.slice_buckets
         return start <= bucket < end
+
+    @cached_property
+    def slice_buckets(self) -> tuple[int, int]:
+        """The slice as layer buckets [start, end): computed once, every request asks."""
+        start, end = self.slice
+        return round(start * BUCKETS), round(end * BUCKETS)
+
+    @cached_property
+    def variant_ends(self) -> tuple[int, ...]:
+        """Each variant's end in the experiment's buckets, cumulative over the variants in file order."""
+        ends, upper = [], 0.0
+        for variant in self.variants:
+            upper += variant.traffic * BUCKETS
+            ends.append(round(upper))
+        return tuple(ends)
 
     def assign(self, unit: int | str) -> Variant | None:
         """The unit's variant, None when the unit is outside the experiment's slice of its layer: the
@@ -122,10 +143,9 @@ class Experiment:
 
     def variant_of(self, unit: int | str) -> Variant:
         """The variant of a unit inside the slice, by the experiment's own hash."""
-        bucket, upper = self.bucket(unit), 0.0
-        for variant in self.variants:
-            upper += variant.traffic * BUCKETS
-            if bucket < round(upper):
+        bucket = self.bucket(unit)
+        for variant, end in zip(self.variants, self.variant_ends):
+            if bucket < end:
                 return variant
         return self.variants[-1]
 

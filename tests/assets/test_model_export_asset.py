@@ -40,9 +40,20 @@ def pinned(lake, model: str) -> list[int]:
     return list(parse_config(config).version_policy.specific.versions)
 
 
-def test_export_follows_promotion_and_rollback(tmp_path):
+def test_export_and_its_sensor_follow_promotion_and_rollback(tmp_path):
+    """One registry for both: the sensor asks for an export exactly when a served version moves, and the
+    export then moves Triton's pin and the manifests."""
     lake = tmp_path / "lake"
     registry = build_registry(lake)  # personalization v1 champion, v2 challenger; clip v1
+    resources = local_resources(lake)
+
+    def tick(cursor):
+        with build_sensor_context(cursor=cursor, resources=resources) as context:
+            return model_export_sensor(context)
+
+    first = tick(None)
+    assert len(first.run_requests) == 1
+    assert isinstance(tick(first.cursor), SkipReason)  # nothing moved: no second export
     run_export(lake)
     repository = lake / TRITON_REPOSITORY
     assert sorted(p.name for p in repository.iterdir()) == [
@@ -71,29 +82,21 @@ def test_export_follows_promotion_and_rollback(tmp_path):
     assert isvc["metadata"]["annotations"]["mlplane.io/registry-version"] == "1"
 
     registry.set_alias("personalization", "champion", "2", who="test", reason="promotion")
+    promoted = tick(first.cursor)
+    assert len(promoted.run_requests) == 1 and promoted.cursor != first.cursor
+    assert '"personalization": "2"' in promoted.cursor
     run_export(lake)
     assert pinned(lake, "personalization-user_tower") == [2]
     assert (repository / "personalization-user_tower" / "1" / MODEL_FILE).exists()  # kept for a rollback
     registry.rollback("personalization", "champion", who="test", reason="rollback")
+    rolled_back = tick(promoted.cursor)  # back to versions exported before: exported again
+    assert len(rolled_back.run_requests) == 1 and rolled_back.cursor == first.cursor
     run_export(lake)
     assert pinned(lake, "personalization-user_tower") == [1]
     isvc = list(yaml.safe_load_all((lake / KSERVE_FOLDER / "mlplane-personalization.yaml").read_text()))[1]
     assert isvc["metadata"]["annotations"]["mlplane.io/registry-version"] == "1"
 
-
-def test_sensor_requests_an_export_when_a_served_version_moves(tmp_path):
-    lake = tmp_path / "lake"
-    registry = build_registry(lake)
-    resources = local_resources(lake)
-
-    def tick(cursor):
-        with build_sensor_context(cursor=cursor, resources=resources) as context:
-            return model_export_sensor(context)
-
-    first = tick(None)
-    assert len(first.run_requests) == 1
-    assert isinstance(tick(first.cursor), SkipReason)  # nothing moved: no second export
     registry.set_alias("personalization", "challenger", "1", who="test", reason="a new challenger")
-    moved = tick(first.cursor)
-    assert len(moved.run_requests) == 1 and moved.cursor != first.cursor
+    moved = tick(rolled_back.cursor)
+    assert len(moved.run_requests) == 1 and moved.cursor != rolled_back.cursor
     assert '"personalization-challenger": "1"' in moved.cursor

@@ -22,6 +22,7 @@ from engines.online_accuracy import (
     AccuracySettings,
     by_experiment,
     by_model,
+    chi_square,
     credited_outcomes,
     drops,
     experiment_users,
@@ -516,6 +517,18 @@ def test_the_srm_check_fires_at_most_at_its_level_on_days_assigned_as_configured
             fired += srm_test("e", counts, split, SETTINGS)["mismatch"]
     # 0.001 of 20,000 days is 20 expected; P(Poisson(20) outside [7, 36]) < 0.001
     assert 7 <= fired <= 36
+
+
+def test_the_chi_square_is_scipys_on_two_and_three_arms():
+    rng = np.random.default_rng(5)
+    for shares in ((0.5, 0.5), (0.9, 0.1), (0.2, 0.3, 0.5)):
+        for users in (20, 1_000, 100_000):
+            observed = rng.multinomial(users, shares).tolist()
+            expected = [users * s for s in shares]
+            statistic, p = chi_square(observed, expected)
+            reference = chisquare(observed, expected)
+            assert statistic == pytest.approx(reference.statistic, rel=1e-12)
+            assert p == pytest.approx(reference.pvalue, rel=1e-9)
 
 
 def test_a_one_point_imbalance_at_100000_users_is_caught_every_day():
