@@ -72,7 +72,7 @@ def test_no_request_gets_a_server_error(server_schema):
 
 
 @pytest.mark.services  # a server, run through schemathesis' CLI with every check
-def test_every_schemathesis_check_passes(fuzz_server):
+def test_every_schemathesis_check_passes(fuzz_server, tmp_path):
     command = [
         str(Path(sys.executable).parent / "schemathesis"),
         "--config-file",
@@ -89,5 +89,6 @@ def test_every_schemathesis_check_passes(fuzz_server):
         "--header",
         f"Authorization: Bearer {ADMIN_KEY}",  # the control operations too
     ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    # its example database (.schemathesis/) goes to the working folder: not the checkout
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-6000:] + run.stderr[-2000:]
