@@ -10,8 +10,10 @@ and a test that starts one itself carries `@pytest.mark.services`.
 CI runs the suite on two workers (`-n 2 --dist loadgroup`, .ci/run). Each test module is one group, so
 its module fixtures start once; packages whose fixtures outlive a module (the Flink cluster and live job
 of tests/streaming, the vLLM backends and gateways of tests/serving/gateway and tests/serving/llm, which
-share one trained LLM) are one group each, and so are the modules that use one session-scoped trained
-model (SHARED_FIXTURES), which a worker would otherwise train again."""
+share one trained LLM) are one group each, and so are the modules that use one session-scoped served
+model (SHARED_FIXTURES), which a worker would otherwise set up again. What both workers read (the
+pipeline's lake, the personalization model trained on it) is built once per run: tests/conftest.py's
+`built_once`."""
 
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: LONGEST_FIRST.get(groups[item.path], len(LONGEST_FIRST)))
 
 
-SHARED_FIXTURES = {  # session-scoped engines that train models: the files using one share a worker
+SHARED_FIXTURES = {  # session-scoped engines over a trained model: the files using one share a worker
     "served_lake": "tests/serving/models:served_lake",  # the pipeline's lake, a trained model and CLIP
     "trained": "tests/models:trained",  # a personalization model trained on Ray
 }
