@@ -13,11 +13,11 @@ def build_lake(data_dir: Path, days: int = 3, scale: float = 0.25, slide_seconds
     (the extra day is ingested only: the last day's labels look past its midnight). The streaming
     slide is hourly, which keeps the Flink backfill of the history short."""
     from dagster import AssetSelection, DagsterInstance, materialize
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from assets import all_assets
     from engines.simulator import Simulator, SimulatorConfig
     from jobs import daily_assets, training_data_assets
+    from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
     from orchestration.profiles import resources_for
     from resources.flink import FlinkResource
 

@@ -38,11 +38,11 @@ SERVICE = "personalization_ranking"
 
 def build_lake(data_dir: Path) -> None:
     from dagster import DagsterInstance, materialize
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from assets import all_assets
     from engines.simulator import simulate
     from jobs import daily_assets
+    from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
     from orchestration.profiles import resources_for
 
     first = date(2026, 1, 1)

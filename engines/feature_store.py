@@ -29,6 +29,7 @@ from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.repo_config import RepoConfig
 
 from engines.entity_keys import key_serializer
+from engines.feast_internals import online_store
 from engines.online_write import OnlineWriter, latest_offline_rows
 from engines.sqlite_online import sqlite_read
 from feature_defs import catalogue as default_catalogue
@@ -222,7 +223,7 @@ class FeatureStoreEngine:
             EntityKeyProto(join_keys=[k for k, _ in keys], entity_values=[_value_proto(row[k], t) for k, t in keys])
             for row in entity_rows
         ]
-        online = self.store._get_provider().online_store
+        online = online_store(self.store)
         found = online.online_read(
             config=self.store.config, table=feature_view, entity_keys=protos, requested_features=list(features)
         )
@@ -265,7 +266,7 @@ class OnlineReader:
 
     def __init__(self, store: FeatureStore, service: str | None = None, plan: list | None = None):
         self.config = store.config
-        self.shared_store = store._get_provider().online_store
+        self.shared_store = online_store(store)
         if plan is None:
             plan = []
             for projection in store.get_feature_service(service).feature_view_projections:

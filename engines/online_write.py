@@ -26,6 +26,7 @@ from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.utils import to_naive_utc
 
 from engines.entity_keys import key_serializer
+from engines.feast_internals import online_store, sqlite_connection, sqlite_table
 
 
 class OnlineWriter:
@@ -73,7 +74,7 @@ class OnlineWriter:
         from feast.infra.online_stores import sqlite as feast_sqlite
 
         config = self.store.config
-        online = self.store._get_provider().online_store
+        online = online_store(self.store)
         plain = not (
             getattr(config.online_store, "vector_enabled", False)
             or getattr(config.online_store, "enable_openai_compatible_store", False)
@@ -82,15 +83,14 @@ class OnlineWriter:
             return None, None, None
         if config.entity_key_serialization_version != 3 or not all(e for _, e in self._encoders):
             return None, None, None
-        versioned = config.registry.enable_online_feature_view_versioning
-        table = feast_sqlite._quote_id(feast_sqlite._table_id(config.project, self.view, versioned))
+        table = sqlite_table(config, self.view)
         sql = (
             f"INSERT INTO {table} (entity_key, feature_name, value, value_text, event_ts, created_ts) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(entity_key, feature_name) DO UPDATE SET "
             "value = excluded.value, value_text = excluded.value_text, event_ts = excluded.event_ts, "
             "created_ts = excluded.created_ts"
         )
-        return online._get_conn(config), table, sql
+        return sqlite_connection(online, config), table, sql
 
 
 def latest_offline_rows(

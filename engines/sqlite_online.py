@@ -18,6 +18,8 @@ from typing import Any
 
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
+from engines.feast_internals import sqlite_connection, sqlite_table
+
 MAX_CACHED_KEYS = 50_000  # per connection; past it, entities are read and not kept until the next change
 
 
@@ -47,13 +49,10 @@ class RowCache:
 def sqlite_read(store, config, view, keys: list[bytes], features, decode) -> list:
     """Per key: (event timestamp, feature -> decoded value) or (None, None), for `store` (a
     SqliteOnlineStore, one per thread) and `keys` serialized as Feast serializes entity keys."""
-    from feast.infra.online_stores import sqlite as sqlite_store
-
-    conn = store._get_conn(config)
+    conn = sqlite_connection(store, config)
     cache = store.__dict__.setdefault("_mlplane_rows", RowCache())
     cache.follow(conn)
-    versioned = config.registry.enable_online_feature_view_versioning
-    table = sqlite_store._quote_id(sqlite_store._table_id(config.project, view, versioned))
+    table = sqlite_table(config, view)
     decode = decode or ValueProto.FromString
     part = cache.entries.setdefault((table, tuple(features), decode), {})
     missing = list(dict.fromkeys(k for k in keys if k not in part))

@@ -12,12 +12,11 @@ from dagster import (
     SensorDefinition,
     in_process_executor,
 )
-from dagster._core.definitions.partitions.partitioned_schedule import UnresolvedPartitionedAssetScheduleDefinition
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 import jobs
 from assets import all_asset_checks, all_assets, pipeline_jobs, pipeline_schedules
 from orchestration import schedules, sensors, streaming
+from orchestration.dagster_internals import UnresolvedAssetJobDefinition, UnresolvedPartitionedAssetScheduleDefinition
 from orchestration.profiles import current_profile, resources_for, warn_about_unset_notifications
 
 

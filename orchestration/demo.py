@@ -33,7 +33,6 @@ ANNOTATOR_ACCURACY = 0.99
 # the trainings run in the demo's process (Ray Train's local mode, ml/ray_train.py): a Ray Train worker and
 # its helper actors cost each training about 9 s and 13 CPU-seconds of two cores before it trained
 TRAIN_WORKERS = 0
-NO_CAPTURE_MODULE = "dagster._core.storage.noop_compute_log_manager"
 
 
 def run_demo(data_dir: Path, first: date, days: int, simulate: Callable[[], object]) -> None:
@@ -224,7 +223,7 @@ def materialized(result, key: str) -> dict:
 
 
 def day_range(first: date, last: date) -> dict[str, str]:
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+    from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     return {ASSET_PARTITION_RANGE_START_TAG: first.isoformat(), ASSET_PARTITION_RANGE_END_TAG: last.isoformat()}
 
@@ -363,13 +362,13 @@ def run_job(
     a process may capture (a second one's cleanup waits twice 30 s for its `tail` process, then fails);
     the main thread's runs do."""
     from dagster import AssetKey, DagsterInstance
-    from dagster._serdes import ConfigurableClassData
 
+    from orchestration.dagster_internals import NO_CAPTURE_LOG_MANAGER, ConfigurableClassData
     from orchestration.definitions import defs
 
     instance = DagsterInstance.get()
     if threading.current_thread() is not threading.main_thread():
-        no_capture = ConfigurableClassData(NO_CAPTURE_MODULE, "NoOpComputeLogManager", "{}")
+        no_capture = ConfigurableClassData(*NO_CAPTURE_LOG_MANAGER, "{}")
         instance = DagsterInstance.from_ref(instance.get_ref()._replace(compute_logs_data=no_capture))
 
     keys = [AssetKey(k.split("/")) for k in selection] if selection else None

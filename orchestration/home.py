@@ -48,15 +48,15 @@ def environment_executable(name: str) -> str:
 def set_sensor_cursor(instance: DagsterInstance, sensor_name: str, cursor: str) -> None:
     """Store a sensor's cursor as the daemon of `mlplane ui` reads it (state keyed by location, repository
     and sensor name). Unlike `dagster sensor cursor --set`, a sensor that runs by default stays running."""
-    from dagster._core.remote_origin import InProcessCodeLocationOrigin
-    from dagster._core.remote_representation.code_location import InProcessCodeLocation
-    from dagster._core.scheduler.instigation import (
+    from orchestration.dagster_internals import (
+        InProcessCodeLocation,
+        InProcessCodeLocationOrigin,
         InstigatorState,
         InstigatorStatus,
         InstigatorType,
+        LoadableTargetOrigin,
         SensorInstigatorData,
     )
-    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
     origin = InProcessCodeLocationOrigin(
         LoadableTargetOrigin(

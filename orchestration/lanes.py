@@ -37,7 +37,7 @@ def allow_runs_on_threads() -> None:
     inside its handler's lock, then waits for logging's lock: both threads hang (seen in the demo when
     batch inference and a training started together). Without `python_logs` the call finds no handlers:
     skip it. With them, Dagster's own method runs as before (idempotent)."""
-    from dagster._core.instance.methods.event_methods import EventMethods
+    from orchestration.dagster_internals import EventMethods
 
     configured = EventMethods.get_yaml_python_handlers
     if getattr(configured, "skips_empty_config", False):

@@ -21,7 +21,6 @@ from dagster import (
     run_failure_sensor,
     sensor,
 )
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from assets import all_asset_checks
 from assets.model_export import served_versions
@@ -32,6 +31,7 @@ from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, days_of_other_versi
 from engines.lake import Lake
 from feature_defs.sources import all_sources
 from jobs import clip_reembed, daily_pipeline, model_export
+from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from resources.lake import LakeResource
 from resources.model_server import ModelServerResource
 from resources.notifications import WebhookNotifier

@@ -17,17 +17,18 @@ from dagster import (
     AssetSelection,
     DagsterEventType,
     DagsterInstance,
+    ExecuteInProcessResult,
     RunFailureSensorContext,
     build_run_status_sensor_context,
+    deserialize_value,
     materialize,
+    serialize_value,
 )
-from dagster._core.execution.execute_in_process_result import ExecuteInProcessResult
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-from dagster._serdes import deserialize_value, serialize_value
 
 from assets import all_assets
 from engines.simulator import Simulator, SimulatorConfig
 from jobs import daily_assets, training_data_assets
+from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
 from resources.flink import FlinkResource
 

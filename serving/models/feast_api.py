@@ -46,6 +46,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from engines.feast_internals import online_request_context, timestamp_to_str, value_to_native
 from engines.feature_store import OnlineReader
 from serving.models.protocol import ErrorResponse, ProtocolError
 
@@ -198,7 +199,6 @@ def shape_of(body: GetOnlineFeaturesRequest) -> tuple:
 
 def resolve(store, body: GetOnlineFeaturesRequest) -> Plan:
     """The request's features as Feast resolves them (its errors become 404 or 400)."""
-    from feast import utils
     from feast.errors import FeastError
 
     features: Any = body.features
@@ -208,7 +208,7 @@ def resolve(store, body: GetOnlineFeaturesRequest) -> Plan:
         except FeastError as error:
             raise ProtocolError(404, f"unknown feature service {body.feature_service!r}") from error
     try:
-        context = utils._get_online_request_context(store.registry, store.project, features, body.full_feature_names)
+        context = online_request_context(store, features, body.full_feature_names)
     except (FeastError, KeyError, ValueError, TypeError) as error:
         raise ProtocolError(400, f"{type(error).__name__}: {error}") from error
     return Plan.build(store, features, context, body.full_feature_names)
@@ -317,12 +317,11 @@ class NativeValues:
             return self.values[raw]
         except KeyError:
             pass
-        from feast.feature_server_utils import _value_to_native
         from feast.protos.feast.types.Value_pb2 import Value
 
         if len(self.values) >= self.size:
             self.values.clear()
-        value = self.values[raw] = _value_to_native(Value.FromString(raw))
+        value = self.values[raw] = value_to_native(Value.FromString(raw))
         return value
 
 
@@ -346,12 +345,11 @@ def stamp(ts: datetime | None) -> str:
     """A row's timestamp as Feast writes it (a protobuf Timestamp through convert_response_to_dict)."""
     if ts is None:
         return EPOCH
-    from feast.feature_server_utils import _timestamp_to_str
     from google.protobuf.timestamp_pb2 import Timestamp
 
     proto = Timestamp()
     proto.FromDatetime(ts)
-    return _timestamp_to_str(proto)
+    return timestamp_to_str(proto)
 
 
 def check_entities(entities: dict[str, list]) -> None:

@@ -12,7 +12,6 @@ import pytest
 import ray
 from click.testing import CliRunner
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from assets import all_assets
 from engines.copy_calibration import Calibration
@@ -34,6 +33,7 @@ from engines.search import ItemSearch
 from engines.vector_store import VectorStore
 from ml.clip import encode_images, encode_texts, load_model, preprocess_image, tokenizer
 from orchestration.cli import main
+from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
 from resources.ray import RayResource
 from tests.conftest import FIRST_DAY, LAST_DAY, run_pipeline, simulate

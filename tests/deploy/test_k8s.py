@@ -146,12 +146,11 @@ def test_the_model_server_config_is_a_valid_server_config(objects):
 
 def served_paths(tmp_path: Path) -> dict[str, set[str]]:
     """The routes each unit's server really has, read from the apps themselves."""
-    from dagster._core.test_utils import instance_for_test
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import EmptyWorkspaceTarget
+    from dagster import instance_for_test
     from dagster_webserver.webserver import DagsterWebserver
 
     from ground_truth.app import create_app as labeling_app
+    from orchestration.dagster_internals import EmptyWorkspaceTarget, WorkspaceProcessContext
     from serving.gateway.routes.ops import router as gateway_ops
     from serving.models.app import _health_routes
 
@@ -184,11 +183,11 @@ def test_http_probes_ask_for_routes_the_servers_have(objects, tmp_path):
 
 def click_command(program: str):
     """The click command behind a console script the images install."""
-    from dagster._cli import cli as dagster
-    from dagster._daemon.cli import cli as dagster_daemon
     from dagster_webserver.cli import cli as dagster_webserver
 
     from orchestration.cli import main as mlplane
+    from orchestration.dagster_internals import dagster_cli as dagster
+    from orchestration.dagster_internals import dagster_daemon_cli as dagster_daemon
 
     commands = {"dagster": dagster, "dagster-daemon": dagster_daemon, "dagster-webserver": dagster_webserver}
     return {**commands, "mlplane": mlplane}[program]

@@ -12,7 +12,6 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from assets import all_assets
 from engines import content_violation as cv
@@ -20,6 +19,7 @@ from engines.lake import Lake
 from engines.releases import newest_release, releases
 from ground_truth import queue, review
 from ground_truth.schema import ItemIn
+from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
 from tests.conftest import FIRST_DAY, LAST_DAY
 from tests.ground_truth.conftest import label_everything

@@ -15,7 +15,6 @@ import polars as pl
 import pytest
 import torch
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from sqlalchemy import select
 
 from assets import all_assets
@@ -24,6 +23,7 @@ from engines.registry import ModelRegistry
 from ground_truth import queue
 from ground_truth.db import item_sources, items
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec
+from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
 from tests.conftest import DAYS, FIRST_DAY, LAST_DAY
 

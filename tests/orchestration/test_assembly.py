@@ -7,12 +7,12 @@ import importlib
 import pkgutil
 
 from dagster import AssetChecksDefinition, AssetsDefinition
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 import assets
 import jobs
 from assets.notebooks import NotebookPipeline
 from assets.pipelines import TrainingPipeline
+from orchestration.dagster_internals import UnresolvedAssetJobDefinition
 from orchestration.definitions import defs
 
 

@@ -49,7 +49,7 @@ def test_every_job_has_one_backfill_policy():
     of an asset that loads ranges in one run would silently run a day at a time (or the reverse)."""
     import warnings
 
-    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+    from orchestration.dagster_internals import UnresolvedAssetJobDefinition
 
     graph = defs.resolve_asset_graph()
     jobs = [job for job in defs.jobs if isinstance(job, UnresolvedAssetJobDefinition)]

@@ -43,8 +43,7 @@ def instance_with_settings(home, python_logs: str = ""):
 @pytest.fixture
 def lanes_allowed(monkeypatch):
     """allow_runs_on_threads for one test: Dagster's method is put back afterwards."""
-    from dagster._core.instance.methods.event_methods import EventMethods
-
+    from orchestration.dagster_internals import EventMethods
     from orchestration.lanes import allow_runs_on_threads
 
     monkeypatch.setattr(EventMethods, "get_yaml_python_handlers", EventMethods.get_yaml_python_handlers)

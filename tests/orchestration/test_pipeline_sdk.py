@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 from dagster import DagsterRun, DailyPartitionsDefinition
-from dagster._utils.tags import TagConcurrencyLimitsCounter
 
 from assets.pipelines import PRIORITY_CLASSES, TrainedModel, TrainingRun, training_pipeline
+from orchestration.dagster_internals import TagConcurrencyLimitsCounter
 from orchestration.profiles import PROJECT_ROOT, notify_targets
 
 

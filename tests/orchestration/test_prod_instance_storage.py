@@ -4,9 +4,8 @@ variables say (shared storage for remote run launchers): no PostgreSQL needed to
 from __future__ import annotations
 
 import yaml
-from dagster._core.instance.config import dagster_instance_config
-from dagster._serdes import ConfigurableClassData
 
+from orchestration.dagster_internals import ConfigurableClassData, dagster_instance_config
 from orchestration.profiles import PROJECT_ROOT
 
 

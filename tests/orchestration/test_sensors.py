@@ -11,8 +11,8 @@ from dagster import (
     DagsterInstance,
     build_sensor_context,
 )
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
+from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.definitions import defs
 from orchestration.sensors import landing_sensor, notify_run_failure
 from resources.lake import LakeResource
@@ -99,9 +99,7 @@ def test_failed_run_notification_reaches_the_webhook(tmp_path):
 
 @pytest.mark.services  # loads workspace.yaml's code location in a gRPC server, as `mlplane ui` does
 def test_the_demo_leaves_the_landing_sensor_at_the_days_it_ran(tmp_path, monkeypatch):
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-
+    from orchestration.dagster_internals import WorkspaceFileTarget, WorkspaceProcessContext
     from orchestration.demo import remember_landed_days
     from orchestration.profiles import PROJECT_ROOT
 

@@ -18,6 +18,7 @@ import httpx
 import polars as pl
 import pytest
 
+from engines.feast_internals import online_store
 from serving.models import feast_api
 from tests.serving.models.conftest import free_port
 
@@ -324,7 +325,7 @@ def test_read_path_returns_what_feasts_online_read_returns(platform_server, lake
     for view, features, keys in reader.plan:
         key_of, found = reader.read_view(view, features, keys, columns)
         names = [k for k, _ in keys]
-        theirs = store._get_provider().online_store.online_read(
+        theirs = online_store(store).online_read(
             config=store.config,
             table=view,
             entity_keys=[reader_key(names, key) for key in found],
