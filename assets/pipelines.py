@@ -34,6 +34,7 @@ from dagster import (
 from pydantic import Field
 
 from engines.lake import Lake
+from engines.registry import ModelRegistry
 from ml.comparison import Comparison, Judgement, judge
 
 GATE_CHECK = "beats_champion"
@@ -199,79 +200,11 @@ def training_pipeline(
             check_specs=gate_check_specs(model_key),
         )
         def train_and_register(context, config: TrainingConfig):
-            resources = context.resources
-            day = date.fromisoformat(context.partition_keys[-1])
-            registry_resource = resources.model_registry
-            registry = registry_resource.get_client()
-            resources.ray.ensure_started()
-            under_test = registry.by_alias(model_name, "challenger")  # the online gate judges this one
-            with tempfile.TemporaryDirectory(prefix=f"train-{model_name}-") as work:
-                run = TrainingRun(
-                    day,
-                    resources.lake.get_client(),
-                    Path(work),
-                    config.num_workers,
-                    config.use_gpu or gpus > 0,
-                    config.training_days,
-                    context.log.info,
-                    config.cpus_per_worker or resources.ray.cpus_per_worker(config.num_workers),
-                )
-                trained = fn(run)
-                lineage = {
-                    "mlplane.code_version": code_version(),
-                    "mlplane.data_partitions": ",".join(trained.data_partitions),
-                    "mlplane.feature_service": trained.feature_service,
-                    "mlplane.dagster_run_id": context.run.run_id,
-                    "mlplane.dagster_asset": model_key.to_user_string(),
-                    "mlplane.partition": day.isoformat(),
-                }
-                version = registry.register(model_name, trained.model_dir, lineage, trained.metrics, trained.params)
-                registry.set_alias(
-                    model_name,
-                    "challenger",
-                    version.version,
-                    who=f"dagster run {context.run.run_id}",
-                    reason=f"trained for {day}",
-                )
-                champion = registry.by_alias(model_name, "champion")
-                comparisons = {}
-                if champion is not None:
-                    comparisons = trained.compare(registry.load(model_name, champion.version, Path(work) / "champion"))
-            margin = registry_resource.promotion_margin
-            offline = offline_verdict(comparisons, trained.gate_metric, margin) if champion else None
-            passed, approved = offline is None or offline.passed, version.version
-            reason = offline.reason if offline else "no champion yet: nothing to beat"
-            online = {}
-            if promotion_evidence == "online":
-                passed, approved, online = online_gate(run.lake, day, model_name, under_test, champion, online_margin)
-                reason = online["reason"]
-            record_approval(registry, model_name, approved if passed else None, context.run.run_id, reason)
-            yield MaterializeResult(
-                metadata={
-                    "model": model_name,
-                    "version": MetadataValue.int(int(version.version)),
-                    "registry": registry.tracking_uri,
-                    **{k: v for k, v in lineage.items() if k != "mlplane.dagster_run_id"},
-                    **trained.metadata,
-                }
-            )
-            yield AssetCheckResult(
-                check_name=GATE_CHECK,
-                passed=passed,
-                severity=AssetCheckSeverity.ERROR,
-                description=reason,
-                metadata={
-                    "evidence": promotion_evidence,
-                    "approved_version": approved if passed else "(none)",
-                    **{f"online_{k}": v for k, v in online.items() if k != "reason"},
-                    "metric": ", ".join(_as_tuple(trained.gate_metric)),
-                    "challenger_version": version.version,
-                    "champion_version": champion.version if champion else "(none yet)",
-                    "margin": margin,
-                    **({"offline_comparisons": offline.table()} if offline else {}),
-                },
-            )
-            yield baseline_check(trained)
+            registered = register_trained(context, config, fn, model_name, gpus)
+            verdict = promotion_verdict(context, registered, model_name, promotion_evidence, online_margin)
+            yield MaterializeResult(metadata=registered.metadata(model_name))
+            yield verdict.check_result(registered, promotion_evidence)
+            yield baseline_check(registered.trained)
 
         @asset(
             key=champion_key,
@@ -298,6 +231,122 @@ def training_pipeline(
         return TrainingPipeline(model_name, [train_and_register, promote], job, schedule)
 
     return decorate
+
+
+@dataclass
+class RegisteredVersion:
+    """A training run's outcome: the trained model, its registered version (now `challenger`) with its
+    lineage, and what the gate compares it with (the champion, and the challenger before this run)."""
+
+    day: date
+    lake: Lake
+    trained: TrainedModel
+    version: object
+    lineage: dict[str, str]
+    champion: object | None
+    comparisons: dict[str, Comparison]
+    under_test: object | None
+    registry: ModelRegistry
+
+    def metadata(self, model_name: str) -> dict:
+        lineage = {k: v for k, v in self.lineage.items() if k != "mlplane.dagster_run_id"}
+        return {
+            "model": model_name,
+            "version": MetadataValue.int(int(self.version.version)),
+            "registry": self.registry.tracking_uri,
+            **lineage,
+            **self.trained.metadata,
+        }
+
+
+def register_trained(context, config: TrainingConfig, fn, model_name: str, gpus: int) -> RegisteredVersion:
+    """Train with `fn` for the run's newest partition, register the model with its lineage as `challenger`,
+    and compare it with the champion on this run's held-out rows."""
+    resources = context.resources
+    day = date.fromisoformat(context.partition_keys[-1])
+    registry = resources.model_registry.get_client()
+    resources.ray.ensure_started()
+    under_test = registry.by_alias(model_name, "challenger")  # the online gate judges this one
+    lake = resources.lake.get_client()
+    with tempfile.TemporaryDirectory(prefix=f"train-{model_name}-") as work:
+        run = TrainingRun(
+            day,
+            lake,
+            Path(work),
+            config.num_workers,
+            config.use_gpu or gpus > 0,
+            config.training_days,
+            context.log.info,
+            config.cpus_per_worker or resources.ray.cpus_per_worker(config.num_workers),
+        )
+        trained = fn(run)
+        lineage = {
+            "mlplane.code_version": code_version(),
+            "mlplane.data_partitions": ",".join(trained.data_partitions),
+            "mlplane.feature_service": trained.feature_service,
+            "mlplane.dagster_run_id": context.run.run_id,
+            "mlplane.dagster_asset": f"models/{model_name}",
+            "mlplane.partition": day.isoformat(),
+        }
+        version = registry.register(model_name, trained.model_dir, lineage, trained.metrics, trained.params)
+        who = f"dagster run {context.run.run_id}"
+        registry.set_alias(model_name, "challenger", version.version, who=who, reason=f"trained for {day}")
+        champion = registry.by_alias(model_name, "champion")
+        comparisons = {}
+        if champion is not None:
+            comparisons = trained.compare(registry.load(model_name, champion.version, Path(work) / "champion"))
+    return RegisteredVersion(day, lake, trained, version, lineage, champion, comparisons, under_test, registry)
+
+
+@dataclass
+class PromotionVerdict:
+    """What `beats_champion` decided: whether a version is approved for promotion, which, and why."""
+
+    passed: bool
+    approved: str
+    reason: str
+    margin: float
+    offline: "OfflineVerdict | None"
+    online: dict
+
+    def check_result(self, registered: RegisteredVersion, evidence: str) -> AssetCheckResult:
+        return AssetCheckResult(
+            check_name=GATE_CHECK,
+            passed=self.passed,
+            severity=AssetCheckSeverity.ERROR,
+            description=self.reason,
+            metadata={
+                "evidence": evidence,
+                "approved_version": self.approved if self.passed else "(none)",
+                **{f"online_{k}": v for k, v in self.online.items() if k != "reason"},
+                "metric": ", ".join(_as_tuple(registered.trained.gate_metric)),
+                "challenger_version": registered.version.version,
+                "champion_version": registered.champion.version if registered.champion else "(none yet)",
+                "margin": self.margin,
+                **({"offline_comparisons": self.offline.table()} if self.offline else {}),
+            },
+        )
+
+
+def promotion_verdict(
+    context, registered: RegisteredVersion, model_name: str, evidence: str, online_margin: float
+) -> PromotionVerdict:
+    """Judge the registered version on held-out data (or, with online evidence, the previous challenger on
+    its A/B result) and point `approved` at the version that passed, or clear it."""
+    registry = registered.registry
+    margin = context.resources.model_registry.promotion_margin
+    trained, champion = registered.trained, registered.champion
+    offline = offline_verdict(registered.comparisons, trained.gate_metric, margin) if champion else None
+    passed, approved = offline is None or offline.passed, registered.version.version
+    reason = offline.reason if offline else "no champion yet: nothing to beat"
+    online = {}
+    if evidence == "online":
+        passed, approved, online = online_gate(
+            registered.lake, registered.day, model_name, registered.under_test, champion, online_margin
+        )
+        reason = online["reason"]
+    record_approval(registry, model_name, approved if passed else None, context.run.run_id, reason)
+    return PromotionVerdict(passed, approved, reason, margin, offline, online)
 
 
 def gate_check_specs(model_key: AssetKey) -> list[AssetCheckSpec]:
