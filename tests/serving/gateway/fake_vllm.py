@@ -141,8 +141,10 @@ class FakeVllm:
         if path in ("/health", "/v2/health/ready"):
             return await self.answer(send, 200, b"")
         self.requests += 1
-        if self.hang:
-            await asyncio.sleep(3600)  # accepted, never answered (cancelled when the gateway hangs up)
+        if self.hang:  # accepted, never answered: waits until the gateway hangs up
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            return
         while self.hold is not None and not self.hold.is_set():
             await asyncio.sleep(0.01)
         body = json.loads(raw) if raw else {}
