@@ -94,6 +94,9 @@ class Settings(BaseModel):
     # answers is cut here and the request moves to another backend. A non-streamed completion begins
     # when its generation ends, so this bounds the longest non-streamed generation too
     first_byte_timeout_s: float = Field(default=60.0, gt=0)
+    # on SIGTERM the gateway stops accepting and finishes what it admitted for at most this long, then
+    # ends what is left (each request still gets its usage record, status 499)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)
     circuit_failures: int = Field(default=3, gt=0)
