@@ -101,8 +101,13 @@ def app_from_env() -> FastAPI:
 
 def openapi_document(app: FastAPI) -> dict:
     """FastAPI's document plus the request bodies the handlers read themselves (strictly, to answer
-    malformed JSON in OpenAI's shape)."""
-    if app.openapi_schema is None:
+    malformed JSON in OpenAI's shape), with the served models' names as examples (made again when a
+    reload changes them)."""
+    groups = app.state.gateway.router.groups
+    served = {kind: sorted(n for n, g in groups.items() if g.kind == kind) for kind in ("openai", "v2")}
+    if app.openapi_schema is None or app.state.documented_models != served:
+        app.openapi_schema = None
+        app.state.documented_models = served
         document = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         _, definitions = models_json_schema(
             [(m, "validation") for m in OPENAPI_MODELS], ref_template="#/components/schemas/{model}"
@@ -121,5 +126,19 @@ def openapi_document(app: FastAPI) -> dict:
             if path != "/health":
                 for operation in operations.values():
                     operation["security"] = [{"bearer": []}]
+        name_models(document, served)
         app.openapi_schema = document
     return app.openapi_schema
+
+
+def name_models(document: dict, served: dict[str, list[str]]) -> None:
+    """The served models as examples of the request bodies' `model` and of v2 paths' `{name}`."""
+    schemas = document["components"]["schemas"]
+    for model in ("ChatCompletionRequest", "CompletionRequest", "EmbeddingRequest"):
+        if served["openai"]:
+            schemas[model]["properties"]["model"]["examples"] = served["openai"]
+    for path, operations in document["paths"].items():
+        for operation in operations.values() if path.startswith("/v2/models/") and served["v2"] else ():
+            for parameter in operation.get("parameters", []):
+                if parameter["name"] == "name":
+                    parameter["schema"]["examples"] = served["v2"]

@@ -82,7 +82,7 @@ def serve_command(config: str, host: str, port: int, log_level: str, workers: in
         "port": port,
         "log_level": log_level,
         "access_log": False,
-        "timeout_graceful_shutdown": 30,
+        "timeout_graceful_shutdown": settings.drain_timeout_s,
         "http": GatewayHttpProtocol,  # a response's head and body in one write
         "proxy_headers": False,  # the gateway reads no client address: no X-Forwarded-* pass per request
     }

@@ -88,7 +88,15 @@ class Settings(BaseModel):
     max_image_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_images: int = Field(default=8, ge=0)
     max_image_pixels: int = Field(default=4096 * 4096, gt=0)
+    # the most a backend may go silent once its answer has begun (a stream may run longer in all)
     request_timeout_s: float = Field(default=120.0, gt=0)
+    # the most a backend may take to begin its answer (status line): one that accepts a request and never
+    # answers is cut here and the request moves to another backend. A non-streamed completion begins
+    # when its generation ends, so this bounds the longest non-streamed generation too
+    first_byte_timeout_s: float = Field(default=60.0, gt=0)
+    # on SIGTERM the gateway stops accepting and finishes what it admitted for at most this long, then
+    # ends what is left (each request still gets its usage record, status 499)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
     health_interval_s: float = Field(default=5.0, gt=0)
     circuit_failures: int = Field(default=3, gt=0)

@@ -7,8 +7,11 @@ import json
 import re
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from serving.gateway import fastjson
 from serving.gateway.config import location
@@ -47,11 +50,22 @@ def unavailable(message: str, code: str, retry_after_s: int = 1) -> GatewayError
     return GatewayError(503, message, "service_unavailable", code, headers={"Retry-After": str(retry_after_s)})
 
 
+UNION_TAGS = {"str", "int", "float", "bool", "none"}
+
+
 def from_validation(error: ValidationError, status: int = 400) -> GatewayError:
-    """The first problem of a pydantic validation, naming its field."""
-    first = error.errors()[0]
-    param = location(first["loc"])
-    return invalid(f"Invalid '{param}': {first['msg']}", param, status)
+    """One problem of a pydantic validation, naming its field. A value that fits none of a union's
+    types gets an error per type: the one it breaks by its content (a string too short) says more
+    than those it breaks by its type, and the deepest says where."""
+    errors = error.errors()
+    worst = min(range(len(errors)), key=lambda i: (errors[i]["type"].endswith("_type"), -len(errors[i]["loc"]), i))
+    param = location(tuple(part for part in errors[worst]["loc"] if not _union_tag(part)))
+    return invalid(f"Invalid '{param}': {errors[worst]['msg']}", param, status)
+
+
+def _union_tag(part) -> bool:
+    """Whether a location part names a union's member type ('list[constrained-str]'), not a field."""
+    return isinstance(part, str) and (part in UNION_TAGS or "[" in part or "-" in part or part[:1].isupper())
 
 
 def _finite(text: str) -> float:
@@ -140,6 +154,21 @@ def error_handlers() -> dict:
         param = location(tuple(p for p in first["loc"] if p not in ("body", "query", "path")))
         return invalid(f"Invalid '{param}': {first['msg']}", param, status=422).response()
 
-    from fastapi.exceptions import RequestValidationError
+    async def http_error(request, error: HTTPException):  # no such route, or not with this method
+        headers = dict(error.headers or {})
+        if error.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        kind = "invalid_request_error" if error.status_code < 500 else "internal_error"
+        return GatewayError(error.status_code, str(error.detail), kind, headers=headers).response()
 
-    return {GatewayError: gateway_error, RequestValidationError: validation_error}
+    return {GatewayError: gateway_error, RequestValidationError: validation_error, HTTPException: http_error}
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette's 405 names only the first
+    matching route's, and GET and POST of one path are two routes here)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if getattr(route, "methods", None) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)

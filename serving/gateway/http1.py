@@ -3,8 +3,9 @@
 the proxy needs and no more (no redirects, cookies, proxies or decompression: the backend is asked for
 identity encoding), and costs about a tenth of aiohttp's client CPU per request (benchmarks/gateway.py).
 
-Timeouts: `connect_timeout_s` to open a connection; `read_timeout_s` between two reads from the backend
-(a stream may run long, but never stall that long). Errors are `UpstreamError` (a `ConnectionError`);
+Timeouts: `connect_timeout_s` to open a connection; `first_byte_timeout_s` from sending a request to the
+first byte of its answer (a backend that accepts and never answers is cut there); then `read_timeout_s`
+between two reads (a stream may run long, but never stall that long). Errors are `UpstreamError` (a `ConnectionError`);
 `UpstreamTimeout` is also a `TimeoutError`. A pooled connection the backend closed just before it was
 reused fails before any byte came back: the request is sent once more on a fresh connection."""
 
@@ -25,7 +26,8 @@ class UpstreamError(ConnectionError):
 
 
 class UpstreamTimeout(UpstreamError, TimeoutError):
-    """Connecting took longer than connect_timeout_s, or the backend sent nothing for read_timeout_s."""
+    """Connecting took longer than connect_timeout_s, no answer began within first_byte_timeout_s, or
+    the backend sent nothing more for read_timeout_s."""
 
 
 class Origin:
@@ -79,6 +81,9 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
+        if not self.received and self.timer is not None:  # the answer began: from now on, the read limit
+            self.timer.cancel()
+            self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._check_timeout)
         self.received = True
         try:
             self.parser.feed_data(data)
@@ -121,14 +126,17 @@ class Connection(asyncio.Protocol):
         self.response = response
         self.received = False
         self.last_read = self.loop.time()
-        self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._check_timeout)
+        self.timer = self.loop.call_at(self.last_read + self.pool.first_byte_timeout_s, self._check_timeout)
         self.transport.write(payload)
 
     def _check_timeout(self) -> None:
-        idle_until = self.last_read + self.pool.read_timeout_s
+        """Before the answer's first byte the first-byte limit holds, after it the limit between reads."""
+        limit = self.pool.read_timeout_s if self.received else self.pool.first_byte_timeout_s
+        idle_until = self.last_read + limit
         if self.loop.time() >= idle_until:
             self.timer = None
-            self.abort(UpstreamTimeout(f"backend sent nothing for {self.pool.read_timeout_s:g} s"))
+            what = "sent nothing more" if self.received else "did not begin its answer"
+            self.abort(UpstreamTimeout(f"backend {what} within {limit:g} s"))
         else:  # data came since: wait for the rest of the period from the last read
             self.timer = self.loop.call_at(idle_until, self._check_timeout)
 
@@ -254,9 +262,16 @@ class Response:
 class Pool:
     """Keep-alive connections per backend origin, created on the running loop."""
 
-    def __init__(self, connect_timeout_s: float, read_timeout_s: float, max_idle_per_origin: int = 512):
+    def __init__(
+        self,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        max_idle_per_origin: int = 512,
+        first_byte_timeout_s: float | None = None,
+    ):
         self.loop = asyncio.get_running_loop()
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self.first_byte_timeout_s = first_byte_timeout_s or read_timeout_s
         self.max_idle = max_idle_per_origin
         self.origins: dict[str, Origin] = {}
         self.idle: dict[tuple, list[Connection]] = {}

@@ -9,8 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 PASS_THROUGH = ConfigDict(extra="allow")
 CLOSED = ConfigDict(extra="forbid")
-Number = StrictFloat | StrictInt
+# a JSON number, integer or not (strict: never a boolean or a string); one type, so that its bounds
+# appear in the OpenAPI document as minimum and maximum
+Number = StrictFloat
 Positive = Annotated[StrictInt, Field(ge=1)]
+Text = Annotated[StrictStr, Field(min_length=1)]
 
 
 class ContentPart(BaseModel):
@@ -61,11 +64,14 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: Positive | None = None
 
 
-TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+# a prompt or embedding input: text, texts, token ids or lists of token ids, none of them empty (the
+# document says so, so that a generated "valid" request is one a backend accepts)
+Prompts = Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
 
 
 class CompletionRequest(Sampling):
-    prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    prompt: Prompts
     best_of: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
     echo: StrictBool | None = None
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
@@ -73,26 +79,14 @@ class CompletionRequest(Sampling):
         default=None, description="Not honoured by vLLM's completions endpoint (max_tokens is); reserved anyway"
     )
 
-    @model_validator(mode="after")
-    def _prompt_not_empty(self):
-        if self.prompt == [] or self.prompt == "":
-            raise ValueError("'prompt' must not be empty")
-        return self
-
 
 class EmbeddingRequest(BaseModel):
     model_config = PASS_THROUGH
     model: StrictStr = Field(min_length=1)
-    input: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    input: Prompts
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: Positive | None = None
     user: StrictStr | None = None
-
-    @model_validator(mode="after")
-    def _input_not_empty(self):
-        if self.input == [] or self.input == "":
-            raise ValueError("'input' must not be empty")
-        return self
 
 
 # responses (documented, not validated on the hot path)
@@ -185,6 +179,12 @@ class InferRequest(BaseModel):
     parameters: dict[str, Any] | None = None
     inputs: list[InferTensor] = Field(min_length=1)
     outputs: list[dict[str, Any]] | None = None
+
+
+class V2Error(BaseModel):
+    """A v2 backend's own refusal, passed on as it came (the protocol's error shape)."""
+
+    error: str
 
 
 class InferResponse(BaseModel):

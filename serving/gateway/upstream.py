@@ -38,7 +38,9 @@ class Answer:
 
 def session_for(settings) -> Pool:
     """The pooled client to every backend (created on the running loop, at start)."""
-    return Pool(settings.connect_timeout_s, settings.request_timeout_s)
+    return Pool(
+        settings.connect_timeout_s, settings.request_timeout_s, first_byte_timeout_s=settings.first_byte_timeout_s
+    )
 
 
 def attempts(gateway, exchange: Exchange, group, region: str | None):

@@ -14,6 +14,7 @@ from serving.gateway.errors import GatewayError, from_validation, invalid, read_
 from serving.gateway.routes.deps import AdminDep
 from serving.gateway.routes.openai import ERRORS, body_doc
 from serving.gateway.schemas import (
+    ErrorResponse,
     KeyCreate,
     KeyList,
     KeyRecord,
@@ -28,6 +29,8 @@ from serving.gateway.service import Gateway
 
 router = APIRouter(tags=["admin"], prefix="/admin", responses=ERRORS)
 KeyId = str
+GROUPS = "(backend|endpoint|key_id|model|region|status|team)"  # the usage report's columns
+CONFLICT = {409: {"model": ErrorResponse, "description": "The key is revoked"}}
 
 
 async def payload(request: Request, gateway: Gateway, model: type[BaseModel]):
@@ -77,7 +80,9 @@ async def revoke_key(key_id: KeyId, gateway: AdminDep):
     return record.public()
 
 
-@router.post("/keys/{key_id}/rotate", summary="Give an API key a new secret", response_model=KeyWithSecret)
+@router.post(
+    "/keys/{key_id}/rotate", summary="Give an API key a new secret", response_model=KeyWithSecret, responses=CONFLICT
+)
 async def rotate_key(key_id: KeyId, gateway: AdminDep):
     try:
         secret, record = await asyncio.to_thread(gateway.store.rotate_key, key_id)
@@ -112,7 +117,7 @@ async def usage_report(
     gateway: AdminDep,
     since: Annotated[float, Query(allow_inf_nan=False)] = 0.0,
     until: Annotated[float | None, Query(allow_inf_nan=False)] = None,
-    group_by: str = "key_id,team,model",
+    group_by: Annotated[str, Query(pattern=rf"^{GROUPS}(,{GROUPS})*$")] = "key_id,team,model",
 ):
     await gateway.usage.flush()  # every request answered before the report is in it
     try:

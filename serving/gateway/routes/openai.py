@@ -42,6 +42,19 @@ ENDPOINTS: dict[str, tuple[str, type[BaseModel]]] = {
 PATHS = {path: endpoint for endpoint, (path, _) in ENDPOINTS.items()}  # GatewayApp's direct path
 OFF_LOOP_BYTES = 16_384  # bodies larger than this are tokenized in a thread, not on the event loop
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413, 422, 429, 502, 503)}
+SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string", "description": "A chunk as JSON (or an error object); the last is [DONE]"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+    },
+    "required": ["data"],
+}
+# with `stream: true` the 200 is server-sent events (the schema is one event's)
+STREAMED = {
+    200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}, "description": "JSON, or events if streamed"}
+}
 
 
 def body_doc(model: type[BaseModel]) -> dict:
@@ -183,7 +196,7 @@ async def events(exchange: Exchange, chunks, tally: StreamTally, opened: float, 
     summary="Chat completion (server-sent events when stream is true)",
     openapi_extra=body_doc(ChatCompletionRequest),
     response_model=ChatCompletion,
-    responses=ERRORS,
+    responses={**ERRORS, **STREAMED},
 )
 async def chat_completions(request: Request, who: CallerDep):
     return await generate(request, gateway_in(request), who, "chat")
@@ -194,7 +207,7 @@ async def chat_completions(request: Request, who: CallerDep):
     summary="Text completion",
     openapi_extra=body_doc(CompletionRequest),
     response_model=Completion,
-    responses=ERRORS,
+    responses={**ERRORS, **STREAMED},
 )
 async def completions(request: Request, who: CallerDep):
     return await generate(request, gateway_in(request), who, "completions")

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.gateway.errors import GatewayError
 from serving.gateway.routes.deps import bearer_secret, gateway_in, is_admin
+from serving.gateway.schemas import ErrorResponse
 
 router = APIRouter(tags=["ops"])
 
@@ -22,7 +23,10 @@ async def health():
     "/metrics",
     summary="Prometheus metrics (the admin key, unless settings.public_metrics)",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={
+        200: {"content": {"text/plain": {}}},
+        401: {"model": ErrorResponse, "description": "Not the admin key (while metrics are not public)"},
+    },
 )
 async def metrics(request: Request):
     gateway = gateway_in(request)

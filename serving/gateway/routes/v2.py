@@ -13,11 +13,13 @@ from serving.gateway.errors import from_validation, read_json
 from serving.gateway.exchange import Exchange
 from serving.gateway.routes.deps import CallerDep, gateway_in, region_of
 from serving.gateway.routes.openai import ERRORS, body_doc
-from serving.gateway.schemas import InferRequest, InferResponse, V2ModelMetadata
+from serving.gateway.schemas import ErrorResponse, InferRequest, InferResponse, V2Error, V2ModelMetadata
 from serving.gateway.service import Caller, Gateway
 from serving.gateway.upstream import forward
 
 router = APIRouter(tags=["open inference protocol v2"])
+# the gateway's refusals are OpenAI-shaped; a backend's 4xx comes as the backend sent it
+V2_ERRORS = {status: {"model": ErrorResponse | V2Error} for status in ERRORS}
 ModelName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
@@ -48,7 +50,7 @@ async def v2_call(request: Request, gateway: Gateway, who: Caller, name: str, me
 
 
 @router.get(
-    "/v2/models/{name}", summary="Model metadata (pass-through)", response_model=V2ModelMetadata, responses=ERRORS
+    "/v2/models/{name}", summary="Model metadata (pass-through)", response_model=V2ModelMetadata, responses=V2_ERRORS
 )
 async def v2_metadata(request: Request, name: ModelName, who: CallerDep):
     return await v2_call(request, gateway_in(request), who, name, "GET", "")
@@ -58,7 +60,7 @@ async def v2_metadata(request: Request, name: ModelName, who: CallerDep):
     "/v2/models/{name}/infer",
     summary="Inference (pass-through)",
     response_model=InferResponse,
-    responses=ERRORS,
+    responses=V2_ERRORS,
     openapi_extra=body_doc(InferRequest),
 )
 async def v2_infer(request: Request, name: ModelName, who: CallerDep):
