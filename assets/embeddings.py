@@ -5,7 +5,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 from dagster import AssetKey, BackfillPolicy, Config, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
@@ -18,6 +17,7 @@ from engines import content_violation as cv
 from engines.clip_registry import HeldOut
 from engines.copy_calibration import Calibration, calibrate
 from engines.copy_match import CANDIDATES, MATCH_SCHEMA, match_originals, read_thumbnails
+from engines.copy_model import copy_features
 from engines.embeddings import (
     COLLECTION,
     EmbedConfig,
@@ -56,7 +56,9 @@ ITEM_EMBEDDINGS = AssetKey(["embeddings", "items"])
 VIOLATION_FLAGS = AssetKey(["content_violations", "flags"])
 ITEM_VECTORS = AssetKey(["vectors", "items"])
 WAREHOUSE_ITEMS = AssetKey(["warehouse", "items"])
-VIOLATION_RELEASE = AssetKey(["ground_truth", cv.TASK, "release"])  # the threshold is calibrated on it
+# the newest content_violation release as the flags find it (an observable source asset, assets/ground_truth.py):
+# the flags read the release that the queue they feed leads to, a loop Dagster's acyclic graph shows this way
+PUBLISHED_VIOLATION_RELEASE = AssetKey(["ground_truth", cv.TASK, "published_release"])
 
 
 class ClipModelConfig(Config):
@@ -288,8 +290,9 @@ def item_embeddings(
 class ViolationConfig(Config):
     threshold: float | None = Field(
         default=None,
-        description="Verified similarity to an earlier item of another creator at or above which an item is "
-        "flagged; None: calibrated on the newest ground-truth release (before one, nothing is flagged)",
+        description="A fixed cut on the verified similarity to an earlier item of another creator instead of "
+        "the copy model; None: the model and threshold calibrated on the newest ground-truth release "
+        "(before one, nothing is flagged)",
     )
     candidates: int = Field(
         default=CANDIDATES,
@@ -315,13 +318,14 @@ def copy_pool(store) -> pl.DataFrame:
     key=VIOLATION_FLAGS,
     group_name="embeddings",
     description="Copy detection: each item's nearest earlier items of other creators by CLIP image embedding, "
-    "verified on pixels; the flag carries the matched original's id and similarity, flagged at or above "
-    "the threshold calibrated on the newest ground-truth release (ground_truth/content_violation/release). "
+    "verified on pixels; the flag carries the matched original's id, similarity and copy score (a logistic "
+    "model over the match's features: similarity, margin, own-creator match, time order), flagged at or "
+    "above the threshold; model and threshold calibrated out-of-fold on the newest ground-truth release. "
     "Before the first release nothing is flagged. Metadata: precision and recall from held-out folds "
     "with 95% intervals (content_violations/calibration.json, which the online scorer reads).",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
-    deps=[ITEM_EMBEDDINGS, WAREHOUSE_ITEMS, VIOLATION_RELEASE],
+    deps=[ITEM_EMBEDDINGS, WAREHOUSE_ITEMS, PUBLISHED_VIOLATION_RELEASE],
     kinds={"numpy", "parquet"},
     owners=["team:trust-and-safety"],
     tags={"domain": "embeddings"},
@@ -343,19 +347,18 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
     )
     calibration = release_calibration(matches, truth) if truth else None
     if calibration is not None:
-        calibration.save(store.root)  # the online scorer flags at the same threshold
-    calibrated = calibration.threshold if calibration else None
-    threshold = config.threshold if config.threshold is not None else calibrated
+        calibration.save(store.root)  # the online scorer uses the same model and threshold
+    threshold = config.threshold if config.threshold is not None else calibration.threshold if calibration else None
     source = (
-        "config"
+        "config: a fixed similarity cut"
         if config.threshold is not None
         else f"calibrated on release {truth.release.name}"
-        if calibrated is not None
+        if calibration is not None
         else "none: nothing flagged until a ground-truth release with both classes"
     )
     frames = []
     for day, frame in embedded.items():
-        flags = cv.flag_items(frame, matches, threshold)
+        flags = cv.flag_items(frame, matches, calibration, config.threshold)
         store.write_partition(cv.FLAGS_ZONE, cv.FLAGS_TABLE, day, flags)
         frames.append(flags)
     flags = pl.concat(frames) if frames else pl.DataFrame(schema=cv.FLAGS_SCHEMA)
@@ -364,6 +367,11 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
     return MaterializeResult(
         metadata={
             **({"threshold": float(threshold)} if threshold is not None else {}),
+            **(
+                {"copy_model": table([{"feature": f, "weight": round(w, 4)} for f, w in calibration.model.weighted()])}
+                if calibration is not None
+                else {}
+            ),
             "threshold_source": source,
             "release": truth.release.name
             if truth
@@ -384,10 +392,12 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
 
 
 def release_calibration(matches: pl.DataFrame, truth: cv.ReleaseTruth) -> Calibration | None:
-    """The threshold and its cross-validated accuracy on the release's labelled items."""
-    labelled = truth.labels.join(matches.select("item_id", "similarity"), on="item_id", how="left")
+    """The copy model, its threshold and their cross-validated accuracy on the release's labelled items."""
+    labelled = truth.labels.join(matches, on="item_id", how="left")
+    features, matched = copy_features(labelled)
     return calibrate(
-        labelled["similarity"].fill_null(-np.inf).to_numpy().astype(float),
+        features,
+        matched,
         labelled["is_violation"].to_numpy(),
         labelled["audit"].to_numpy(),
         truth.release.name,

@@ -8,11 +8,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
-from dagster import AssetCheckSpec, AssetKey, BackfillPolicy, Config, MaterializeResult, asset
+from dagster import (
+    AssetCheckSpec,
+    AssetKey,
+    AssetObservation,
+    AssetSpec,
+    BackfillPolicy,
+    Config,
+    DataVersion,
+    MaterializeResult,
+    ObserveResult,
+    asset,
+    multi_observable_source_asset,
+)
 from pydantic import Field
 
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
-from assets.embeddings import VIOLATION_FLAGS, WAREHOUSE_ITEMS
+from assets.embeddings import PUBLISHED_VIOLATION_RELEASE, VIOLATION_FLAGS, WAREHOUSE_ITEMS
 from assets.metadata import quality_gate, table
 from assets.models import with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
@@ -41,6 +53,36 @@ def release_key(spec: TaskSpec) -> AssetKey:
     return AssetKey(["ground_truth", spec.name, "release"])
 
 
+def published_release_metadata(lake_root: Path) -> tuple[DataVersion, dict]:
+    newest = newest_release(lake_root, CONTENT_VIOLATION.name)
+    if newest is None:
+        return DataVersion("none"), {"release": "none yet"}
+    return DataVersion(newest.name), {"release": newest.name, "path": str(newest.folder)}
+
+
+@multi_observable_source_asset(
+    name="ground_truth__content_violation__published_release",
+    specs=[
+        AssetSpec(
+            PUBLISHED_VIOLATION_RELEASE,
+            group_name="ground_truth",
+            description="The newest content_violation release as its readers find it in the lake: the copy "
+            "flags calibrate on it and the queue draws gold questions from it. The release is written by "
+            "ground_truth/content_violation/release, downstream of the queue the flags feed (the labeling "
+            "loop: flags -> queue -> release -> next flags); this observable source closes the loop without a "
+            "cycle. Observed by the release asset each time it runs, and by observing it; data version: the "
+            "release's name.",
+            owners=["team:trust-and-safety"],
+            tags={"domain": "ground_truth"},
+            kinds={"parquet"},
+        )
+    ],
+)
+def published_violation_release(lake: LakeResource):
+    version, metadata = published_release_metadata(Path(lake.root))
+    yield ObserveResult(asset_key=PUBLISHED_VIOLATION_RELEASE, data_version=version, metadata=metadata)
+
+
 class ViolationQueueConfig(Config):
     audit_size: int = Field(
         default=20,
@@ -60,7 +102,7 @@ class ViolationQueueConfig(Config):
     "Idempotent: an item is added once, a re-run adds nothing.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),  # a range runs as one run (partition_days)
-    deps=[VIOLATION_FLAGS, AssetKey(["warehouse", "abuse_reports"]), WAREHOUSE_ITEMS],
+    deps=[VIOLATION_FLAGS, AssetKey(["warehouse", "abuse_reports"]), WAREHOUSE_ITEMS, PUBLISHED_VIOLATION_RELEASE],
     kinds={"sqlite", "postgres"},
     owners=["team:trust-and-safety"],
     tags={"domain": "ground_truth"},
@@ -247,9 +289,7 @@ def release_asset(spec: TaskSpec):
         "its posterior: Parquet, manifest (agreement with its bootstrap interval, the annotator model, "
         "flagged annotators), dataset card and Label Studio import, written only when the blocking checks "
         "pass (alpha floor, no open disagreement, class balance). Unchanged labels make no new version.",
-        # content_violation: the flags read the release and the queue reads the flags; Dagster's graph is
-        # acyclic, so the loop's undeclared edge is the one the annotators close (queue -> label store)
-        deps=[] if spec.name == CONTENT_VIOLATION.name else [queue_key(spec)],
+        deps=[queue_key(spec)],  # content_violation's loop back to the flags: its published_release
         kinds={"parquet"},
         owners=["team:ground-truth"],
         tags={"domain": "ground_truth"},
@@ -280,6 +320,9 @@ def release_asset(spec: TaskSpec):
         checks = summary.to_dicts()[0]
         release, created = rel.write_release(Path(lake.root), found, checks)
         context.log.info(f"{spec.name} release {release.name}: {'written' if created else 'unchanged'}")
+        if spec.name == CONTENT_VIOLATION.name:  # what the next flags will read
+            _, published = published_release_metadata(Path(lake.root))
+            context.log_event(AssetObservation(asset_key=PUBLISHED_VIOLATION_RELEASE, metadata=published))
         manifest = release.manifest()
         yield MaterializeResult(
             metadata={

@@ -1,18 +1,20 @@
-"""The copy detector's threshold and its honest accuracy: chosen on a ground-truth release's labels,
-estimated on rows that did not choose it.
+"""The copy scorer's model, threshold and honest accuracy: fitted on a ground-truth release's labels,
+estimated on rows that fitted neither.
 
-The threshold is the best-F1 cut on all labelled items, moved halfway down to the next lower score
-(a cut exactly at the weakest labelled copy would miss the next copy a hair weaker). Its accuracy
-comes from stratified k-fold cross-validation of that same rule: each fold's items are flagged at the
-threshold chosen on the other folds. Pooled held-out flags give recall (flagged copies / copies) and
-the false-positive rate (flagged non-copies / non-copies), each with a 95% Wilson interval. The
-release's queues over-sample likely copies, so precision on its rows would overstate the catalogue's;
-precision is instead computed for the catalogue's prevalence, estimated on the random audit items:
-precision = recall x p / (recall x p + fpr x (1 - p)), its interval from the ends of the three intervals
-(conservative).
+The scorer is a logistic regression over the features of each item's best match (`copy_model`). Its
+threshold is the best-F1 cut on out-of-fold scores (each labelled item scored by a model fitted without
+its fold), moved halfway down to the next lower score (a cut exactly at the weakest labelled copy would
+miss the next copy a hair weaker); the model used from then on is fitted on every labelled item. Its
+accuracy comes from nested stratified k-fold cross-validation of that whole rule: each outer fold's items
+are flagged by the model and threshold chosen on the other folds alone. Pooled held-out flags give recall
+(flagged copies / copies) and the false-positive rate (flagged non-copies / non-copies). The release's
+queues over-sample likely copies, so precision on its rows would overstate the catalogue's; precision is
+instead computed for the catalogue's prevalence, estimated on the random audit items:
+precision = recall x p / (recall x p + fpr x (1 - p)). Intervals: a bootstrap of the whole rule (fitted
+on a resample, scored on the rows left out of it), widened to contain the point estimate.
 
-The calibration is a small JSON file in the lake, written by the flags asset and read by the online
-scorer, so batch and online flag at the same threshold.
+The calibration (model, threshold, estimates) is a small JSON file in the lake, written by the flags
+asset and read by the online scorer, so batch and online score with the same model and threshold.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.copy_model import CopyModel, fit
 from engines.violation_accuracy import Rate
 
 FOLDS = 5
@@ -40,7 +43,8 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Calibration:
-    threshold: float
+    model: CopyModel
+    threshold: float  # on the model's score
     release: str
     labelled_items: int
     folds: int
@@ -63,8 +67,8 @@ class Calibration:
         if not path.exists():
             return None
         saved = json.loads(path.read_text())
-        estimates = {k: Estimate(**v) for k, v in saved.items() if isinstance(v, dict)}
-        return cls(**{**saved, **estimates})
+        estimates = {k: Estimate(**v) for k, v in saved.items() if isinstance(v, dict) and k != "model"}
+        return cls(**{**saved, **estimates, "model": CopyModel.from_json(saved["model"])})
 
 
 def best_threshold(similarity: np.ndarray, positive: np.ndarray) -> float | None:
@@ -92,14 +96,48 @@ def stratified_folds(positive: np.ndarray, folds: int, seed: int = 0) -> np.ndar
     return fold
 
 
-def held_out_flags(similarity: np.ndarray, positive: np.ndarray, folds: int, seed: int = 0) -> np.ndarray:
-    """Each row flagged (or not) at the threshold chosen on the other folds."""
+@dataclass(frozen=True)
+class Rule:
+    model: CopyModel
+    threshold: float
+
+    def flags(self, features: np.ndarray, matched: np.ndarray) -> np.ndarray:
+        return matched & (self.model.score(features) >= self.threshold)
+
+
+def out_of_fold_scores(features: np.ndarray, matched: np.ndarray, positive: np.ndarray, folds: int, seed: int = 0):
+    """Each row's score by a model fitted on the other folds (-inf: unmatched, or a fold whose complement
+    lacks a class)."""
     fold = stratified_folds(positive, folds, seed)
-    flagged = np.zeros(len(similarity), dtype=bool)
+    scores = np.full(len(positive), -np.inf)
     for k in range(folds):
-        threshold = best_threshold(similarity[fold != k], positive[fold != k])
-        if threshold is not None:
-            flagged[fold == k] = similarity[fold == k] >= threshold
+        train, test = fold != k, (fold == k) & matched
+        if positive[train].any() and not positive[train].all():
+            scores[test] = fit(features[train], positive[train]).score(features[test])
+    return scores
+
+
+def fitted_rule(features: np.ndarray, matched: np.ndarray, positive: np.ndarray, folds: int = FOLDS) -> Rule | None:
+    """The model fitted on every row, the threshold chosen on the rows' out-of-fold scores; None without
+    both classes (fewer folds when a class has fewer rows)."""
+    folds = min(folds, int(positive.sum()), int((~positive).sum()))
+    if folds < 2:
+        return None
+    threshold = best_threshold(out_of_fold_scores(features, matched, positive, folds), positive)
+    return None if threshold is None else Rule(fit(features, positive), threshold)
+
+
+def held_out_flags(
+    features: np.ndarray, matched: np.ndarray, positive: np.ndarray, folds: int, fold: np.ndarray | None = None
+) -> np.ndarray:
+    """Each row flagged (or not) by the rule (model and threshold) fitted on the other folds alone
+    (`fold`: each row's fold; default stratified)."""
+    fold = stratified_folds(positive, folds) if fold is None else fold
+    flagged = np.zeros(len(positive), dtype=bool)
+    for k in range(folds):
+        rule = fitted_rule(features[fold != k], matched[fold != k], positive[fold != k])
+        if rule is not None:
+            flagged[fold == k] = rule.flags(features[fold == k], matched[fold == k])
     return flagged
 
 
@@ -109,20 +147,22 @@ def precision_at(recall: float, fpr: float, prevalence: float) -> float | None:
     return recall * prevalence / flagged if flagged else None
 
 
-def bootstrap_rates(similarity: np.ndarray, positive: np.ndarray, audit: np.ndarray, draws: int, seed: int = 0):
-    """(recall, false-positive rate, precision) of `draws` bootstrap runs of the whole rule: the threshold
-    chosen on a resample, scored on the rows left out of it (prevalence from the resample's audit rows)."""
+def bootstrap_rates(features, matched, positive, audit, draws: int, seed: int = 0) -> np.ndarray:
+    """(recall, false-positive rate, precision) of `draws` bootstrap runs of the whole rule: fitted on a
+    resample, scored on the rows left out of it (prevalence from the resample's audit rows)."""
     rng = np.random.default_rng(seed)
     rates = []
     for _ in range(draws):
         sample = rng.integers(0, len(positive), len(positive))
         out = np.ones(len(positive), dtype=bool)
         out[sample] = False
-        threshold = best_threshold(similarity[sample], positive[sample])
         copies, others = positive & out, ~positive & out
-        if threshold is None or not copies.any() or not others.any() or not audit[sample].any():
+        if not copies.any() or not others.any() or not audit[sample].any():
             continue
-        flagged = similarity >= threshold
+        rule = fitted_rule(features[sample], matched[sample], positive[sample])
+        if rule is None:
+            continue
+        flagged = rule.flags(features, matched)
         recall, fpr = (flagged & copies).sum() / copies.sum(), (flagged & others).sum() / others.sum()
         prevalence = positive[sample][audit[sample]].mean()
         rates.append((recall, fpr, precision_at(recall, fpr, prevalence)))
@@ -138,24 +178,31 @@ def interval(values: np.ndarray, point: float | None) -> Estimate:
 
 
 def calibrate(
-    similarity: np.ndarray, positive: np.ndarray, audit: np.ndarray, release: str, folds: int = FOLDS
+    features: np.ndarray,
+    matched: np.ndarray,
+    positive: np.ndarray,
+    audit: np.ndarray,
+    release: str,
+    folds: int = FOLDS,
+    draws: int = BOOTSTRAPS,
 ) -> Calibration | None:
-    """The threshold on all rows and its cross-validated accuracy (`audit`: the row came through the
-    random audit queue). None without both classes; fewer folds when a class has fewer rows."""
-    similarity = np.where(np.isfinite(similarity), similarity, -np.inf)
-    threshold = best_threshold(similarity, positive)
-    if threshold is None:
+    """The rule on all rows and its cross-validated accuracy (`features`, `matched` as
+    `copy_model.copy_features` gives them; `audit`: the row came through the random audit queue). None
+    without both classes."""
+    rule = fitted_rule(features, matched, positive, folds)
+    if rule is None:
         return None
-    folds = max(2, min(folds, int(positive.sum()), int((~positive).sum())))
-    flagged = held_out_flags(similarity, positive, folds)
+    folds = min(folds, int(positive.sum()), int((~positive).sum()))
+    flagged = held_out_flags(features, matched, positive, folds)
     recall = (flagged & positive).sum() / positive.sum()
     fpr = (flagged & ~positive).sum() / (~positive).sum()
     prevalence = Rate(int(positive[audit].sum()), int(audit.sum()))
     low, high = prevalence.interval
     precision = precision_at(recall, fpr, prevalence.value) if prevalence.trials else None
-    rates = bootstrap_rates(similarity, positive, audit, BOOTSTRAPS)
+    rates = bootstrap_rates(features, matched, positive, audit, draws)
     return Calibration(
-        threshold=threshold,
+        model=rule.model,
+        threshold=rule.threshold,
         release=release,
         labelled_items=len(positive),
         folds=folds,

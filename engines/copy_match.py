@@ -6,7 +6,10 @@ near every other one, while a disguised copy is the same picture moved a pixel, 
 The verification is the thumbnails' correlation per colour channel (which a tint does not change),
 the best over shifts of up to one pixel (which undoes the move): a copy scores near 1, a lookalike
 drawn on its own does not. The features of an item's best match are its verified similarity, the
-margin over the next-best candidate, its CLIP similarity and how much earlier the original is.
+margin over the next-best candidate of another design (candidates near-identical to the best match are
+earlier copies of the same original: a popular original's third copy is still a copy), its CLIP
+similarity, how much earlier the original is, and the best verified similarity to an earlier item of
+the item's own creator (a re-upload of one's own design is not a copy of another's).
 Plain numpy; the vectors are the lake's item embeddings (the ones the vector index holds).
 """
 
@@ -20,6 +23,8 @@ import polars as pl
 from PIL import Image
 
 CANDIDATES = 50  # nearest earlier items of other creators by CLIP image embedding, verified on pixels
+OWN_CANDIDATES = 10  # nearest earlier items of the item's own creator, verified the same way
+SAME_ORIGINAL = 0.9  # candidates this alike to the best match copy the same design: no rival for the margin
 SIZE = 64  # thumbnails are compared at SIZE x SIZE
 SHIFTS = tuple((dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1))
 US_PER_DAY = 86_400_000_000
@@ -31,6 +36,7 @@ MATCH_SCHEMA = {
     "margin": pl.Float32,
     "clip_similarity": pl.Float32,
     "days_after_original": pl.Float32,
+    "own_similarity": pl.Float32,
 }
 
 
@@ -61,41 +67,71 @@ def verified_similarity(query: np.ndarray, candidates: np.ndarray) -> np.ndarray
     return np.einsum("sd,kd->sk", shifted, candidates).max(axis=0)
 
 
-def match_originals(items: pl.DataFrame, pool: pl.DataFrame, pixels: dict[int, np.ndarray], k: int = CANDIDATES):
-    """One row per item (MATCH_SCHEMA): its best verified match among the `k` nearest earlier items of
-    other creators in `pool`. `items` and `pool` carry item_id, image_embedding, creator_id, created_at;
-    `pixels` maps item_id to its thumbnail (`thumbnail`); an item without candidates or pixels gets nulls."""
-    if items.is_empty():
-        return pl.DataFrame(schema=MATCH_SCHEMA)
-    pool = pool.filter(pl.col("item_id").is_in(list(pixels)))
-    vectors = np.stack(pool["image_embedding"].to_numpy()).astype(np.float32) if pool.height else None
-    pool_ids, pool_creators = pool["item_id"].to_numpy(), pool["creator_id"].to_numpy()
-    pool_times = pool["created_at"].dt.epoch("us").to_numpy()
-    standard: dict[int, np.ndarray] = {}
-    rows = []
-    times = items["created_at"].dt.epoch("us").to_numpy()
-    for row, item in enumerate(items.select("item_id", "image_embedding", "creator_id").iter_rows()):
-        item_id, embedding, creator = item
-        eligible = np.flatnonzero((pool_times < times[row]) & (pool_creators != creator)) if pool.height else []
-        if not len(eligible) or item_id not in pixels:
-            rows.append({"item_id": item_id})
-            continue
-        clip = np.einsum("kd,d->k", vectors[eligible], np.asarray(embedding, np.float32))
+class _Pool:
+    """The earlier items to match against: their CLIP vectors, creators, times and standardized pixels
+    (computed once per item, when first a candidate)."""
+
+    def __init__(self, pool: pl.DataFrame, pixels: dict[int, np.ndarray]):
+        pool = pool.filter(pl.col("item_id").is_in(list(pixels)))
+        self.height = pool.height
+        self.vectors = np.stack(pool["image_embedding"].to_numpy()).astype(np.float32) if pool.height else None
+        self.ids, self.creators = pool["item_id"].to_numpy(), pool["creator_id"].to_numpy()
+        self.times = pool["created_at"].dt.epoch("us").to_numpy()
+        self.pixels = pixels
+        self.standard: dict[int, np.ndarray] = {}
+
+    def verified(self, query: np.ndarray, embedding: np.ndarray, eligible: np.ndarray, k: int):
+        """(rows of the `k` nearest `eligible` items by CLIP, their verified similarity), best first."""
+        clip = np.einsum("kd,d->k", self.vectors[eligible], embedding)
         nearest = eligible[np.argsort(-clip, kind="stable")[:k]]
         for i in nearest:
-            if pool_ids[i] not in standard:
-                standard[pool_ids[i]] = standardized(pixels[pool_ids[i]][None])[0]
-        verified = verified_similarity(pixels[item_id], np.stack([standard[pool_ids[i]] for i in nearest]))
-        order = np.argsort(-verified, kind="stable")
-        best = nearest[order[0]]
+            if self.ids[i] not in self.standard:
+                self.standard[self.ids[i]] = standardized(self.pixels[self.ids[i]][None])[0]
+        similarity = verified_similarity(query, np.stack([self.standard[self.ids[i]] for i in nearest]))
+        order = np.argsort(-similarity, kind="stable")
+        return nearest[order], similarity[order]
+
+    def alike(self, row: int, others: np.ndarray) -> np.ndarray:
+        """Verified similarity of pool item `row` to each of the pool items `others` (verified already)."""
+        if not len(others):
+            return np.zeros(0, np.float32)
+        return verified_similarity(self.pixels[self.ids[row]], np.stack([self.standard[self.ids[i]] for i in others]))
+
+
+def match_originals(items: pl.DataFrame, pool: pl.DataFrame, pixels: dict[int, np.ndarray], k: int = CANDIDATES):
+    """One row per item (MATCH_SCHEMA): its best verified match among the `k` nearest earlier items of
+    other creators in `pool`, and its best among the nearest earlier items of its own creator
+    (`own_similarity`, null without one). `items` and `pool` carry item_id, image_embedding, creator_id,
+    created_at; `pixels` maps item_id to its thumbnail (`thumbnail`); an item without candidates or
+    pixels gets nulls."""
+    if items.is_empty():
+        return pl.DataFrame(schema=MATCH_SCHEMA)
+    earlier = _Pool(pool, pixels)
+    times = items["created_at"].dt.epoch("us").to_numpy()
+    rows = []
+    for row, (item_id, embedding, creator) in enumerate(
+        items.select("item_id", "image_embedding", "creator_id").iter_rows()
+    ):
+        before = earlier.times < times[row] if earlier.height else np.zeros(0, dtype=bool)
+        others = np.flatnonzero(before & (earlier.creators != creator))
+        if not len(others) or item_id not in pixels:
+            rows.append({"item_id": item_id})
+            continue
+        embedding = np.asarray(embedding, np.float32)
+        nearest, similarity = earlier.verified(pixels[item_id], embedding, others, k)
+        own = np.flatnonzero(before & (earlier.creators == creator))
+        own_best = earlier.verified(pixels[item_id], embedding, own, OWN_CANDIDATES)[1][0] if len(own) else None
+        best = nearest[0]
+        distinct = similarity[1:][earlier.alike(best, nearest[1:]) < SAME_ORIGINAL]
         rows.append(
             {
                 "item_id": item_id,
-                "original_id": int(pool_ids[best]),
-                "similarity": float(verified[order[0]]),
-                "margin": float(verified[order[0]] - verified[order[1]]) if len(order) > 1 else None,
-                "clip_similarity": float(vectors[best] @ np.asarray(embedding, np.float32)),
-                "days_after_original": float((times[row] - pool_times[best]) / US_PER_DAY),
+                "original_id": int(earlier.ids[best]),
+                "similarity": float(similarity[0]),
+                "margin": float(similarity[0] - distinct[0]) if len(distinct) else None,
+                "clip_similarity": float(earlier.vectors[best] @ embedding),
+                "days_after_original": float((times[row] - earlier.times[best]) / US_PER_DAY),
+                "own_similarity": None if own_best is None else float(own_best),
             }
         )
     return pl.DataFrame(rows, schema=MATCH_SCHEMA)

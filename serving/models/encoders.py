@@ -110,7 +110,8 @@ class ClipEncoder(ServedModel):
 
 class ContentViolationScorer(ServedModel):
     """Copy detection for one image: its best verified match among the catalogue's items
-    (`engines.copy_match`, as the batch flags), flagged at the batch job's calibrated threshold. Parameter
+    (`engines.copy_match`, as the batch flags), scored by the batch job's copy model and flagged at its
+    calibrated threshold. Parameter
     `item_id` scores the image as that catalogue item (only earlier items of other creators count, as in
     the batch flags); without it every catalogue item is an earlier item of another creator."""
 
@@ -137,12 +138,13 @@ class ContentViolationScorer(ServedModel):
             else pl.DataFrame(schema=POOL_SCHEMA)
         )
         self.pixels = copy_match.read_thumbnails(lake.root / "landing", items) if items.height else {}
-        calibration = Calibration.load(lake.root)  # the batch flags' threshold; none: nothing flagged
-        self.threshold = calibration.threshold if calibration else None
-        self.release = calibration.release if calibration else None
+        self.calibration = Calibration.load(lake.root)  # the batch flags' model and threshold; none: no flags
+        self.threshold = self.calibration.threshold if self.calibration else None
+        self.release = self.calibration.release if self.calibration else None
         self.inputs = [TensorSpec("image", "BYTES", (-1,))]
         self.outputs = [
             TensorSpec("similarity", "FP32", (-1,)),
+            TensorSpec("score", "FP32", (-1,)),
             TensorSpec("flagged", "BOOL", (-1,)),
             TensorSpec("original_id", "INT64", (-1,)),
         ]
@@ -178,9 +180,10 @@ class ContentViolationScorer(ServedModel):
         for i, data in enumerate(images.tolist()):
             pixels[-(i + 1)] = copy_match.thumbnail(data)  # readable: the encoder has decoded it
         queries = self.queries(images, embeddings, parameters)
-        flags = cv.flagged_at(copy_match.match_originals(queries, self.pool, pixels), self.threshold)
+        flags = cv.scored(copy_match.match_originals(queries, self.pool, pixels), self.calibration)
         return {
             "similarity": flags["similarity"].fill_null(float("nan")).to_numpy().astype(np.float32),
+            "score": flags["score"].fill_null(float("nan")).to_numpy().astype(np.float32),
             "flagged": flags["flagged"].to_numpy().astype(bool),
             "original_id": flags["original_id"].fill_null(-1).to_numpy().astype(np.int64),
         }

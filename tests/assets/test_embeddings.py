@@ -299,10 +299,11 @@ def test_hybrid_search_finds_an_item_by_its_exact_title(lake):
 def test_violation_flags_come_from_ground_truth_releases(lake):
     """The loop: no release, nothing flagged; queues from users' reports and an audit sample, simulated
     annotators label through the app, a reviewer settles disputes, a release; then each item's match among
-    earlier items of other creators is flagged at the threshold calibrated on the release. Against the
-    simulator's answer key (read here, never by the product), the copies are found with precision and
-    recall >= 0.8, each with its true original, where the former detector (similarity to the release's
-    confirmed violations, the threshold with the best F1 on the release) is computed alongside."""
+    earlier items of other creators is scored by the copy model and flagged at the threshold, both
+    calibrated on the release. Against the simulator's answer key (read here, never by the product), the
+    copies are found with precision and recall >= 0.8, each with its true original, where the former
+    detector (similarity to the release's confirmed violations, the threshold with the best F1 on the
+    release) is computed alongside."""
     store = Lake(lake["dir"])
     for day in (FIRST_DAY, SECOND_DAY, LAST_DAY):
         day_flags = store.read_partition("content_violations", "flags", day)
@@ -343,7 +344,8 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
         o == original or copies_of.get(o) == original
         for o, original in zip(found["original_id"].to_list(), found["reference_item_id"].to_list(), strict=True)
     )
-    assert (found["similarity"] >= metadata["threshold"].value).all()
+    assert (found["score"] >= metadata["threshold"].value).all()
+    assert flags.filter(~pl.col("flagged"), pl.col("score").is_not_null())["score"].max() < metadata["threshold"].value
     with VectorStore.open(str(lake["dir"] / "vectors")) as vectors:
         hits = vectors.search("items", np.ones(128), "image", 1000, filters={"flags": "suspected_violation"})
         assert set(flags.filter("flagged")["item_id"].to_list()) <= {h.payload["item_id"] for h in hits}
@@ -376,6 +378,7 @@ def test_online_scorer_flags_as_the_batch_job_did(lake, tmp_path):
             assert online["original_id"][0] == (row["original_id"] if row["original_id"] is not None else -1)
             if row["similarity"] is not None:
                 assert online["similarity"][0] == pytest.approx(row["similarity"], abs=1e-4)
+                assert online["score"][0] == pytest.approx(row["score"], abs=1e-4)
     finally:
         scorer.close()
 

@@ -1,7 +1,7 @@
 """The copy detector's calibration by simulation: a catalogue whose copies are known, a release labelled
 the way the queues pick items (a random audit sample and users' reports, which favour copies), the
-threshold and its cross-validated estimates; the estimates' 95% intervals must cover the catalogue's
-true precision and recall at the chosen threshold about as often as they claim."""
+model, its threshold and their cross-validated estimates; the estimates' 95% intervals must cover the
+catalogue's true precision and recall under the fitted rule about as often as they claim."""
 
 import numpy as np
 
@@ -21,8 +21,9 @@ def simulated_release(rng):
     return similarity, copy, labelled, audit
 
 
-def truth_at(threshold, similarity, copy):
-    flagged = similarity >= threshold
+def truth_of(calibration, similarity, copy):
+    """The catalogue's precision and recall under the calibrated model and threshold."""
+    flagged = calibration.model.score(similarity[:, None]) >= calibration.threshold
     return (flagged & copy).sum() / max(flagged.sum(), 1), (flagged & copy).sum() / copy.sum()
 
 
@@ -33,8 +34,9 @@ def test_intervals_cover_the_catalogues_precision_and_recall():
     runs = 100
     for _ in range(runs):
         similarity, copy, labelled, audit = simulated_release(rng)
-        calibration = calibrate(similarity[labelled], copy[labelled], audit[labelled], "v0001")
-        precision, recall = truth_at(calibration.threshold, similarity, copy)
+        features, matched = similarity[labelled, None], np.ones(labelled.sum(), dtype=bool)
+        calibration = calibrate(features, matched, copy[labelled], audit[labelled], "v0001", draws=100)
+        precision, recall = truth_of(calibration, similarity, copy)
         covered["precision"] += calibration.precision.low <= precision <= calibration.precision.high
         covered["recall"] += calibration.recall.low <= recall <= calibration.recall.high
         widths.append(calibration.recall.high - calibration.recall.low)
@@ -53,21 +55,26 @@ def test_the_former_in_sample_figures_overstate_precision():
         threshold = best_threshold(similarity[labelled], copy[labelled])
         flagged = similarity[labelled] >= threshold
         in_sample = (flagged & copy[labelled]).sum() / flagged.sum()
-        misses += in_sample > truth_at(threshold, similarity, copy)[0]
+        flagged_all = similarity >= threshold
+        misses += in_sample > (flagged_all & copy).sum() / flagged_all.sum()
     assert misses / runs > 0.8
 
 
 def test_a_rows_held_out_flag_ignores_its_own_label():
+    """Flipping the label of a row leaves its fold's held-out flags as they were: neither the model nor
+    the threshold that flag the fold saw the fold's labels."""
     rng = np.random.default_rng(3)
-    similarity, positive = rng.random(60), rng.random(60) < 0.3
-    flagged = held_out_flags(similarity, positive, folds=5)
+    features, positive = rng.random((60, 2)), rng.random(60) < 0.3
+    features[positive, 0] += 0.4
+    matched = np.ones(60, dtype=bool)
     fold = stratified_folds(positive, 5)
+    flagged = held_out_flags(features, matched, positive, 5, fold)
+    assert flagged[positive].mean() > flagged[~positive].mean()  # the rule has learned something
     for row in np.flatnonzero(fold == 0)[:5]:
         flipped = positive.copy()
         flipped[row] = not flipped[row]
-        others = fold == 0  # the row's fold keeps its threshold whatever the row's own label
-        threshold = best_threshold(similarity[fold != 0], flipped[fold != 0])
-        assert (similarity[others] >= threshold).tolist() == flagged[others].tolist()
+        again = held_out_flags(features, matched, flipped, 5, fold)
+        assert again[fold == 0].tolist() == flagged[fold == 0].tolist()
 
 
 def test_threshold_sits_between_the_classes_and_round_trips(tmp_path):
@@ -75,7 +82,7 @@ def test_threshold_sits_between_the_classes_and_round_trips(tmp_path):
     positive = np.array([True, True, True, False, False, False])
     assert best_threshold(similarity, positive) == (0.97 + 0.60) / 2
     assert best_threshold(similarity, np.ones(6, dtype=bool)) is None
-    calibration = calibrate(similarity, positive, np.ones(6, dtype=bool), "v0002")
+    calibration = calibrate(similarity[:, None], np.ones(6, dtype=bool), positive, np.ones(6, dtype=bool), "v0002")
     calibration.save(tmp_path)
     assert Calibration.load(tmp_path) == calibration
     assert Calibration.load(tmp_path / "elsewhere") is None

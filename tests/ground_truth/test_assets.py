@@ -139,6 +139,12 @@ def test_labels_review_and_versioned_releases(lake):
     meta = metadata(first, "ground_truth", "content_violation", "release")
     release = newest_release(lake, "content_violation")
     assert meta["version"].value == 1 and meta["created"].value is True
+    # the loop back to the flags: the release is observed as the published release they read
+    observed = [e.asset_observation_data.asset_observation for e in first.get_asset_observation_events()]
+    published = [
+        o for o in observed if o.asset_key == AssetKey(["ground_truth", "content_violation", "published_release"])
+    ]
+    assert [o.metadata["release"].value for o in published] == [release.name]
     labels = release.labels()
     manifest = release.manifest()
     assert manifest["items"] == labels.height == quality.items
