@@ -3,6 +3,8 @@ benchmark) and server-rendered pages. Every route names the roles it admits; oth
 JSON under /api/ and HTML pages elsewhere; state-changing browser requests are CSRF-checked (guard.py).
 (No `from __future__ import annotations`: FastAPI resolves the routes' Annotated aliases at definition.)"""
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +20,7 @@ from ground_truth import guard, originals, pages, review, seen
 from ground_truth import queue as q
 from ground_truth.db import connect
 from ground_truth.errors import Throttled, install_error_pages
+from ground_truth.refit import RefitPolicy, Refitter
 from ground_truth.schema import ItemIn, Role, Shown, TaskSpec
 from ground_truth.throttle import HashingPool, SignInThrottle
 
@@ -95,11 +98,28 @@ class Access:
         return self.known_tasks[task]
 
 
-def create_app(database_url: str, media_root: Path | None = None, throttle: SignInThrottle | None = None) -> FastAPI:
+def create_app(
+    database_url: str,
+    media_root: Path | None = None,
+    throttle: SignInThrottle | None = None,
+    refit: RefitPolicy | None = RefitPolicy(),  # noqa: B008 (frozen)
+) -> FastAPI:
+    """`refit`: how the annotator models of adaptive tasks are refitted while the app runs (None: never)."""
     engine = connect(database_url)
     originals.create_table(engine)
-    app = FastAPI(title="mlplane labeling", docs_url=None, redoc_url=None, openapi_url=None)
+    refitter = Refitter(engine, refit) if refit is not None else None
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if refitter is not None:
+            refitter.start()
+        yield
+        if refitter is not None:
+            refitter.stop()
+
+    app = FastAPI(title="mlplane labeling", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.engine = engine
+    app.state.refitter = refitter
     app.state.sign_in = SignIn(engine, throttle or SignInThrottle(), HashingPool())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_error_pages(app)

@@ -125,9 +125,13 @@ models = Table(
     Column("fitted_at", DateTime(timezone=True), nullable=False),
 )
 
+# how far a store has been upgraded (ground_truth/migrations.py): one row
+schema_version = Table("gt_schema_version", metadata, Column("version", Integer, nullable=False))
+
 
 def connect(url: str) -> Engine:
-    """An engine with the tables (and indexes added since a store was made) created. SQLite takes one
+    """An engine with the tables (and indexes added since a store was made) created and the rows of a
+    store made by an older version upgraded (ground_truth/migrations.py). SQLite takes one
     writer at a time: in this process requests queue for its single pooled connection (first come, first
     served), and every transaction is BEGIN IMMEDIATE so another process's writer is waited for (30 s)
     instead of failing with 'locked'.
@@ -157,4 +161,7 @@ def connect(url: str) -> Engine:
     # create_all skips the indexes of existing tables
     for index in (ITEMS_BY_PRIORITY, ITEMS_BY_THUMBNAIL, SKIPS_BY_ACCOUNT):
         index.create(engine, checkfirst=True)
+    from ground_truth.migrations import upgrade  # it reads this module's tables
+
+    upgrade(engine)
     return engine

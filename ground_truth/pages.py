@@ -10,7 +10,7 @@ from ground_truth.accounts import Account
 from ground_truth.originals import Original
 from ground_truth.queue import Task
 from ground_truth.review import ItemState, TaskQuality
-from ground_truth.schema import Role, TaskSpec
+from ground_truth.schema import Role
 from ground_truth.seen import majority
 
 LOGIN_HINT = "at least 8 characters"  # accounts.create_account's rule, stated where a password is chosen
@@ -194,13 +194,6 @@ def _dispute(state: ItemState, labels: list[str], original: Original | None) -> 
     )
 
 
-def answers_rule(spec: TaskSpec) -> str:
-    """How many answers an item gets, as the queue asks for them."""
-    if spec.adaptive:
-        return f"adaptive, until {spec.confidence:.0%} sure or {spec.max_answers} answers"
-    return f"k={spec.annotators_per_item}"
-
-
 def admin(
     account: Account,
     accounts: list[Account],
@@ -211,7 +204,7 @@ def admin(
 ) -> str:
     people = "".join(f"<li>{escape(a.username)}: {a.role.value}</li>" for a in accounts)
     listed = "".join(
-        f"<li>{escape(t.spec.name)}: {answers_rule(t.spec)}, labels "
+        f"<li>{escape(t.spec.name)}: {t.spec.answers_rule}, labels "
         f"{escape(', '.join(t.spec.labels or ['free text']))}</li>"
         for t in tasks
     )

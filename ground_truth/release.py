@@ -199,7 +199,7 @@ def dataset_card(found: Candidate, manifest: dict) -> str:
 
 - Items: {manifest["items"]} ({", ".join(f"{k}: {v}" for k, v in manifest["resolved_by"].items())})
 - Labels: {balance}
-- Annotators per item: {spec.annotators_per_item}; annotators: {len(manifest["annotators"])}
+- Answers per item: {spec.answers_rule}; annotators: {len(manifest["annotators"])}
 - Krippendorff's alpha: {"n/a" if alpha is None else f"{alpha:.3f}"}{interval}
 - Annotator model: {manifest["method"] or "none (free text)"}; answers: {manifest["answers"]}; flagged annotators: \
 {", ".join(manifest["flagged_annotators"]) or "none"}
@@ -208,7 +208,6 @@ def dataset_card(found: Candidate, manifest: dict) -> str:
 
 A label is a reviewer's verdict, else the annotator model's most likely label when its posterior
 (column `posterior`) reaches {spec.confidence}, else the unanimous answer of the item's annotators.
-Answers per item: {"adaptive, up to " + str(spec.max_answers) if spec.adaptive else spec.annotators_per_item}.
 Gold questions are not part of the release. Instructions given to annotators:
 
 > {spec.instructions or "(none)"}

@@ -76,6 +76,13 @@ class TaskSpec(BaseModel):
         """Answer slots an item starts with: one when adaptive (more are added while it is uncertain)."""
         return 1 if self.adaptive else self.annotators_per_item
 
+    @property
+    def answers_rule(self) -> str:
+        """How many answers an item gets, as the queue asks for them (the admin page, a release's card)."""
+        if self.adaptive:
+            return f"adaptive, until {self.confidence:.0%} sure or {self.max_answers} answers"
+        return f"k={self.annotators_per_item}"
+
 
 class ItemIn(BaseModel):
     """One thing to label, as a queue-filling source hands it over."""
@@ -111,9 +118,9 @@ CONTENT_VIOLATION = TaskSpec(
     "only for copies of another creator's work; 'ok' otherwise. Keys: 1 = violation, 2 = ok, "
     "s = skip, u = undo.",
     labels=["violation", "ok"],
-    annotators_per_item=3,
     show_model_score=False,
     gold_share=0.1,
+    adaptive=True,  # until `confidence` (0.9) sure or `max_answers` (5) answers
 )
 
 RECOMMENDATION_RELEVANCE = TaskSpec(
@@ -121,7 +128,7 @@ RECOMMENDATION_RELEVANCE = TaskSpec(
     subject=Subject.user_item,
     question="Given what this user bought and played, would they want this item?",
     labels=["relevant", "not_relevant"],
-    annotators_per_item=3,
     show_model_score=True,
     gold_share=0.0,
+    adaptive=True,
 )

@@ -12,15 +12,19 @@ from pathlib import Path
 import uvicorn
 
 from ground_truth.app import create_app
+from ground_truth.refit import RefitPolicy
 from ground_truth.throttle import SignInThrottle
 
 
 @contextmanager
 def serve_app(
-    database_url: str, media_root: Path | None = None, throttle: SignInThrottle | None = None
+    database_url: str,
+    media_root: Path | None = None,
+    throttle: SignInThrottle | None = None,
+    refit: RefitPolicy | None = RefitPolicy(),  # noqa: B008 (frozen)
 ) -> Iterator[str]:
     """The app (uvicorn, one process) on 127.0.0.1:<free port> in a background thread; yields its base URL."""
-    app = create_app(database_url, media_root, throttle)
+    app = create_app(database_url, media_root, throttle, refit)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))

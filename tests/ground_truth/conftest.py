@@ -18,7 +18,7 @@ from engines.simulator.annotators import (
     run_concurrently,
     violation_answer_key,
 )
-from ground_truth import accounts, queue
+from ground_truth import accounts, queue, review
 from ground_truth.schema import CONTENT_VIOLATION, ItemIn, Role, TaskSpec
 from ground_truth.server import serve_app  # noqa: F401 (the tests' way to run the app)
 from orchestration.profiles import resources_for
@@ -103,8 +103,16 @@ def label_everything(lake: Path, k_people: dict[str, float] = ACCURACY):
     key = violation_answer_key(lake)
     people = [SimulatedAnnotator(n, PASSWORD, a, seed=1) for n, a in k_people.items()]
     database = resources_for("local", data_dir=str(lake))["labels"].database_url()
+    task = queue.get_task(engine, "content_violation")
     with serve_app(database, lake / "landing") as base_url:
-        run_concurrently([lambda p=p: p.label_all(base_url, "content_violation", key) for p in people])
+        while True:
+            before = sum(len(p.answers) for p in people)
+            run_concurrently([lambda p=p: p.label_all(base_url, "content_violation", key) for p in people])
+            # a refit (the app's, while they worked) may give an adaptive item another slot after its
+            # annotators were done: they come back, as people would, until a round finds nothing
+            review.refresh_model(engine, task)
+            if sum(len(p.answers) for p in people) == before:
+                break
         disputed = SimulatedReviewer("rev0", PASSWORD).review_all(
             base_url, "content_violation", key, CONTENT_VIOLATION.labels
         )

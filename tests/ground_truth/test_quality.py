@@ -15,7 +15,7 @@ from ground_truth.review import ItemState
 from ground_truth.schema import CONTENT_VIOLATION, ItemIn
 from tests.ground_truth.conftest import make_accounts
 
-TASK = queue.Task(1, CONTENT_VIOLATION.model_copy(update={"gold_share": 0.2}))
+TASK = queue.Task(1, CONTENT_VIOLATION.model_copy(update={"gold_share": 0.2, "adaptive": False}))  # fixed k=3
 
 
 def state(key: str, answers: dict[str, str], verdict: str | None = None, gold: dict[str, str] | None = None):
