@@ -28,6 +28,9 @@ _PRIVATE = {
     "InstigatorStatus": ("dagster._core.scheduler.instigation", "InstigatorStatus"),
     "InstigatorType": ("dagster._core.scheduler.instigation", "InstigatorType"),
     "SensorInstigatorData": ("dagster._core.scheduler.instigation", "SensorInstigatorData"),
+    # the daemon's ticks, read so that a failing sensor or schedule reaches the notification targets
+    "TickStatus": ("dagster._core.scheduler.instigation", "TickStatus"),
+    "SerializableErrorInfo": ("dagster._utils.error", "SerializableErrorInfo"),
     # the instance's logging setup, patched so runs on threads do not deadlock (orchestration/lanes.py)
     "EventMethods": ("dagster._core.instance.methods.event_methods", "EventMethods"),
     # instance settings: a compute log manager chosen per run, dagster.yaml read as the instance reads it

@@ -1,16 +1,20 @@
 """Sensors: a run when a day lands (or changes) in landing, an export when a served model's registry version
-changes, a re-embedding of the catalogue when the champion CLIP changes, and a notification when a run
-fails."""
+changes, a re-embedding of the catalogue when the champion CLIP changes, a notification when a run
+fails, and one when a sensor, schedule or Dagster daemon starts failing (and when it recovers)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import warnings
+from dataclasses import asdict, dataclass
 from datetime import date
 
 from dagster import (
+    DagsterInstance,
+    DagsterInvalidDefinitionError,
     DefaultSensorStatus,
+    RepositoryDefinition,
     RunFailureSensorContext,
     RunRequest,
     SensorEvaluationContext,
@@ -31,7 +35,12 @@ from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, days_of_other_versi
 from engines.lake import Lake
 from feature_defs.sources import all_sources
 from jobs import clip_reembed, daily_pipeline, model_export
-from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from orchestration.dagster_internals import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    SerializableErrorInfo,
+    TickStatus,
+)
 from resources.lake import LakeResource
 from resources.model_server import ModelServerResource
 from resources.notifications import WebhookNotifier
@@ -178,3 +187,96 @@ def clip_champion_sensor(context: SensorEvaluationContext, lake: LakeResource, m
             )
         ]
     )
+
+
+# --- failures of the automation itself: sensors, schedules and daemons ---------------------------------
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # sensor, schedule or daemon
+    name: str
+    error: str  # the first line of the newest error
+
+
+def failing_instigators(instance: DagsterInstance, besides: str) -> dict[str, Failure]:
+    """Each running sensor and schedule (but `besides`) whose newest tick failed, and each daemon whose
+    newest heartbeat carries errors; keyed by kind:name."""
+    failures = {}
+    for state in instance.all_instigator_state():
+        if not state.is_running or state.name == besides:
+            continue
+        ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=1)
+        if ticks and ticks[0].status == TickStatus.FAILURE:
+            kind = state.instigator_type.value.lower()
+            failures[f"{kind}:{state.name}"] = Failure(kind, state.name, first_line(ticks[0].error))
+    for daemon, heartbeat in instance.get_daemon_heartbeats().items():
+        if heartbeat.errors:
+            failures[f"daemon:{daemon}"] = Failure("daemon", daemon, first_line(heartbeat.errors[0]))
+    return failures
+
+
+def first_line(error: SerializableErrorInfo | None) -> str:
+    """The first line of the error's root cause (a sensor's own exception, not Dagster's wrapper)."""
+    if error is None:
+        return "no error recorded"
+    while error.cause is not None:
+        error = error.cause
+    return (error.message.strip().splitlines() or [error.cls_name or "error"])[0]
+
+
+def notify_targets_of(repository: RepositoryDefinition | None, failure: Failure) -> list[str]:
+    """The notify= targets of the job a failing sensor or schedule starts (none for a daemon)."""
+    try:
+        if failure.kind == "sensor" and repository and repository.has_sensor_def(failure.name):
+            job_name = repository.get_sensor_def(failure.name).job_name
+        elif failure.kind == "schedule" and repository and repository.has_schedule_def(failure.name):
+            job_name = repository.get_schedule_def(failure.name).job_name
+        else:
+            return []
+    except DagsterInvalidDefinitionError:  # a sensor of several jobs, or of none
+        return []
+    if not job_name or not repository.has_job(job_name):
+        return []
+    return [t for t in repository.get_job(job_name).tags.get(NOTIFY_TAG, "").split(",") if t]
+
+
+def failure_payload(failure: Failure, recovered: bool) -> dict:
+    what = "Dagster daemon" if failure.kind == "daemon" else failure.kind
+    if recovered:
+        text = f"mlplane {what} {failure.name} has recovered"
+    else:
+        text = f"mlplane {what} {failure.name} is failing: {failure.error} (reported once until it recovers)"
+    status = "recovered" if recovered else "failing"
+    return {"text": text, "kind": failure.kind, "name": failure.name, "status": status, "error": failure.error}
+
+
+@sensor(
+    minimum_interval_seconds=60,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Posts a sensor or schedule whose ticks fail, and a Dagster daemon that reports errors, to the "
+    "webhook in the notifier resource (MLPLANE_WEBHOOK_URL) and the notify= targets of the job it starts: once "
+    "when it starts failing and once when it recovers, not on every tick.",
+)
+def automation_failure_sensor(context: SensorEvaluationContext, notifier: WebhookNotifier):
+    reported = {key: Failure(**value) for key, value in json.loads(context.cursor or "{}").items()}
+    failing = failing_instigators(context.instance, besides=context.sensor_name)
+    changes = [(f, False) for key, f in failing.items() if key not in reported]
+    changes += [(f, True) for key, f in reported.items() if key not in failing]
+    if not changes:
+        return SkipReason(f"{len(failing)} failing, each already reported" if failing else "nothing is failing")
+    for failure, recovered in changes:
+        key = f"{failure.kind}:{failure.name}"
+        payload = failure_payload(failure, recovered)
+        delivery = notifier.deliver(payload, notify_targets_of(context.repository_def, failure))
+        if delivery.failed:  # reported again on the next tick
+            context.log.warning(f"{payload['text']}: webhook(s) {delivery.failed} refused it; retrying next tick")
+            continue
+        if not delivery.posted:
+            context.log.warning(payload["text"] + " (no webhook configured: set MLPLANE_WEBHOOK_URL)")
+        if delivery.unknown:
+            context.log.warning(f"no webhook for notification targets {delivery.unknown} (set MLPLANE_NOTIFY_<TARGET>)")
+        if recovered:
+            reported.pop(key)
+        else:
+            reported[key] = failure
+    cursor = {key: asdict(failure) for key, failure in sorted(reported.items())}
+    return SensorResult(cursor=json.dumps(cursor, sort_keys=True))

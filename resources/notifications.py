@@ -1,6 +1,15 @@
 import httpx
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import BaseModel, Field
+
+
+class Delivery(BaseModel):
+    """Where one notification went: the webhooks that took it, the target names with no webhook
+    configured, and the webhooks that refused it or could not be reached (with why)."""
+
+    posted: list[str] = []
+    unknown: list[str] = []
+    failed: dict[str, str] = {}
 
 
 class WebhookNotifier(ConfigurableResource):
@@ -24,3 +33,19 @@ class WebhookNotifier(ConfigurableResource):
         """Post to each named target; returns (the names posted to, the names with no webhook configured)."""
         posted = [name for name in names if name in self.targets and self.post(payload, self.targets[name])]
         return posted, [name for name in names if name not in self.targets]
+
+    def deliver(self, payload: dict, names: list[str]) -> Delivery:
+        """Post to the default webhook and to each named target, never raising: a webhook that is down
+        is reported in the result, for the caller to retry or log. Webhooks are named, not shown: their
+        URLs often hold a token."""
+        webhooks = {"MLPLANE_WEBHOOK_URL": self.url} if self.url else {}
+        webhooks.update({name: self.targets[name] for name in names if name in self.targets})
+        delivery = Delivery(unknown=[name for name in names if name not in self.targets])
+        for name, url in webhooks.items():
+            try:
+                self.post(payload, url)
+                delivery.posted.append(name)
+            except httpx.HTTPError as error:
+                status = isinstance(error, httpx.HTTPStatusError) and f"HTTP {error.response.status_code}"
+                delivery.failed[name] = status or type(error).__name__
+        return delivery
