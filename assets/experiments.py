@@ -45,8 +45,9 @@ CONFIG_KEY = AssetKey(["deploy", "experiments_config"])
             CONFIG_KEY,
             group_name="serving",
             description="deploy/experiments.yaml: layers, experiments (variants, traffic, salts) and shadows, read "
-            "by the model server to route requests and by online accuracy for each experiment's control and "
-            "configured split. Observing it records the file's sha256 as its data version.",
+            "by the model server to route requests (each answer logs the digest of the file it ran; online "
+            "accuracy reads each experiment's control and split from that file, stored beside the logs) and "
+            "by the offline reports. Observing it records the file's sha256 as its data version.",
             owners=["team:ml-platform"],
             tags={"domain": "serving"},
             kinds={"yaml"},

@@ -2,7 +2,9 @@
 per model version and variant, per experiment and per shadow, with latency from the prediction logs.
 Its checks fail when a live model's CTR drops beyond a threshold (the failure is posted to the webhook,
 the notifier resource, with the numbers) and when an experiment's users per arm do not match its
-configured split (sample-ratio mismatch: its comparisons cannot be trusted)."""
+configured split (sample-ratio mismatch: its comparisons cannot be trusted). Each experiment's control and
+split come from the experiments file the server ran (stored beside the logs, named by each record), not
+from the repository's file at analysis time, which is read only for logs that name no file."""
 
 import base64
 import math
@@ -31,9 +33,10 @@ from assets.metadata import table
 from assets.partitions import partition_days, serving_partitions
 from assets.prediction_logs import KEY as PREDICTION_LOGS
 from assets.prediction_logs import READS as SERVING_INPUTS
+from engines import experiments as experiments_engine
 from engines import online_accuracy as accuracy
 from engines import prediction_logs as logs
-from engines.experiments import ExperimentConfigError, load
+from engines.experiments import Design, ExperimentConfigError, load, parse_file
 from feature_defs.compile.polars import day_end
 from feature_defs.sources import interactions
 from ml.plots import lines_png
@@ -93,21 +96,50 @@ def settings_of(config: OnlineAccuracyConfig) -> accuracy.AccuracySettings:
     )
 
 
-def controls() -> dict[str, str]:
-    """Each experiment's control (its first variant) from the experiments file, where it loads."""
+def repository_experiments() -> tuple:
+    """The experiments of the repository's file: read only for logs that predate the recorded config."""
     try:
-        return {e.name: e.variants[0].name for e in load(EXPERIMENTS_FILE)}
+        return tuple(load(EXPERIMENTS_FILE))
     except ExperimentConfigError:
-        return {}
+        return ()
 
 
-def splits() -> dict[str, dict[str, float]]:
-    """Each experiment's configured split (variant -> traffic). The prediction logs record each request's
-    assignments but not the file the server ran, so this reads the file deployed with the pipeline."""
-    try:
-        return {e.name: {v.name: v.traffic for v in e.variants} for e in load(EXPERIMENTS_FILE)}
-    except ExperimentConfigError:
-        return {}
+def served_designs(lake_root, logged: pl.DataFrame, pooled: pl.DataFrame) -> dict[str, Design]:
+    """Each experiment's control and split from the experiments files the server ran (stored beside the
+    logs, by the digest each record names); records that name none (written before the server recorded
+    it) are read with the repository's file. A named file missing or unparsable fails the run: guessing
+    the split would test the arms against the wrong one."""
+    uses = accuracy.config_uses(logged, pooled)
+    configs: dict = {}
+    for digest in {d for _, d in uses}:
+        if digest is None:
+            configs[None] = repository_experiments()
+            continue
+        try:
+            data = logs.read_config(lake_root, digest)
+            configs[digest] = parse_file(data, f"served experiments config {digest}").experiments
+        except (OSError, ValueError) as error:  # ExperimentConfigError is a ValueError
+            raise Failure(f"cannot read the experiments config the server ran: {error}") from error
+    return experiments_engine.served_designs(uses, configs)
+
+
+def without_config(logged: pl.DataFrame) -> int:
+    """Live recommend records that name no experiments file (an older server, or one run without a file)."""
+    live = logged.filter((pl.col("role") == logs.LIVE) & (pl.col("endpoint") == "recommend"))
+    return int(live["experiments_config"].is_null().sum())
+
+
+def designs_table(designs: dict[str, Design]) -> list[dict]:
+    return [
+        {
+            "experiment": name,
+            "control": d.control,
+            "split": ", ".join(f"{arm} {share:g}" for arm, share in d.split.items()),
+            "served_configs": ", ".join(d.configs),
+            "conflict": d.conflict or "-",
+        }
+        for name, d in sorted(designs.items())
+    ]
 
 
 def ctr_picture(lake, day: date, answers: pl.DataFrame, k: int) -> MetadataValue:
@@ -169,7 +201,7 @@ def _text(value) -> str:
     partitions_def=serving_partitions,
     backfill_policy=BackfillPolicy.multi_run(1),  # a day per run: each day is checked against the ones before
     deps=[
-        *SERVING_INPUTS,  # the model versions scored and the experiments file (controls, configured splits)
+        *SERVING_INPUTS,  # the model versions scored; the experiments files served are stored beside the logs
         PREDICTION_LOGS,
         AssetDep(
             warehouse_key(interactions), partition_mapping=TimeWindowPartitionMapping(start_offset=0, end_offset=1)
@@ -201,7 +233,7 @@ def _text(value) -> str:
 def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, notifier: WebhookNotifier):
     (day,) = partition_days(context)
     the_lake, settings = lake.get_client(), settings_of(config)
-    logged = the_lake.read_partition(logs.ZONE, logs.TABLE, day)
+    logged = logs.conform(the_lake.read_partition(logs.ZONE, logs.TABLE, day))
     outcomes, until = read_interactions(the_lake, day)
     scored, waiting = accuracy.with_complete_horizon(logged, until, settings.horizon)
     answers = accuracy.scored_answers(scored, outcomes, settings)
@@ -210,8 +242,10 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     if not experiment_users.is_empty():
         the_lake.write_partition(ZONE, EXPERIMENT_USERS_TABLE, day, experiment_users)
     pooled = accuracy.pooled_days(the_lake, day, experiment_users) if answers.height else experiment_users
-    ratios = sample_ratios(logged, pooled, settings)
-    comparisons = accuracy.with_sample_ratio(experiment_comparisons(the_lake, answers, pooled, settings), ratios)
+    designs = served_designs(the_lake.root, logged, pooled)
+    ratios = sample_ratios(logged, pooled, designs, settings)
+    compared = experiment_comparisons(the_lake, answers, pooled, designs, settings)
+    comparisons = accuracy.with_sample_ratio(compared, ratios)
     found = accuracy.drops(
         models,
         history(the_lake, day, config.history_days),
@@ -257,6 +291,8 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             f"needs), Holm over each experiment's variants x metrics at alpha {settings.alpha}; "
             f"no test under {config.minimum_users} users per arm",
             "latency_from_logs": table(rounded(latencies)),
+            "experiment_designs": table(designs_table(designs)),  # the control and split each analysis used
+            "answers_without_experiments_config": without_config(logged),  # read with the repository's file
             "ctr_over_time": ctr_picture(the_lake, day, answers, config.k),
             **{
                 f"ctr/{r['role']}/{r['variant']}": float(r["ctr"])
@@ -267,25 +303,30 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     )
 
 
-def experiment_comparisons(lake, answers, users, settings) -> pl.DataFrame:
-    """The A/B rows over the pooled days of each experiment running today (`users`), and the shadow rows
-    of today."""
+def experiment_comparisons(lake, answers, users, designs: dict[str, Design], settings) -> pl.DataFrame:
+    """The A/B rows over the pooled days of each experiment running today (`users`), each against the
+    control of the file that served it (`designs`), and the shadow rows of today."""
     if not answers.height:
         return pl.DataFrame()
+    controls = {name: design.control for name, design in designs.items()}
     tables = (
-        accuracy.by_experiment(users, controls(), settings, accuracy.covariates(lake, users, settings)),
+        accuracy.by_experiment(users, controls, settings, accuracy.covariates(lake, users, settings)),
         accuracy.shadow_against_live(answers, settings),
     )
     found = [t for t in tables if not t.is_empty()]
     return pl.concat(found, how="diagonal_relaxed") if found else pl.DataFrame()
 
 
-def sample_ratios(logged: pl.DataFrame, pooled: pl.DataFrame, settings: accuracy.AccuracySettings) -> pl.DataFrame:
-    """Each experiment's users per arm against its configured split on the day and on its pooled days."""
-    configured = splits()
+def sample_ratios(
+    logged: pl.DataFrame, pooled: pl.DataFrame, designs: dict[str, Design], settings: accuracy.AccuracySettings
+) -> pl.DataFrame:
+    """Each experiment's users per arm against the split of the file that served it, on the day and on its
+    pooled days; an experiment whose served files disagree on the split is a mismatch of its own."""
+    configured = {name: design.split for name, design in designs.items() if not design.conflict}
     found = [
         accuracy.sample_ratio(logged, configured, settings),
         accuracy.pooled_sample_ratio(pooled, configured, settings),
+        accuracy.design_conflicts({name: d.conflict for name, d in designs.items() if d.conflict}),
     ]
     found = [f for f in found if not f.is_empty()]
     return pl.concat(found, how="diagonal_relaxed") if found else pl.DataFrame()

@@ -467,3 +467,46 @@ def parse_file(data: bytes, source: str) -> ExperimentsFile:
         tuple(parse_shadows(raw, source)),
         tuple(parse_layers(raw, source, parse_domains(raw, source)).values()),
     )
+
+
+@dataclass(frozen=True)
+class Design:
+    """What an experiment's analysis needs from the files that served it: its control (the first
+    variant), its split (variant -> traffic), the digests of those files, and why they cannot be used
+    ("" when they can): files that disagree on the control or the split, since pooling arms whose split
+    changed while they ran compares users who entered at different times."""
+
+    control: str
+    split: dict[str, float]
+    configs: tuple[str, ...]
+    conflict: str = ""
+
+
+REPOSITORY = "repository file"  # how a design names the file read for logs that predate recorded configs
+
+
+def served_designs(
+    uses: list[tuple[str, str | None]], configs: dict[str | None, tuple[Experiment, ...]]
+) -> dict[str, Design]:
+    """Each experiment's design from the files that routed its records (`uses`: pairs of experiment and
+    the digest its records name; `configs`: digest -> that file's experiments, None -> the file read for
+    records that name none). An experiment a file does not hold gets no design from that file."""
+    seen: dict[str, dict[tuple, list[str]]] = {}
+    for name, digest in sorted(set(uses), key=lambda use: (use[0], use[1] or "")):
+        found = next((e for e in configs.get(digest, ()) if e.name == name), None)
+        if found is not None:
+            arms = tuple((v.name, v.traffic) for v in found.variants)
+            seen.setdefault(name, {}).setdefault(arms, []).append(digest or REPOSITORY)
+    designs = {}
+    for name, versions in seen.items():
+        arms, digests = next(iter(versions.items()))
+        conflict = ""
+        if len(versions) > 1:
+            stated = "; ".join(
+                f"{', '.join(f'{arm} {share:g}' for arm, share in split)} in {', '.join(where)}"
+                for split, where in versions.items()
+            )
+            conflict = f"its control or split changed while it ran ({stated}): the arms cannot be pooled"
+        every = tuple(d for where in versions.values() for d in where)
+        designs[name] = Design(arms[0][0], dict(arms), every, conflict)
+    return designs

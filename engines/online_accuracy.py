@@ -230,13 +230,14 @@ PRIMARY = "ctr"
 
 
 def experiment_users(answers: pl.DataFrame, day: date) -> pl.DataFrame:
-    """One row per experiment, arm, user and model version of the day's live answers (intent to treat:
-    every live answer counts for the variant its user was assigned in each experiment): hits, items
-    shown, NDCG summed over answers, answers. The rows of every day of an experiment pool into its test."""
+    """One row per experiment, arm, user, model version and experiments file (the digest that routed the
+    answers) of the day's live answers (intent to treat: every live answer counts for the variant its
+    user was assigned in each experiment): hits, items shown, NDCG summed over answers, answers. The rows
+    of every day of an experiment pool into its test."""
     live = answers.filter(pl.col("role") == LIVE)
     assigned = [json.loads(a or "{}") for a in live["assignments"].to_list()]
     long = (
-        live.select("user_id", "model_version", "hits", "shown", "ndcg")
+        live.select("user_id", "model_version", "experiments_config", "hits", "shown", "ndcg")
         .with_columns(
             pl.Series("experiment", [list(a) for a in assigned], dtype=pl.List(pl.String)),
             pl.Series("arm", [list(a.values()) for a in assigned], dtype=pl.List(pl.String)),
@@ -245,10 +246,10 @@ def experiment_users(answers: pl.DataFrame, day: date) -> pl.DataFrame:
         .drop_nulls("experiment")
     )
     return (
-        long.group_by("experiment", "arm", "user_id", "model_version")
+        long.group_by("experiment", "arm", "user_id", "model_version", "experiments_config")
         .agg(pl.col("hits").sum(), pl.col("shown").sum(), pl.col("ndcg").sum(), pl.len().alias("answers"))
         .with_columns(pl.lit(day).alias("day"))
-        .sort("experiment", "arm", "user_id", "model_version")
+        .sort("experiment", "arm", "user_id", "model_version", "experiments_config", nulls_last=True)
     )
 
 
@@ -271,7 +272,8 @@ def pooled_days(lake: Lake, day: date, today: pl.DataFrame) -> pl.DataFrame:
         return today
     running = today["experiment"].unique().to_list()
     before = scanned.filter(pl.col("experiment").is_in(running)).collect()
-    return pl.concat([before, today], how="vertical_relaxed").sort("experiment", "day", "arm", "user_id")
+    # diagonal: days stored before `experiments_config` was a column read it as null (the repository's file)
+    return pl.concat([before, today], how="diagonal_relaxed").sort("experiment", "day", "arm", "user_id")
 
 
 def covariates(lake: Lake, users: pl.DataFrame, settings: AccuracySettings) -> dict[str, pl.DataFrame]:
@@ -581,6 +583,30 @@ def with_sample_ratio(comparisons: pl.DataFrame, ratios: pl.DataFrame) -> pl.Dat
         return comparisons
     broken = set(ratios.filter(pl.col("mismatch"))["experiment"].to_list()) if ratios.height else set()
     return comparisons.with_columns(pl.col("experiment").is_in(list(broken)).alias("sample_ratio_mismatch"))
+
+
+def config_uses(logs: pl.DataFrame, users: pl.DataFrame) -> list[tuple[str, str | None]]:
+    """Each (experiment, experiments file digest) that routed a live recommend record of `logs` or an
+    `experiment_users` row of `users`: which files' designs each experiment's analysis reads."""
+    live = logs.filter((pl.col("role") == LIVE) & (pl.col("endpoint") == "recommend"))
+    found = {
+        (experiment, digest)
+        for assigned, digest in live.select("assignments", "experiments_config").unique().iter_rows()
+        for experiment in json.loads(assigned or "{}")
+    }
+    if not users.is_empty():
+        found |= set(users.select("experiment", "experiments_config").unique().iter_rows())
+    return sorted(found, key=lambda use: (use[0], use[1] or ""))
+
+
+def design_conflicts(conflicts: dict[str, str]) -> pl.DataFrame:
+    """Sample-ratio rows (blocking) for experiments whose served files disagree on their split or control
+    (experiment -> why): no split to test against, and their pooled arms are not randomized groups."""
+    rows = [
+        {"scope": "served configs", "experiment": name, "mismatch": True, "test": f"not tested: {why}"}
+        for name, why in sorted(conflicts.items())
+    ]
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 
 def srm_test(

@@ -5,6 +5,12 @@ other reader (exports, replays) go through this module, so the columns have one 
 
 Layout: `serving/prediction_log_spool/date=D/part-<ns>.parquet` is what the server writes (many
 small files, appended all day); the asset compacts a day into `serving/prediction_logs/date=D/part-0.parquet`.
+
+Each record names the experiments file the server routed it with (`experiments_config`: the first 16
+hex digits of the file's sha256), and the server stores that file's bytes once under
+`serving/experiments_configs/<digest>.yaml` before any record naming it, so each experiment's control
+and split are read from the configuration that was served, not from whatever the repository holds when
+the analysis runs. Logs written before the column existed read it as null (`conform`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ SCHEMA: dict[str, pl.DataType] = {
     "latency_ms": pl.Float64,
     "status": pl.String,
     "error": pl.String,
+    "experiments_config": pl.String,  # digest of the experiments file that routed it; null: none, or an old log
 }
+CONFIGS = "experiments_configs"  # the experiments files the server ran, by digest
 
 
 @dataclass
@@ -70,6 +78,7 @@ class PredictionRecord:
     outputs: str | None = None
     status: str = OK
     error: str | None = None
+    experiments_config: str | None = None
     # an infer call's (inputs, outputs) arrays: hashed and serialized by the writer thread, off the request path
     tensors: tuple[dict, dict] | None = field(default=None, repr=False)
     tensor_inputs_allowed: bool = False  # the model card lets the infer call's inputs be logged
@@ -116,6 +125,32 @@ def frame(records: list[PredictionRecord]) -> pl.DataFrame:
     return pl.DataFrame([r.row() for r in records], schema=SCHEMA)
 
 
+def conform(logs: pl.DataFrame) -> pl.DataFrame:
+    """Logs in the one schema; a column a log predates (written by an older server) is null."""
+    missing = [pl.lit(None, dtype).alias(name) for name, dtype in SCHEMA.items() if name not in logs.columns]
+    return logs.with_columns(missing).select(list(SCHEMA)).cast(SCHEMA)
+
+
+def config_digest(data: bytes) -> str:
+    """How a record names the experiments file's bytes (the model server's digest of the file)."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def config_path(lake_root: Path, digest: str) -> Path:
+    return Path(lake_root) / ZONE / CONFIGS / f"{digest}.yaml"
+
+
+def read_config(lake_root: Path, digest: str) -> bytes:
+    """The experiments file the server ran under `digest`, checked against it."""
+    path = config_path(lake_root, digest)
+    if not path.exists():
+        raise FileNotFoundError(f"the prediction logs name experiments config {digest}, but {path} does not exist")
+    data = path.read_bytes()
+    if config_digest(data) != digest:
+        raise ValueError(f"{path} does not hash to {digest}: the stored experiments config was altered")
+    return data
+
+
 def spool_days(lake_root: Path) -> list[date]:
     folder = Path(lake_root) / ZONE / SPOOL
     return (
@@ -131,4 +166,4 @@ def read_spool(lake_root: Path, day: date) -> pl.DataFrame:
     files = sorted(p for p in folder.glob("part-*.parquet")) if folder.is_dir() else []
     if not files:
         return pl.DataFrame(schema=SCHEMA)
-    return pl.concat([pl.read_parquet(f).cast(SCHEMA) for f in files], how="vertical")
+    return pl.concat([conform(pl.read_parquet(f)) for f in files], how="vertical")

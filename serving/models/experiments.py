@@ -12,6 +12,10 @@ A variant or shadow names an alias or version of the registry model; it is serve
 already follows it, or by an entry added for it (`<model>@<alias>`, `<model>@v<version>`) and loaded
 before the new file is used.
 
+Each route names the file's digest (`Route.config`), logged with the answer; the file's bytes go to
+`on_config` (the prediction log stores them) before the first request is routed with it, so the
+analysis reads each experiment's control and split from the file that was served.
+
 The file is re-read when it changes; the new configuration is built aside (parsed, its models loaded)
 and swapped in with one reference assignment, so requests in flight finish on the old one and none is
 dropped. A file that does not parse, or names a model that does not load, leaves the running
@@ -19,9 +23,9 @@ configuration in place and `reason` says why (GET /v2/experiments)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from engines.experiments import (
     deciding,
     parse_file,
 )
+from engines.prediction_logs import config_digest
 from serving.models.config import ModelEntry
 from serving.models.recommend import Route
 from serving.models.repository import ModelRepository
@@ -55,8 +60,15 @@ class Snapshot:
 
 
 class ExperimentRouter:
-    def __init__(self, path: Path | None, repository: ModelRepository, default_model: str):
+    def __init__(
+        self,
+        path: Path | None,
+        repository: ModelRepository,
+        default_model: str,
+        on_config: Callable[[str, bytes], None] | None = None,
+    ):
         self.path = path
+        self.on_config = on_config or (lambda digest, data: None)  # told each file before it is used
         self.repository = repository
         self.default_model = default_model
         self.snapshot = Snapshot()
@@ -72,9 +84,10 @@ class ExperimentRouter:
         assigned = assignments(snap.experiments, user_id)
         decided = deciding(snap.routing, snap.routing[0].model, user_id) if snap.routing else None
         if decided is None:
-            return Route(self.default_model, "", self.default_model, assigned)
+            return Route(self.default_model, "", self.default_model, assigned, snap.digest)
         experiment, variant = decided
-        return Route(snap.entries[(experiment.name, variant.name)], experiment.name, variant.name, assigned)
+        entry = snap.entries[(experiment.name, variant.name)]
+        return Route(entry, experiment.name, variant.name, assigned, snap.digest)
 
     def shadows(self) -> list[tuple[Shadow, str]]:
         snap = self.snapshot
@@ -131,7 +144,7 @@ class ExperimentRouter:
                 data = self.path.read_bytes()
             except OSError as error:
                 return self._refuse(f"experiments file {self.path} unreadable ({error})")
-            digest = hashlib.sha256(data).hexdigest()[:16]
+            digest = config_digest(data)
             if digest in (self.snapshot.digest, self._refused):  # unchanged, or refused already
                 return False
             try:
@@ -140,6 +153,7 @@ class ExperimentRouter:
             except ExperimentConfigError as error:
                 self._refused = digest
                 return self._refuse(str(error))
+            self.on_config(digest, data)
             self.snapshot, self.reason = snapshot, ""
             log.info(
                 "experiments: %d in use (%d route recommend), %d shadows, file %s",

@@ -12,6 +12,11 @@ Nothing admitted is dropped:
 - a clean stop writes what is queued (to the lake, else to the spill folder) and logs loudly, with the
   count, only if neither could take them.
 
+The experiments file each record was routed with (`experiments_config`, a digest) is stored once in
+the lake (engines.prediction_logs.config_path) before the first file holding a record that names it, and
+beside the spilled records while the lake refuses them: the analysis reads each experiment's control
+and split from the file that was served (`keep_config` is told each file the server uses).
+
 A record that can never be written (an id past int64, a value its column cannot hold) is not retried:
 it is refused when the answer is made where that can be seen cheaply (`problem`), else found when its
 day's frame is built, and kept alone with its reason in the quarantine folder
@@ -32,7 +37,18 @@ from pathlib import Path
 
 import polars as pl
 
-from engines.prediction_logs import LIVE, OK, SPOOL, ZONE, PredictionRecord, canonical_json, frame, inputs_hash
+from engines.prediction_logs import (
+    CONFIGS,
+    LIVE,
+    OK,
+    SPOOL,
+    ZONE,
+    PredictionRecord,
+    canonical_json,
+    config_path,
+    frame,
+    inputs_hash,
+)
 from serving.models.protocol import ProtocolError
 from serving.models.recommend import Answer
 
@@ -42,14 +58,17 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 log = logging.getLogger("mlplane.models")
 
-Writer = Callable[[pl.DataFrame, Path], None]  # frame, final path: written whole or not at all
+Writer = Callable[[pl.DataFrame | bytes, Path], None]  # frame or file, final path: written whole or not at all
 
 
-def write_atomically(data: pl.DataFrame, path: Path) -> None:
+def write_atomically(data: pl.DataFrame | bytes, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        data.write_parquet(tmp)
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            data.write_parquet(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -67,7 +86,8 @@ class PredictionLog:
         write: Writer = write_atomically,
         on_state: Callable[[int, bool], None] | None = None,
     ):
-        self.spool = Path(lake_root) / ZONE / SPOOL
+        self.lake_root = Path(lake_root)
+        self.spool = self.lake_root / ZONE / SPOOL
         self.quarantine = Path(lake_root) / ZONE / QUARANTINE
         self.quarantined = 0
         self.spill = Path(spill_dir)
@@ -78,6 +98,8 @@ class PredictionLog:
         self.on_state = on_state or (lambda backlog, failed: None)  # metrics: queued records, a write failed
         self.last_error = ""
         self._pending: list[PredictionRecord] = []
+        self._configs: dict[str, bytes] = {}  # digest -> the experiments file's bytes, as the server used it
+        self._stored: set[str] = set()  # digests whose file the lake has
         self._spilled: set[int] = set()  # ids of queued records that also have a copy in the spill folder
         self._mirrored: dict[date, list[Path]] = {}  # those copies' files, deleted once the lake has the day
         self._lock = threading.Lock()
@@ -104,6 +126,11 @@ class PredictionLog:
             if len(self._pending) >= self.max_batch:
                 self._wake.set()
 
+    def keep_config(self, digest: str, data: bytes) -> None:
+        """An experiments file the server is about to route with: stored with the first records naming it."""
+        with self._lock:
+            self._configs[digest] = data
+
     @property
     def backlog(self) -> int:
         return len(self._pending)
@@ -127,6 +154,7 @@ class PredictionLog:
             for day, part in _by_day(records).items():
                 data, part = self._frame(part)
                 try:
+                    self._store_configs(part, self.lake_root / ZONE / CONFIGS, self.write, self._stored)
                     self.write(data, self._file(self.spool, day))
                 except Exception as error:  # noqa: BLE001 - any failure keeps the records
                     self.last_error = f"{type(error).__name__}: {error}"
@@ -178,6 +206,22 @@ class PredictionLog:
         for record, reason in records:
             log.warning("prediction log: record %s quarantined: %s", record.request_id, reason)
 
+    def _store_configs(
+        self, records: list[PredictionRecord], folder: Path, write: Writer, stored: set[str] | None = None
+    ) -> None:
+        """The experiments files the records name, written under `folder` where it lacks them (`stored`:
+        the digests known to be there already, kept up to date)."""
+        named = {r.experiments_config for r in records if r.experiments_config} - (stored or set())
+        for digest in sorted(named):
+            path = folder / f"{digest}.yaml"
+            if not path.exists():
+                if digest not in self._configs:  # the analysis will say which file is missing
+                    log.error("prediction log: experiments config %s was never handed to the log", digest)
+                    continue
+                write(self._configs[digest], path)
+            if stored is not None:
+                stored.add(digest)
+
     def _file(self, root: Path, day: date) -> Path:
         return root / f"date={day.isoformat()}" / f"part-{time.time_ns()}-{os.getpid()}.parquet"
 
@@ -187,6 +231,7 @@ class PredictionLog:
         for day, part in _by_day(fresh).items():
             path = self._file(self.spill, day)
             try:
+                self._store_configs(part, self.spill / CONFIGS, write_atomically)
                 write_atomically(frame(part), path)
             except Exception as error:  # noqa: BLE001 - the records stay queued in memory
                 log.error(
@@ -205,6 +250,15 @@ class PredictionLog:
         if not self.spill.is_dir():
             return
         mirrored = {p for paths in self._mirrored.values() for p in paths}
+        for path in sorted((self.spill / CONFIGS).glob("*.yaml")):  # before the records that name them
+            try:
+                target = config_path(self.lake_root, path.stem)
+                if not target.exists():
+                    self.write(path.read_bytes(), target)
+                path.unlink()
+            except Exception as error:  # noqa: BLE001 - stays spilled until the next success
+                self.last_error = f"{type(error).__name__}: {error}"
+                return
         for path in sorted(self.spill.glob("date=*/part-*.parquet")):
             if path in mirrored:
                 continue
@@ -298,6 +352,7 @@ def record_of(answer: Answer, status: str = OK, error: str | None = None) -> Pre
         inputs=canonical_json(inputs) if answer.log_inputs else None,
         status=status,
         error=error,
+        experiments_config=answer.experiments_config or None,
     )
 
 

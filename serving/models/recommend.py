@@ -59,6 +59,7 @@ class Answer:
     assignments: dict[str, str] = field(default_factory=dict)  # every experiment's variant for this user
     role: str = "live"  # or "shadow": computed beside a live answer, never served
     log_inputs: bool = False  # the model version's card lets its inputs be logged
+    experiments_config: str = ""  # digest of the experiments file that routed it ("" without one)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Route:
     experiment: str = ""
     variant: str = ""
     assignments: dict[str, str] = field(default_factory=dict)
+    config: str = ""  # digest of the experiments file that chose it
 
 
 VariantChooser = Callable[[int, dict], Route]
@@ -211,6 +213,7 @@ class Recommender:
             route.experiment,
             dict(route.assignments),
             log_inputs=served.log_inputs,
+            experiments_config=route.config,
         )
 
     @staticmethod

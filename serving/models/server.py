@@ -58,9 +58,6 @@ class ModelServer:
         self.vectors = Candidates(VectorStore.open(config.vector_location()))
         self.repository = ModelRepository(self.registry, config.models, self._load, config.work_path())
         self.feature_log = FeatureLog(config.lake_path(), config.feature_log_sample)
-        self.experiments = ExperimentRouter(
-            Path(config.experiments_file) if config.experiments_file else None, self.repository, config.recommend_model
-        )
         self.prediction_log = (
             PredictionLog(
                 config.lake_path(),
@@ -71,6 +68,12 @@ class ModelServer:
             )
             if config.prediction_log
             else None
+        )
+        self.experiments = ExperimentRouter(  # each file it routes with is stored beside the logs
+            Path(config.experiments_file) if config.experiments_file else None,
+            self.repository,
+            config.recommend_model,
+            self.prediction_log.keep_config if self.prediction_log else None,
         )
         self.recommender = Recommender(
             self.repository,

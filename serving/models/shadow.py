@@ -58,7 +58,7 @@ class ShadowRunner:
         from serving.models.prediction_log import record_of
 
         started = time.perf_counter()
-        route = Route(entry, "", shadow.name, live.assignments)
+        route = Route(entry, "", shadow.name, live.assignments, live.experiments_config)
         try:
             loaded = self.recommender.repository.get(entry)
             answer = self.recommender.answer_with(
@@ -88,6 +88,7 @@ class ShadowRunner:
                 live.assignments,
                 SHADOW,
                 live.log_inputs,
+                live.experiments_config,
             )
             record = record_of(failed, status=ERROR, error=f"{type(error).__name__}: {error}")
             outcome = "error"

@@ -17,8 +17,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import polars as pl
 import pytest
+import yaml
 from dagster import AssetCheckSeverity, DagsterInstance, materialize
 from PIL import Image
+from polars.testing import assert_frame_equal
 
 from assets import monitoring
 from assets.monitoring import (
@@ -32,7 +34,7 @@ from assets.monitoring import (
 )
 from assets.prediction_logs import prediction_logs
 from engines.lake import Lake
-from engines.prediction_logs import LIVE, TABLE, frame
+from engines.prediction_logs import LIVE, TABLE, config_digest, frame
 from engines.prediction_logs import ZONE as LOG_ZONE
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
@@ -61,9 +63,27 @@ def webhook():
     server.shutdown()
 
 
-def log_day(lake_root, records) -> None:
-    """The records written as the server writes them (its writer, its files)."""
+def served_file(ab_split=(0.5, 0.5), arms=("control", "treatment")) -> bytes:
+    """An experiments file for the simulated answers: "ab" on personalization, "other" on another model."""
+    ab = [{"name": a, "model_version": str(i + 1), "traffic": t} for i, (a, t) in enumerate(zip(arms, ab_split))]
+    other = [
+        {"name": "a", "model_version": "1", "traffic": 1 / 3},
+        {"name": "b", "model_version": "2", "traffic": 2 / 3},
+    ]
+    experiments = [
+        {"name": "ab", "model": "personalization", "salt": "ab-salt", "variants": ab},
+        {"name": "other", "model": "search", "salt": "other-salt", "variants": other},
+    ]
+    return yaml.safe_dump({"experiments": experiments}).encode()
+
+
+def log_day(lake_root, records, config: bytes | None = None) -> None:
+    """The records written as the server writes them (its writer, its files), routed with `config` (the
+    server's experiments file: stored beside the logs and named by each record), or with none."""
     log = PredictionLog(lake_root, lake_root / "spill", flush_interval_s=60)
+    if config is not None:
+        log.keep_config(config_digest(config), config)
+        records = [dataclasses.replace(r, experiments_config=config_digest(config)) for r in records]
     for record in records:
         log.submit(record)
     log.close()
@@ -154,9 +174,9 @@ def test_a_log_that_fails_its_expectations_is_not_taken_in(tmp_path, webhook):
 
 def test_a_sample_ratio_mismatch_blocks_and_its_tables_hold_no_missing_cells(tmp_path, webhook, monkeypatch):
     url, _ = webhook
-    records, events = simulated(12, users=400)  # "ab" assigns users half and half
-    monkeypatch.setattr(monitoring, "splits", lambda: {"ab": {"control": 0.9, "treatment": 0.1}})
-    log_day(tmp_path, records)
+    records, events = simulated(12, users=400)  # "ab" assigns users half and half; served as 90/10
+    monkeypatch.setattr(monitoring, "EXPERIMENTS_FILE", tmp_path / "absent.yaml")  # never read: the logs name theirs
+    log_day(tmp_path, records, served_file(ab_split=(0.9, 0.1)))
     Lake(tmp_path).write_partition("warehouse", "interactions", T0.date(), events)
     result = run(tmp_path, T0.date(), url)
     check = {e.check_name: e for e in result.get_asset_check_evaluations()}[SRM_CHECK]
@@ -165,7 +185,7 @@ def test_a_sample_ratio_mismatch_blocks_and_its_tables_hold_no_missing_cells(tmp
     )
     day = str(T0.date())
     srm = {(r.data["experiment"], r.data["scope"]): r.data for r in check.metadata["experiments"].value.records}
-    assert srm[("ab", "day")]["mismatch"] is True and "not in the experiments file" in srm[("other", "day")]["test"]
+    assert srm[("ab", "day")]["mismatch"] is True and srm[("other", "day")]["mismatch"] is False
     assert srm[("ab", f"pooled {day}..{day}")]["mismatch"] is True  # the experiment's pooled days: one so far
     comparisons = Lake(tmp_path).read_partition(ZONE, COMPARISONS_TABLE, T0.date())
     marked = dict(comparisons.select("experiment", "sample_ratio_mismatch").unique().iter_rows())
@@ -207,3 +227,44 @@ def test_a_live_model_over_its_latency_slo_fails_the_check_and_reaches_the_webho
     thin = run(tmp_path, T0.date(), url, latency_minimum_answers=len(raw) + 1)
     assert {e.check_name: e.passed for e in thin.get_asset_check_evaluations()}[LATENCY_CHECK]
     assert len(received) == 1
+
+
+def test_a_config_changed_after_serving_does_not_change_the_analysis(tmp_path, webhook, monkeypatch):
+    """The answers were routed with "ab" as control/treatment 50/50. The repository's file later names
+    treatment the control at 90/10: the analysis still reads the file the server ran. Logs that name no
+    file (an older server) are read with the repository's file, and the metadata counts them."""
+    url, _ = webhook
+    records, events = simulated(14, users=400)
+    repository = tmp_path / "repository.yaml"
+    monkeypatch.setattr(monitoring, "EXPERIMENTS_FILE", repository)
+    served = served_file()
+    log_day(tmp_path / "lake", records, served)
+    Lake(tmp_path / "lake").write_partition("warehouse", "interactions", T0.date(), events)
+
+    def analysed(lake_root) -> tuple[dict, pl.DataFrame, dict]:
+        result = run(lake_root, T0.date(), url)
+        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+        metadata = result.asset_materializations_for_node("monitoring__online_accuracy")[0].metadata
+        comparisons = Lake(lake_root).read_partition(ZONE, COMPARISONS_TABLE, T0.date())
+        return checks, comparisons.filter(pl.col("experiment") == "ab").sort("variant", "metric"), metadata
+
+    repository.write_bytes(served)
+    checks, as_served, metadata = analysed(tmp_path / "lake")
+    designs = {r.data["experiment"]: r.data for r in metadata["experiment_designs"].value.records}
+    assert checks[SRM_CHECK] and set(as_served["control"]) == {"control"}
+    assert (
+        designs["ab"]["served_configs"] == config_digest(served)
+        and designs["ab"]["split"] == "control 0.5, treatment 0.5"
+    )
+    assert metadata["answers_without_experiments_config"].value == 0
+
+    repository.write_bytes(served_file(ab_split=(0.9, 0.1), arms=("treatment", "control")))
+    checks, after_change, _ = analysed(tmp_path / "lake")
+    assert checks[SRM_CHECK]  # the old code read the repository's file: a mismatch, and the control flipped
+    assert_frame_equal(after_change, as_served, rel_tol=1e-9)  # sums in another order: the last digits
+
+    log_day(tmp_path / "old", [dataclasses.replace(r, experiments_config=None) for r in records])
+    Lake(tmp_path / "old").write_partition("warehouse", "interactions", T0.date(), events)
+    checks, old, metadata = analysed(tmp_path / "old")
+    assert not checks[SRM_CHECK] and set(old["control"]) == {"treatment"}  # read with the repository's file
+    assert metadata["answers_without_experiments_config"].value == sum(r.role == LIVE for r in records)

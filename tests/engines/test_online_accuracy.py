@@ -671,3 +671,45 @@ def test_each_arms_served_version_mix_shows_another_experiments_variant():
         ordered = sorted(served[arm].items(), key=lambda kv: (-kv[1], kv[0]))
         assert row[column] == ", ".join(f"v{v} {n} ({n / total:.1%})" for v, n in ordered)
     assert "v3" in row["variant_version_mix"] and "v3" not in row["control_version_mix"]
+
+
+def test_each_experiment_reads_the_design_of_the_files_that_served_it_and_a_changed_split_blocks():
+    from engines.experiments import Design, parse_file, served_designs
+    from engines.online_accuracy import config_uses, design_conflicts
+
+    def served(other_split: float) -> tuple:
+        arms = [{"name": "control", "model_version": "1", "traffic": 0.5}]
+        arms.append({"name": "treatment", "model_version": "2", "traffic": 0.5})
+        other = [{"name": "a", "model_version": "1", "traffic": other_split}]
+        other.append({"name": "b", "model_version": "2", "traffic": 1 - other_split})
+        raw = {
+            "experiments": [
+                {"name": "ab", "model": "personalization", "salt": "s1", "variants": arms},
+                {"name": "other", "model": "search", "salt": "s2", "variants": other},
+            ]
+        }
+        return parse_file(json.dumps(raw).encode(), "served").experiments
+
+    records, _ = simulated(3, users=50)
+    logs = frame(
+        [dataclasses.replace(r, experiments_config="d1" if i // 2 % 2 else "d2") for i, r in enumerate(records)]
+    )
+    users = pl.DataFrame(
+        {"experiment": ["ab"], "experiments_config": [None]}, schema_overrides={"experiments_config": pl.String}
+    )
+    uses = config_uses(logs, users)
+    assert set(uses) == {("ab", "d1"), ("ab", "d2"), ("other", "d1"), ("other", "d2"), ("ab", None)}
+    designs = served_designs(uses, {"d1": served(1 / 3), "d2": served(0.5), None: served(0.5)})
+    assert designs["ab"] == Design("control", {"control": 0.5, "treatment": 0.5}, ("repository file", "d1", "d2"))
+    assert (
+        "changed while it ran" in designs["other"].conflict
+        and "a 0.333333, b 0.666667 in d1" in designs["other"].conflict
+    )
+    rows = design_conflicts({n: d.conflict for n, d in designs.items() if d.conflict})
+    assert rows["experiment"].to_list() == ["other"] and rows["mismatch"].to_list() == [True]
+    assert with_sample_ratio(pl.DataFrame({"experiment": ["ab", "other"]}), rows)[
+        "sample_ratio_mismatch"
+    ].to_list() == [
+        False,
+        True,
+    ]

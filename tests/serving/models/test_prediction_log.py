@@ -197,3 +197,46 @@ def test_a_record_that_cannot_be_written_is_quarantined_alone_and_the_others_are
     reasons = {line["record"]["request_id"]: line["reason"] for line in lines}
     assert set(reasons) == set(poison) and "user_id" in reasons["huge-user"], reasons
     assert log.quarantined == 3 and not list((tmp_path / "spill").rglob("*.parquet"))
+
+
+def test_each_record_names_its_experiments_file_and_the_file_survives_a_full_disk_and_a_restart(tmp_path):
+    """The file a record was routed with is stored under its digest before the records naming it; while
+    the lake refuses, it is spilled with them, and the next start stores both."""
+    import dataclasses
+
+    from engines.prediction_logs import config_digest, read_config
+
+    files = [b"experiments: []\n", b"experiments: []\n# changed\n"]
+    digests = [config_digest(f) for f in files]
+    named = [dataclasses.replace(record(i), experiments_config=digests[i % 2]) for i in range(200)]
+    disk = FullDisk()
+    log = PredictionLog(tmp_path / "lake", tmp_path / "spill", flush_interval_s=60, write=disk)
+    log.keep_config(digests[0], files[0])
+    for r in named[:100:2]:
+        log.submit(r)
+    assert log.flush() and read_config(tmp_path / "lake", digests[0]) == files[0]
+    disk.full.set()
+    log.keep_config(digests[1], files[1])
+    for r in named[100:] + named[1:100:2]:
+        log.submit(r)
+    assert not log.flush()
+    with pytest.raises(FileNotFoundError, match=digests[1]):
+        read_config(tmp_path / "lake", digests[1])
+    log.close()  # still full: the records and the new file stay in the spill folder
+    disk.full.clear()
+    PredictionLog(tmp_path / "lake", tmp_path / "spill", flush_interval_s=60, write=disk).close()
+    assert [read_config(tmp_path / "lake", d) for d in digests] == files
+    out = logged(tmp_path / "lake").sort("request_id")
+    assert out["experiments_config"].to_list() == [digests[int(r[1:]) % 2] for r in out["request_id"]]
+    assert out.height == 200 and not list((tmp_path / "spill").rglob("*.*"))
+
+
+def test_a_log_written_before_the_config_column_is_read_with_it_null(tmp_path):
+    from engines.prediction_logs import frame
+
+    old = frame([record(i) for i in range(10)]).drop("experiments_config")
+    day = START.date()
+    write_atomically(old, tmp_path / ZONE / SPOOL / f"date={day}" / "part-1.parquet")
+    read = read_spool(tmp_path, day)
+    assert read.height == 10 and read["experiments_config"].null_count() == 10
+    assert read.drop("experiments_config").equals(old.cast(read.drop("experiments_config").schema))

@@ -261,7 +261,8 @@ def test_the_configuration_in_use_is_the_bytes_its_digest_was_taken_from(tower_s
     path.write_text(
         yaml.safe_dump({"experiments": [{"name": "ab", "model": "personalization", "salt": "s", "variants": variants}]})
     )
-    router = ExperimentRouter(path, tower_server.server.repository, "personalization")
+    told = []
+    router = ExperimentRouter(path, tower_server.server.repository, "personalization", lambda *file: told.append(file))
     read_bytes, reads = Path.read_bytes, []
 
     def first_read_mid_write(self: Path) -> bytes:  # the writer finishes right after the first read
@@ -275,6 +276,8 @@ def test_the_configuration_in_use_is_the_bytes_its_digest_was_taken_from(tower_s
     assert router.reload()
     assert router.snapshot.digest == hashlib.sha256(path.read_bytes()).hexdigest()[:16] and router.reason == ""
     assert [e.name for e in router.snapshot.experiments] == ["ab"]
+    # the prediction log is handed the file before any route names it, and every route names it
+    assert told == [(router.snapshot.digest, path.read_bytes())] and router.choose(7, {}).config == told[0][0]
 
 
 @pytest.mark.services  # a server and the CLI
