@@ -11,6 +11,7 @@ creator to match has no copy score and is never flagged.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -69,7 +70,8 @@ class CopyModel:
 
     @classmethod
     def from_json(cls, saved: dict) -> CopyModel:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
+        return cls(**fields)
 
 
 def fit(

@@ -43,7 +43,7 @@ def answer_counts(engine: Engine, task: queue.Task) -> tuple[int, int | None]:
             select(func.count())
             .select_from(slots.join(items, items.c.id == slots.c.item_id))
             .where(items.c.task_id == task.id, slots.c.answered_at.is_not(None))
-        ).scalar()
+        ).scalar_one()
         fitted_on = conn.execute(select(models.c.answers).where(models.c.task_id == task.id)).scalar()
     return answered, fitted_on
 
