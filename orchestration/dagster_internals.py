@@ -44,6 +44,13 @@ _PRIVATE = {
     "WorkspaceFileTarget": ("dagster._core.workspace.load_target", "WorkspaceFileTarget"),
     "dagster_cli": ("dagster._cli", "cli"),
     "dagster_daemon_cli": ("dagster._daemon.cli", "cli"),
+    # one daemon tick of the sensors and the schedules, run by the notification tests
+    "InProcessWorkspaceLoadTarget": ("dagster._core.workspace.load_target", "InProcessWorkspaceLoadTarget"),
+    "create_test_daemon_workspace_context": ("dagster._core.test_utils", "create_test_daemon_workspace_context"),
+    "freeze_time": ("dagster._core.test_utils", "freeze_time"),
+    "execute_sensor_iteration": ("dagster._daemon.sensor", "execute_sensor_iteration"),
+    "DaemonHeartbeat": ("dagster._daemon.types", "DaemonHeartbeat"),
+    "launch_scheduled_runs": ("dagster._scheduler.scheduler", "launch_scheduled_runs"),
 }
 
 # A compute log manager that captures nothing, by module and class as dagster.yaml names them.

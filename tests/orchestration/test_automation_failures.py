@@ -17,16 +17,19 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from dagster import SensorResult, SkipReason, build_sensor_context
-from dagster._core.remote_origin import InProcessCodeLocationOrigin
-from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time, instance_for_test
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
-from dagster._daemon.sensor import execute_sensor_iteration
-from dagster._daemon.types import DaemonHeartbeat
-from dagster._scheduler.scheduler import launch_scheduled_runs
+from dagster import SensorResult, SkipReason, build_sensor_context, instance_for_test
 
-from orchestration.dagster_internals import SerializableErrorInfo
+from orchestration.dagster_internals import (
+    DaemonHeartbeat,
+    InProcessCodeLocationOrigin,
+    InProcessWorkspaceLoadTarget,
+    LoadableTargetOrigin,
+    SerializableErrorInfo,
+    create_test_daemon_workspace_context,
+    execute_sensor_iteration,
+    freeze_time,
+    launch_scheduled_runs,
+)
 from orchestration.profiles import PROJECT_ROOT, notifier
 from orchestration.sensors import automation_failure_sensor
 
