@@ -119,7 +119,6 @@ def create_app(
 
     app = FastAPI(title="mlplane labeling", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.engine = engine
-    app.state.refitter = refitter
     app.state.sign_in = SignIn(engine, throttle or SignInThrottle(), HashingPool())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_error_pages(app)

@@ -65,7 +65,6 @@ class Refitter:
         self.engine, self.policy = engine, policy
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="annotator-model-refit", daemon=True)
-        self.fits = 0  # how many fits it made (the app's tests read it)
 
     def start(self) -> None:
         self._thread.start()
@@ -76,12 +75,7 @@ class Refitter:
 
     def check_once(self) -> int:
         """One pass over the adaptive tasks; returns how many were refitted."""
-        fitted = 0
-        for task in queue.list_tasks(self.engine):
-            if refit_if_due(self.engine, task, self.policy) is not None:
-                fitted += 1
-        self.fits += fitted
-        return fitted
+        return sum(refit_if_due(self.engine, task, self.policy) is not None for task in queue.list_tasks(self.engine))
 
     def _run(self) -> None:
         while not self._stop.wait(self.policy.check_seconds):

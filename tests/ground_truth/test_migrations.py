@@ -5,6 +5,7 @@ held slot, verdict, gold question or other task changes."""
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
 from sqlalchemy import MetaData, create_engine, insert, inspect, select
@@ -15,6 +16,13 @@ from ground_truth.schema import CONTENT_VIOLATION, RECOMMENDATION_RELEVANCE, Rol
 # the tables as that version created them: today's minus the ones added since
 OLD_TABLES = ("gt_tasks", "gt_accounts", "gt_sessions", "gt_items", "gt_item_sources", "gt_slots", "gt_skips")
 OLD_TABLES += ("gt_verdicts",)
+
+
+class NoGoldDraw(random.Random):
+    """Never draws a gold question (content_violation serves 10%): the test follows the regular slots."""
+
+    def random(self) -> float:
+        return 1.0
 
 
 def old_spec(spec) -> dict:
@@ -137,11 +145,11 @@ def test_an_old_store_is_upgraded_to_adaptive_built_in_tasks(database_url):
     again = db.connect(database_url)
     assert slots_of(again, made["fresh"]) == [(0, False, None)]
     # and it asks adaptively, by the prior model before a fit: one answer is 80% sure, two agreeing 94%
-    served = queue.serve(again, violation, people["b"])
+    served = queue.serve(again, violation, people["b"], NoGoldDraw())
     assert served.key == "fresh"
     queue.answer(again, violation, people["b"], served.item_id, "ok")
     assert slots_of(again, made["fresh"]) == [(0, True, "ok"), (1, False, None)]
-    served = queue.serve(again, violation, people["b"])
+    served = queue.serve(again, violation, people["b"], NoGoldDraw())
     assert served.key == "partial"  # "held" is a's
     queue.answer(again, violation, people["b"], served.item_id, "ok")
     assert slots_of(again, made["partial"]) == [(0, True, "ok"), (1, True, "ok")]
