@@ -311,7 +311,7 @@ class Tower(nn.Module):
 
 class TwoTower(nn.Module):
     """User vector [user part, 1]; item vector [item part, bias + prior]: their dot product is the
-    score (a logit of the item being shown to the user, offset by the popularity prior)."""
+    score (the log of the user's expected clicks on the item, up to a constant per user)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -322,8 +322,8 @@ class TwoTower(nn.Module):
             self.category_column = list(spec.item.categorical).index(HISTORY_ATTRIBUTE)
         self.item_tower = Tower(spec.item, hidden, dim + 1 - self.taste, id_dim=dim)
         self.user_tower = Tower(spec.user, hidden, dim - self.taste, item_ids=self.item_tower.ids, id_dim=dim)
-        # log(1 + the item's positives in the training rows) per id bucket (0 for an unseen item):
-        # the popularity prior the score starts from (`set_prior`), saved with the weights
+        # the item's popularity prior per id bucket (`item_prior`; the unseen bucket: an item without rows),
+        # which the score starts from (`set_prior`), saved with the weights
         self.register_buffer("item_prior", torch.zeros(spec.item.id_buckets))
         # learnt change of the prior's weight 1, where training sees the prior (data-parallel training
         # refuses a parameter without gradients)
