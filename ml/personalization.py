@@ -10,17 +10,17 @@ end in vectors of the same size, so the item vectors go into the vector database
 retrieves its candidates there; the same dot product is the ranking score.
 
 What a user clicks is `P(shown) x P(click | shown)`: the feed shows popular items and items of
-the user's taste far more often, and most clicks land on them. The clicks are few (a few hundred a
-day here), the impressions twenty times as many, and an impression says what the feed found right
-for the user. So the score is a popularity prior, log(1 + the item's clicks and plays in the
-training rows), plus a learnt term trained to tell the items a user was shown (a clicked or played
-one weighted `click_weight` times) from the impressions of that day drawn at random
-(`negatives_from="impressions"`): a popular item is drawn as often as it is shown, so the term
-learns what this user is shown and clicks beyond what everyone is, the user's taste, and the prior
-adds what is clicked overall. Negatives drawn uniformly from the day's catalogue (`"catalogue"`)
-make the term learn popularity a second time. (A separate head for `P(click | shown)`, trained on
-the impressions' labels, learnt from so few clicks that its guesses for items a user was never
-shown lowered the ranking.)
+the user's taste far more often, and most clicks land on them. The score is the log of the user's
+expected positives on the item, built as the taste-cluster mixture's (ml.taste_clusters, the strong
+baseline) is: the taste head holds the user's expected positives per impression of each category (the
+mixture's posterior from the user's counts per category), the item's bias its share of its category's
+positives, estimated from its impressions (`prior="category_share"`: twenty times as many as its clicks,
+and the feed shows an item as often as it is popular). The learnt terms start at zero, so an untrained
+network scores as the mixture does, and learn what the rows add: the clicked or played impressions
+(`positives="clicked"`) told apart from impressions of the same day drawn at random
+(`negatives_from="impressions"`), with strong weight decay (a few hundred clicks a day). Training on every
+impression instead (`positives="shown"`, clicked ones weighted `click_weight` times) learns the feed's
+exposure a second time, and a lower ranking (docs/benchmarks.md, "Model quality").
 
 Training runs on Ray Train (`TorchTrainer`): data-parallel, each worker takes its shard of the rows;
 with no workers (`num_workers=0`), in the calling process (ml/ray_train.py).
@@ -84,10 +84,10 @@ UNSEEN = 0  # the id bucket of an id outside the trained range (ids start at 1):
 class TrainConfig:
     dim: int = 24  # each vector is dim + 1 long (the item's bias meets the user's constant 1)
     hidden: int = 64
-    epochs: int = 10
-    batch_size: int = 512
+    epochs: int = 20
+    batch_size: int = 64  # of the positive rows (a few hundred a day)
     learning_rate: float = 0.01
-    weight_decay: float = 3e-2  # strong: the learnt terms add to the mixture's score only what the rows show
+    weight_decay: float = 1.0  # strong: the learnt terms add to the mixture's score only what the rows show
     seed: int = 0
     # items drawn per impression from `negatives_from`, told apart from the shown one
     negatives: int = 4
@@ -99,11 +99,18 @@ class TrainConfig:
     # (popular items drawn as often as they are shown: the term learns what the user is shown beyond
     # what everyone is, and the prior adds popularity)
     negatives_from: str = "impressions"
+    # the pairs told apart from the drawn negatives: "shown", every impression (clicked ones weighted
+    # `click_weight`); "clicked", the clicked or played impressions alone
+    positives: str = "clicked"
     # "softmax": each shown pair against its drawn negatives in one softmax whose logits are log-Q corrected
     # (less the log of each item's share of the day's impressions, the chance it is drawn), the prior inside
     # the logit: the score then estimates log P(item | user) over the whole catalogue, clicked impressions
     # counting `click_weight` times. "binary": shown against drawn in a logistic loss, prior added after
     loss: str = "binary"
+    # the item's popularity prior (item_prior): "positives", log(1 + its positives in the training rows), or
+    # "category_share", the log of its share of its category's positives estimated from its impressions
+    prior: str = "category_share"
+    prior_power: float = 1.2
     # share of training ids replaced by the unseen bucket, so that new users and items get a learnt
     # vector (the average newcomer) rather than an untrained one
     unseen_share: float = 0.05
@@ -304,7 +311,7 @@ class Tower(nn.Module):
 
 class TwoTower(nn.Module):
     """User vector [user part, 1]; item vector [item part, bias + prior]: their dot product is the
-    score (a logit of the item being shown to the user, offset by the popularity prior)."""
+    score (the log of the user's expected clicks on the item, up to a constant per user)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -315,21 +322,33 @@ class TwoTower(nn.Module):
             self.category_column = list(spec.item.categorical).index(HISTORY_ATTRIBUTE)
         self.item_tower = Tower(spec.item, hidden, dim + 1 - self.taste, id_dim=dim)
         self.user_tower = Tower(spec.user, hidden, dim - self.taste, item_ids=self.item_tower.ids, id_dim=dim)
-        # log(1 + the item's positives in the training rows) per id bucket (0 for an unseen item):
-        # the popularity prior the score starts from (`set_prior`), saved with the weights
+        # the item's popularity prior per id bucket (`item_prior`; the unseen bucket: an item without rows),
+        # which the score starts from (`set_prior`), saved with the weights
         self.register_buffer("item_prior", torch.zeros(spec.item.id_buckets))
         # learnt change of the prior's weight 1, where training sees the prior (data-parallel training
         # refuses a parameter without gradients)
         self.prior_weight = nn.Parameter(torch.zeros(1), requires_grad=trains_with_prior(spec.config))
+        self._start_from_the_mixture()
+
+    def _start_from_the_mixture(self) -> None:
+        """The learnt terms of the score start at zero: an untrained network scores with the taste head's
+        mixture and the prior alone (the strong baseline's score, in logs), and training adds to it only what
+        the rows show. The item tower's other outputs keep their random start, so that the user tower's,
+        which meet them in the dot product, get gradients."""
+        user_out, item_out = self.user_tower.mlp[2], self.item_tower.mlp[2]
+        with torch.no_grad():
+            for tensor in (user_out.weight, user_out.bias, item_out.weight[-1], item_out.bias[-1:]):
+                tensor.zero_()
+            if self.user_tower.taste is not None:
+                self.user_tower.taste.weight.zero_()
+                self.user_tower.taste.bias.zero_()
 
     def set_prior(self, frame: pl.DataFrame) -> None:
-        """The prior from labelled training rows."""
-        counts = frame.group_by(self.spec.item.id_column).agg(pl.col(LABEL).sum())
-        ids = self.spec.item.buckets(counts.get_column(self.spec.item.id_column).to_numpy())
-        prior = torch.zeros(self.spec.item.id_buckets)
-        positives = torch.tensor(counts.get_column(LABEL).to_list(), dtype=torch.float32)
-        prior[torch.from_numpy(np.array(ids))] = torch.log1p(positives)
-        prior[UNSEEN] = 0.0
+        """The prior from labelled training rows (TrainConfig.prior)."""
+        ids, values, unseen = item_prior(frame, self.spec.item.id_column, self.spec.config)
+        prior = torch.full((self.spec.item.id_buckets,), unseen)
+        prior[torch.from_numpy(self.spec.item.buckets(ids))] = torch.from_numpy(values.astype(np.float32))
+        prior[UNSEEN] = unseen
         self.item_prior.copy_(prior)
 
     def set_history_categories(self, frame: pl.DataFrame) -> None:
@@ -403,6 +422,39 @@ class PersonalizationModel:
 def labelled(frame: pl.DataFrame) -> pl.DataFrame:
     """Training rows with one target: the impression led to a click or a play."""
     return frame.with_columns((pl.col("label_click") | pl.col("label_play")).cast(pl.Float32).alias(LABEL))
+
+
+def item_prior(frame: pl.DataFrame, id_column: str, config: TrainConfig) -> tuple[np.ndarray, np.ndarray, float]:
+    """Each item's popularity prior from labelled training rows, and that of an item without rows.
+
+    "positives": log(1 + the item's positives). "category_share": the log of the item's share of its
+    category's positives, estimated from its impressions, (1 + impressions) ** `prior_power` over the sum of
+    that among the category's items: the feed shows an item as often as it is popular, and its impressions are
+    twenty times as many as its clicks (a far less noisy estimate); the power (above 1) says that a popular
+    item is also clicked more often when shown. With the user's expected positives per category (the taste
+    head) the score is then the log of the user's expected positives on the item, as the taste-cluster
+    mixture's; items of a category with many items share its positives."""
+    counts = frame.group_by(id_column).agg(pl.len().alias("shown"), pl.col(LABEL).sum().alias("positives"))
+    ids = counts.get_column(id_column).to_numpy()
+    if config.prior == "positives":
+        return ids, np.log1p(counts.get_column("positives").to_numpy().astype(np.float64)), 0.0
+    if config.prior != "category_share":
+        raise ValueError(f"prior must be positives or category_share, not {config.prior!r}")
+    if HISTORY_ATTRIBUTE in frame.columns:
+        known = frame.drop_nulls(HISTORY_ATTRIBUTE)
+        if "event_timestamp" in known.columns:  # the newest known category of each item
+            known = known.sort("event_timestamp")
+        known = known.unique(id_column, keep="last", maintain_order=True)
+        counts = counts.join(known.select(id_column, HISTORY_ATTRIBUTE), on=id_column, how="left")
+    else:
+        counts = counts.with_columns(pl.lit(None, pl.String).alias(HISTORY_ATTRIBUTE))
+    weight = (1.0 + pl.col("shown").cast(pl.Float64)) ** config.prior_power
+    shares = counts.with_columns(weight.alias("w")).with_columns(
+        (pl.col("w") / pl.col("w").sum().over(HISTORY_ATTRIBUTE)).log().alias("prior"),
+        (-pl.col("w").sum().over(HISTORY_ATTRIBUTE).log()).alias("unseen"),
+    )
+    unseen = float(shares.unique(HISTORY_ATTRIBUTE).get_column("unseen").mean())
+    return shares.get_column(id_column).to_numpy(), shares.get_column("prior").to_numpy(), unseen
 
 
 # Views of an item's catalogue attributes, fixed from its first delivery (a change is rare and small): a
@@ -595,9 +647,10 @@ def fit(
         generator.set_state(resume["generator"])
         torch.set_rng_state(resume["torch_rng"])
         losses = list(resume["losses"])
+    trained_rows = _positive_rows(labels, config.positives)
     for epoch in range(len(losses), config.epochs):
         objective.train()
-        order = torch.randperm(frame.height, generator=generator)
+        order = trained_rows[torch.randperm(len(trained_rows), generator=generator)]
         total, batches = 0.0, 0
         for start in range(0, len(order), config.batch_size):
             index = order[start : start + config.batch_size]
@@ -629,6 +682,15 @@ def fit(
             state = {"optimizer": optimizer.state_dict(), "generator": generator.get_state()}
             on_epoch(epoch, losses, {**state, "torch_rng": torch.get_rng_state(), "losses": list(losses)})
     return losses
+
+
+def _positive_rows(labels: torch.Tensor, positives: str) -> torch.Tensor:
+    """The rows that train as the shown pairs: every impression ("shown") or the clicked and played ones."""
+    if positives == "shown":
+        return torch.arange(len(labels))
+    if positives == "clicked":
+        return torch.nonzero(labels > 0).flatten()
+    raise ValueError(f"positives must be shown or clicked, not {positives!r}")
 
 
 def _corrected_softmax_loss(shown, unshown, log_q_shown, log_q_drawn, weight) -> torch.Tensor:

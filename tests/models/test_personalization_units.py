@@ -13,6 +13,7 @@ import polars as pl
 import torch
 
 from ml.personalization import (
+    HISTORY_ATTRIBUTE,
     ITEM_INPUTS,
     UNSEEN,
     PersonalizationModel,
@@ -20,6 +21,7 @@ from ml.personalization import (
     TwoTower,
     _daily_catalogues,
     _negative_pool,
+    _positive_rows,
     build_spec,
     labelled,
     with_fixed_item_attributes,
@@ -50,7 +52,7 @@ def frame(rows: int = 400, seed: int = 5) -> pl.DataFrame:
 
 def test_the_prior_is_log_one_plus_each_items_positives():
     rows = labelled(frame())
-    network = TwoTower(build_spec(rows, TrainConfig(dim=4, hidden=8)))
+    network = TwoTower(build_spec(rows, TrainConfig(dim=4, hidden=8, prior="positives")))
     network.set_prior(rows)
     positives: dict[int, int] = {}
     for item, click, play in rows.select("item_id", "label_click", "label_play").iter_rows():
@@ -58,6 +60,51 @@ def test_the_prior_is_log_one_plus_each_items_positives():
     for item in random.Random(1).sample(sorted(positives), 10):
         assert math.isclose(float(network.item_prior[item]), math.log1p(positives[item]), rel_tol=1e-6)
     assert float(network.item_prior[UNSEEN]) == 0.0
+
+
+def test_the_category_share_prior_is_each_items_share_of_its_categorys_impressions():
+    """log((1 + impressions) ** power / the sum of that over the item's category), the category the item's
+    newest known one; an item without rows gets the mean over categories of an item shown never."""
+    rng = random.Random(3)
+    rows = labelled(frame()).with_columns(
+        pl.Series(HISTORY_ATTRIBUTE, [rng.choice(["a", "b", "c", None]) for _ in range(400)])
+    )
+    config = TrainConfig(dim=8, hidden=8, prior="category_share", prior_power=1.3)
+    network = TwoTower(build_spec(rows, config))
+    network.set_prior(rows)
+    shown: dict[int, int] = {}
+    category: dict[int, tuple[datetime, str | None]] = {}
+    for item, at, name in rows.select("item_id", "event_timestamp", HISTORY_ATTRIBUTE).iter_rows():
+        shown[item] = shown.get(item, 0) + 1
+        if name is not None and (item not in category or at > category[item][0]):
+            category[item] = (at, name)
+    of = {item: category.get(item, (None, None))[1] for item in shown}
+    totals: dict[str | None, float] = {}
+    for item, n in shown.items():
+        totals[of[item]] = totals.get(of[item], 0.0) + (1 + n) ** 1.3
+    for item, n in shown.items():
+        expected = math.log((1 + n) ** 1.3 / totals[of[item]])
+        assert math.isclose(float(network.item_prior[item]), expected, rel_tol=1e-5)
+    unseen = float(np.mean([-math.log(t) for t in totals.values()]))
+    assert math.isclose(float(network.item_prior[UNSEEN]), unseen, rel_tol=1e-5)
+
+
+def test_an_untrained_network_scores_with_the_prior_and_the_taste_head_alone():
+    """The learnt terms start at zero: before training, a (user, item) score is the item's prior (the taste
+    head, without a mixture, adds 0), whatever the user."""
+    rows = labelled(frame())
+    network = TwoTower(build_spec(rows, TrainConfig(dim=4, hidden=8)))
+    network.set_prior(rows)
+    model = PersonalizationModel(network)
+    scores = model.score(rows)
+    ids = network.spec.item.buckets(rows.get_column("item_id").to_numpy())
+    assert np.allclose(scores, network.item_prior.numpy()[ids], atol=1e-6)
+
+
+def test_clicked_positives_train_on_the_clicked_rows_alone():
+    labels = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0])
+    assert _positive_rows(labels, "clicked").tolist() == [1, 3, 4]
+    assert _positive_rows(labels, "shown").tolist() == [0, 1, 2, 3, 4]
 
 
 def test_negatives_carry_their_days_features():
