@@ -26,6 +26,8 @@ CHECKSUM_TAG = "mlplane.checksums_sha256"
 HISTORY_TAG = "mlplane.alias_stack.{alias}"  # versions that held the alias, newest last
 LOG_TAG = "mlplane.alias_log.{alias}"  # who moved the alias, when and why (newest last, capped)
 LOG_LENGTH = 30
+# the model card's consent to log a version's inputs (prediction-log inputs, sampled served features)
+LOG_INPUTS_TAG = "mlplane.log_inputs"
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # MLflow logs every store migration at INFO
@@ -49,6 +51,11 @@ class RegisteredVersion:
     def metrics(self) -> dict[str, float]:
         """The metrics logged at registration (tags `metric.<name>`)."""
         return {k.removeprefix("metric."): float(v) for k, v in self.tags.items() if k.startswith("metric.")}
+
+    @property
+    def log_inputs(self) -> bool:
+        """Whether the model card consents to logging this version's inputs (tag mlplane.log_inputs=true)."""
+        return self.tags.get(LOG_INPUTS_TAG, "").lower() == "true"
 
 
 def file_checksums(folder: Path) -> dict[str, str]:
@@ -93,9 +100,13 @@ class ModelRegistry:
         tags: dict[str, str],
         metrics: dict[str, float],
         params: dict[str, str] | None = None,
+        log_inputs: bool | None = None,
     ) -> RegisteredVersion:
         """Log the model folder with its checksums in a run and register it as a new version of
-        `name`, tagged with its lineage (code version, data, run, asset, metrics)."""
+        `name`, tagged with its lineage (code version, data, run, asset, metrics) and, when
+        `log_inputs` is given, the card's consent to log its inputs (LOG_INPUTS_TAG; absent: none)."""
+        if log_inputs is not None:
+            tags = {**tags, LOG_INPUTS_TAG: str(log_inputs).lower()}
         run = self.client.create_run(
             self._experiment_id(), run_name=f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}", tags=tags
         )

@@ -1,7 +1,11 @@
 """A sample of the feature vectors `recommend` served, written to the lake for the skew check
 (`serving/served_features/date=D/part-<n>.parquet`; the asset check reads the same path). Sampling
 is a hook on the answer path: rows are buffered in memory and written by a background thread, so
-an answer never waits for the disk; a clean stop writes what is buffered."""
+an answer never waits for the disk; a clean stop writes what is buffered.
+
+Served features are a model's inputs: only answers of a model version whose card consents to logging
+its inputs (registry tag mlplane.log_inputs=true, as for the prediction log's inputs) are sampled, and
+each row carries that consent; answers of other versions are counted, never written."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
+from engines.registry import LOG_INPUTS_TAG
 from serving.models.recommend import Answer
 
 log = logging.getLogger("mlplane.models")
@@ -26,7 +31,9 @@ SCHEMA = {
     "model_version": pl.String,
     "feature_service": pl.String,
     "features": pl.String,
+    "consent": pl.String,  # the model card's tag that let the row be written
 }
+CONSENT = f"{LOG_INPUTS_TAG}=true"
 
 
 class FeatureLog:
@@ -36,12 +43,16 @@ class FeatureLog:
         self.flush_interval_s = flush_interval_s
         self._random = random.Random(seed)
         self._rows: list[dict] = []
+        self.without_consent = 0  # answers not sampled: their model's card does not consent
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feature-log", daemon=True)
         self._thread.start()
 
     def __call__(self, answer: Answer) -> None:
+        if not answer.log_inputs:
+            self.without_consent += 1
+            return
         if self.sample <= 0 or self._random.random() >= self.sample:
             return
         row = {
@@ -52,6 +63,7 @@ class FeatureLog:
             "model_version": answer.model_version,
             "feature_service": answer.feature_service,
             "features": json.dumps(answer.features, default=str, sort_keys=True),
+            "consent": CONSENT,
         }
         with self._lock:
             self._rows.append(row)

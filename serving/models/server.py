@@ -29,7 +29,6 @@ from serving.models.shadow import ShadowRunner
 from serving.models.towers import load_two_tower
 
 FEATURE_SERVICE_TAG = "mlplane.feature_service"
-LOG_INPUTS_TAG = "mlplane.log_inputs"  # the model card's consent to log a version's inputs
 RECOMMEND_MODEL = "recommend"  # the OIP name of recommend(user_id, k, context)
 SERVER_NAME, SERVER_VERSION = "mlplane-models", "0.1.0"
 EXTENSIONS = ["model_repository", "binary_tensor_data", "statistics"]
@@ -119,7 +118,7 @@ class ModelServer:
     # --- loading --------------------------------------------------------------------------------
     def _load(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
         served = self._load_kind(entry, folder, version)
-        served.log_inputs = version.tags.get(LOG_INPUTS_TAG, "").lower() == "true"
+        served.log_inputs = version.log_inputs
         return served
 
     def _load_kind(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:

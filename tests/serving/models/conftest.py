@@ -15,7 +15,7 @@ import pytest
 import torch
 import uvicorn
 
-from engines.registry import ModelRegistry
+from engines.registry import LOG_INPUTS_TAG, ModelRegistry
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec
 from serving.models.app import create_app
 from serving.models.config import ModelEntry, ServerConfig
@@ -201,6 +201,8 @@ def served_lake(personalization_run, tmp_path_factory) -> Path:
     assert training_result(personalization_run).success  # trained, registered, past both gates: the champion
     registry = ModelRegistry.local(registry_root)
     assert registry.by_alias("personalization", "champion").version == "1"
+    # its card consents to logging its inputs: the served-features sampler writes only such models' rows
+    registry.client.set_model_version_tag("personalization", "1", LOG_INPUTS_TAG, "true")
     weights = lake / "models" / "clip-random.pt"
     weights.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

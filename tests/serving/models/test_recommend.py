@@ -242,6 +242,7 @@ def test_served_features_match_offline_point_in_time(platform_server, served_lak
     # a served value that the offline tables never held is skew the check reports by feature
     logged = sorted((served_lake / "serving" / "served_features").rglob("part-*.parquet"))[-1]
     frame = pl.read_parquet(logged)
+    assert set(frame["consent"]) == {"mlplane.log_inputs=true"}  # the card's consent, set in served_lake
     features = json.loads(frame["features"][0])
     features["user_engagement__clicks_7d"] = (features.get("user_engagement__clicks_7d") or 0) + 1000
     frame.with_columns(pl.lit(json.dumps(features)).alias("features")).head(1).write_parquet(
