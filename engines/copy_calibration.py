@@ -11,7 +11,9 @@ are flagged by the model and threshold chosen on the other folds alone. Pooled h
 queues over-sample likely copies, so precision on its rows would overstate the catalogue's; precision is
 instead computed for the catalogue's prevalence, estimated on the random audit items:
 precision = recall x p / (recall x p + fpr x (1 - p)). Intervals: a bootstrap of the whole rule (fitted
-on a resample, scored on the rows left out of it), widened to contain the point estimate.
+on a resample, scored on the rows left out of it), widened to contain the point estimate and the Wilson
+intervals of the held-out counts (for precision: its value at the ends of the recall, false-positive
+rate and prevalence intervals), since a bootstrap collapses to a point when the classes separate.
 
 The calibration (model, threshold, estimates) is a small JSON file in the lake, written by the flags
 asset and read by the online scorer, so batch and online score with the same model and threshold.
@@ -177,6 +179,32 @@ def interval(values: np.ndarray, point: float | None) -> Estimate:
     return Estimate(float(point), float(min(low, point)), float(max(high, point)))
 
 
+def widened(estimate: Estimate, bounds: tuple[float | None, float | None]) -> Estimate:
+    """`estimate`'s interval stretched to contain `bounds` (a bootstrap of separable classes collapses to
+    a point; the Wilson interval of the counts does not)."""
+    low, high = bounds
+    if estimate.value is None or low is None or high is None:
+        return estimate
+    return Estimate(
+        estimate.value,
+        low if estimate.low is None else min(estimate.low, low),
+        high if estimate.high is None else max(estimate.high, high),
+    )
+
+
+def precision_from(recall: Rate, fpr: Rate, prevalence: Rate) -> Estimate:
+    """Precision at the audit prevalence, its interval from the ends of the three Wilson intervals
+    (conservative)."""
+    if not prevalence.trials:
+        return Estimate(None, None, None)
+    (r_low, r_high), (f_low, f_high), (p_low, p_high) = recall.interval, fpr.interval, prevalence.interval
+    return Estimate(
+        precision_at(recall.value, fpr.value, prevalence.value),
+        precision_at(r_low, f_high, p_low) or 0.0,
+        precision_at(r_high, f_low, p_high) if precision_at(r_high, f_low, p_high) is not None else 1.0,
+    )
+
+
 def calibrate(
     features: np.ndarray,
     matched: np.ndarray,
@@ -194,20 +222,19 @@ def calibrate(
         return None
     folds = min(folds, int(positive.sum()), int((~positive).sum()))
     flagged = held_out_flags(features, matched, positive, folds)
-    recall = (flagged & positive).sum() / positive.sum()
-    fpr = (flagged & ~positive).sum() / (~positive).sum()
+    recall = Rate(int((flagged & positive).sum()), int(positive.sum()))
+    fpr = Rate(int((flagged & ~positive).sum()), int((~positive).sum()))
     prevalence = Rate(int(positive[audit].sum()), int(audit.sum()))
-    low, high = prevalence.interval
-    precision = precision_at(recall, fpr, prevalence.value) if prevalence.trials else None
     rates = bootstrap_rates(features, matched, positive, audit, draws)
+    precision = precision_from(recall, fpr, prevalence)
     return Calibration(
         model=rule.model,
         threshold=rule.threshold,
         release=release,
         labelled_items=len(positive),
         folds=folds,
-        recall=interval(rates[:, 0], float(recall)),
-        false_positive_rate=interval(rates[:, 1], float(fpr)),
-        prevalence=Estimate(prevalence.value, low, high),
-        precision=interval(rates[:, 2], precision),
+        recall=widened(interval(rates[:, 0], recall.value), recall.interval),
+        false_positive_rate=widened(interval(rates[:, 1], fpr.value), fpr.interval),
+        prevalence=Estimate(prevalence.value, *prevalence.interval),
+        precision=widened(interval(rates[:, 2], precision.value), (precision.low, precision.high)),
     )

@@ -86,3 +86,15 @@ def test_threshold_sits_between_the_classes_and_round_trips(tmp_path):
     calibration.save(tmp_path)
     assert Calibration.load(tmp_path) == calibration
     assert Calibration.load(tmp_path / "elsewhere") is None
+
+
+def test_separable_classes_still_get_honest_intervals():
+    """Every held-out flag right: the bootstrap collapses to 1.0, the counts' Wilson intervals do not."""
+    rng = np.random.default_rng(5)
+    positive = np.arange(60) < 12
+    similarity = np.where(positive, rng.uniform(0.95, 1.0, 60), rng.uniform(0.3, 0.8, 60))
+    audit = np.ones(60, dtype=bool)
+    calibration = calibrate(similarity[:, None], np.ones(60, dtype=bool), positive, audit, "v0003", draws=50)
+    assert calibration.recall.value == 1.0 and calibration.precision.value == 1.0
+    assert 0.7 < calibration.recall.low < 0.8  # Wilson's for 12 of 12
+    assert calibration.precision.low < 0.9 and calibration.precision.high == 1.0
