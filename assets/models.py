@@ -116,6 +116,8 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
         baseline=baseline,
         baseline_comparisons={f"{_metric_name('model', m)} vs taste_clusters": strong[m] for m in RANKING_METRICS},
         gate_on_comparisons=GATE_ON_STRONG_BASELINE,
+        # the platform's own model: its served features feed the training-serving skew check
+        log_inputs=True,
         compare=against,
         data_partitions=[d.isoformat() for d in days],
         feature_service=personalization_ranking.name,

@@ -85,6 +85,8 @@ class TrainedModel:
     # on each one (a tie is not better)
     baseline_comparisons: dict[str, Comparison] = field(default_factory=dict)
     gate_on_comparisons: bool = True
+    # the model card's consent to log this model's served inputs and features (registry tag mlplane.log_inputs)
+    log_inputs: bool = False
 
     def short_of_baseline(self) -> dict[str, tuple[float, float]]:
         """The metrics where the model does not beat the baseline: metric -> (model, baseline); for a paired
@@ -288,7 +290,9 @@ def register_trained(context, config: TrainingConfig, fn, model_name: str, gpus:
             "mlplane.dagster_asset": f"models/{model_name}",
             "mlplane.partition": day.isoformat(),
         }
-        version = registry.register(model_name, trained.model_dir, lineage, trained.metrics, trained.params)
+        version = registry.register(
+            model_name, trained.model_dir, lineage, trained.metrics, trained.params, log_inputs=trained.log_inputs
+        )
         who = f"dagster run {context.run.run_id}"
         registry.set_alias(model_name, "challenger", version.version, who=who, reason=f"trained for {day}")
         champion = registry.by_alias(model_name, "champion")

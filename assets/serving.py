@@ -113,7 +113,8 @@ def served_features(context, lake: LakeResource, flink: FlinkResource):
     files = sorted((the_lake.root / SERVED_LOG).glob("date=*/part-*.parquet"))
     if not files:
         raise Failure(f"no served features logged under {the_lake.root / SERVED_LOG}: is the server sampling?")
-    logged = pl.concat([pl.read_parquet(f) for f in files]).sort("served_at")
+    # parts written before the consent column have none: read them beside the newer ones
+    logged = pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed").sort("served_at")
     served = [json.loads(f) for f in logged["features"].to_list()]
     columns = sorted({c for row in served for c in row if "__" in c})
     newest = max(d for c in columns for d in the_lake.partition_days("offline", c.split("__", 1)[0]))
