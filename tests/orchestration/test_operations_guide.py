@@ -10,8 +10,11 @@ import importlib
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import time
+import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import click
 import pytest
 
 from orchestration.profiles import PROJECT_ROOT
+from tests.services import create_database, drop_database
 
 GUIDE = PROJECT_ROOT / "docs" / "operations.md"
 
@@ -55,6 +59,7 @@ def settings_environment(tmp_path: Path) -> dict[str, str]:
     return dict(entry.decode().split("=", 1) for entry in out.stdout.split(b"\0") if entry)
 
 
+@pytest.mark.services  # an `mlplane` subprocess
 def test_the_settings_block_is_complete_for_the_prod_profile(tmp_path):
     env = settings_environment(tmp_path)
     assert env["MLPLANE_PROFILE"] == "prod" and env["DAGSTER_HOME"] == str(PROJECT_ROOT / "deploy" / "prod")
@@ -93,3 +98,44 @@ def test_each_command_parses_with_its_options(command, monkeypatch):
         current, path = found, [*path, name]
     # parses and validates every option and argument (types, choices, required ones) without running
     current.make_context(" ".join(path), list(args))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.services  # the code location and the daemon, on this machine's PostgreSQL
+def test_the_dagster_units_start_as_written(tmp_path):
+    """Step 5's code location and daemon, started with the guide's commands and settings (the code
+    location's host and port this machine's), until the daemon's liveness check passes."""
+    name = f"mlplane_dagster_{uuid.uuid4().hex[:8]}"
+    env = {
+        **settings_environment(tmp_path),
+        "MLPLANE_DAGSTER_PG_URL": create_database(name).replace("postgresql://", "postgresql+psycopg2://"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    port = str(free_port())
+    bin_dir = str(Path(sys.executable).parent)
+    code, daemon, check = [
+        shlex.split(c.replace("code.example", "127.0.0.1").replace("4000", port).replace(".venv/bin", bin_dir))
+        for c in walkthrough_commands()
+        if c.startswith((".venv/bin/dagster api grpc", ".venv/bin/dagster-daemon"))
+    ]
+    units = []
+    try:
+        for command in (code, daemon):
+            log = (tmp_path / f"{Path(command[0]).name}.log").open("w")
+            units.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 300  # a hang, not a speed: loading the definitions takes a while
+        while (live := subprocess.run(check, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)).returncode:
+            assert all(u.poll() is None for u in units), [p.read_text()[-3000:] for p in tmp_path.glob("*.log")]
+            assert time.monotonic() < deadline, live.stdout + [p.read_text()[-3000:] for p in tmp_path.glob("*.log")]
+            time.sleep(2)
+        assert "Daemon live" in live.stdout
+    finally:
+        for unit in units:
+            unit.terminate()
+            unit.wait(timeout=30)
+        drop_database(name)
