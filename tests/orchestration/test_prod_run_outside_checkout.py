@@ -55,6 +55,7 @@ def databases():
         drop_database(name)
 
 
+@pytest.mark.services  # a `dagster` subprocess on PostgreSQL and Redis
 def test_a_prod_run_writes_nothing_into_the_checkout(tmp_path, databases):
     checkout = checkout_copy((tmp_path / "checkout").resolve())
     lake, dagster_url, feast_url = tmp_path / "lake", *databases
