@@ -27,7 +27,10 @@ class Labelled:
 
 
 def labelled_impressions(
-    interactions: pl.DataFrame, next_day: pl.DataFrame | None = None, horizon: timedelta = LABEL_HORIZON
+    interactions: pl.DataFrame,
+    next_day: pl.DataFrame | None = None,
+    horizon: timedelta = LABEL_HORIZON,
+    previous_day: pl.DataFrame | None = None,
 ) -> Labelled:
     """One row per impression of the day in `interactions` with a session id: was a click or play credited
     to it? Each outcome is credited to at most one impression of its item to its user within `horizon`
@@ -35,7 +38,9 @@ def labelled_impressions(
     outcome echoes (its `session_id`), else the last one (ties: the greater event id). So a later
     impression takes the outcome from an earlier one, and one click labels one impression, never two.
     Impressions and outcomes are looked up in the day and in `next_day` (the next day's interactions,
-    at least its first `horizon`), so an impression at 23:50 can be labelled by a click at 00:10.
+    at least its first `horizon`), so an impression at 23:50 can be labelled by a click at 00:10. The
+    impressions of `previous_day` (its last `horizon` suffices) only take credit: a click after midnight
+    that echoes yesterday's session goes to yesterday's impression, not to one of today's.
 
     Impressions without a session id take credit like any other but get no row (they are counted): a
     training row is an impression of a known visit.
@@ -44,7 +49,8 @@ def labelled_impressions(
     observed before the outcome it is labelled with.
     """
     events = pl.concat([interactions, next_day], how="diagonal_relaxed") if next_day is not None else interactions
-    shown = events.filter(pl.col("event_type") == "impression")
+    seen = pl.concat([previous_day, events], how="diagonal_relaxed") if previous_day is not None else events
+    shown = seen.filter(pl.col("event_type") == "impression")
     exposures = shown.select(
         pl.col("event_id").alias("exposure"),
         "user_id",

@@ -22,6 +22,7 @@ from tests.conftest import FIRST_DAY, LAST_DAY, run_pipeline
 from tests.engines.test_training_labels import plain_labels
 
 END = datetime.combine(LAST_DAY + timedelta(days=1), time(), tzinfo=UTC)
+START = datetime.combine(FIRST_DAY, time(), tzinfo=UTC)
 
 
 def landing_events(data_dir) -> list[dict]:
@@ -160,7 +161,7 @@ def test_labels_come_from_later_clicks_in_the_session(lake_copy):
     day's late impressions are labelled by clicks after midnight."""
     events = landing_events(lake_copy)
     training = pl.read_parquet(lake_copy / "datasets" / "personalization_training" / "date=*/*.parquet")
-    expected = {event: clicked for event, (clicked, _) in plain_labels(events, LABEL_HORIZON, END).items()}
+    expected = {event: clicked for event, (clicked, _) in plain_labels(events, LABEL_HORIZON, START, END).items()}
     got = dict(training.select("event_id", "label_click").iter_rows())
     assert got == expected
     assert 0.01 < training.get_column("label_click").mean() < 0.5

@@ -25,7 +25,7 @@ SCHEMA = {
 
 
 def random_events(seed: int, n: int = 3000) -> list[dict]:
-    """Impressions, clicks and plays of few users and items over the day and the next day's first hour, on
+    """Impressions, clicks and plays of few users and items over the day and the hours around it, on
     whole minutes (so ties and outcomes exactly at the horizon occur); outcomes echo a session of their
     user, a foreign one, or none."""
     rng = random.Random(seed)
@@ -34,7 +34,7 @@ def random_events(seed: int, n: int = 3000) -> list[dict]:
         user = rng.randrange(30)
         kind = rng.choice(["impression"] * 3 + ["click", "play"])
         session = rng.choice([f"s{user}-{rng.randrange(4)}", f"s{user}-{rng.randrange(4)}", "elsewhere", None])
-        minute = rng.randrange(25 * 60) if rng.random() < 0.5 else rng.randrange(23 * 60, 25 * 60)  # dense at midnight
+        minute = rng.randrange(-60, 25 * 60) if rng.random() < 0.5 else rng.randrange(23 * 60, 25 * 60)
         events.append(
             {
                 "event_id": f"e{i:05d}",
@@ -48,8 +48,10 @@ def random_events(seed: int, n: int = 3000) -> list[dict]:
     return events
 
 
-def plain_labels(events: list[dict], horizon: timedelta, until: datetime) -> dict[str, tuple[bool, bool]]:
-    """Event id of each impression with a session before `until` -> (clicked, played), by loops."""
+def plain_labels(
+    events: list[dict], horizon: timedelta, since: datetime, until: datetime
+) -> dict[str, tuple[bool, bool]]:
+    """Event id of each impression with a session in [since, until) -> (clicked, played), by loops."""
     impressions = [e for e in events if e["event_type"] == "impression"]
     shown_to: dict[tuple, list[dict]] = {}
     for i in impressions:
@@ -72,7 +74,7 @@ def plain_labels(events: list[dict], horizon: timedelta, until: datetime) -> dic
     return {
         i["event_id"]: ("click" in credited.get(i["event_id"], ()), "play" in credited.get(i["event_id"], ()))
         for i in impressions
-        if i["session_id"] is not None and i["event_timestamp"] < until
+        if i["session_id"] is not None and since <= i["event_timestamp"] < until
     }
 
 
@@ -80,11 +82,12 @@ def plain_labels(events: list[dict], horizon: timedelta, until: datetime) -> dic
 def test_labels_credit_each_outcome_to_one_impression_as_a_plain_recomputation_does(seed):
     events = random_events(seed)
     frame = pl.DataFrame(events, schema=SCHEMA)
-    today = frame.filter(pl.col("event_timestamp") < DAY + timedelta(days=1))
-    next_day = frame.filter(pl.col("event_timestamp") >= DAY + timedelta(days=1))
-    labelled = labelled_impressions(today, next_day)
+    before, after = pl.col("event_timestamp") < DAY, pl.col("event_timestamp") >= DAY + timedelta(days=1)
+    labelled = labelled_impressions(
+        frame.filter(~before & ~after), frame.filter(after), previous_day=frame.filter(before)
+    )
     got = {e: (c, p) for e, c, p in labelled.rows.select("event_id", "label_click", "label_play").iter_rows()}
-    expected = plain_labels(events, LABEL_HORIZON, DAY + timedelta(days=1))
+    expected = plain_labels(events, LABEL_HORIZON, DAY, DAY + timedelta(days=1))
     rng = random.Random(seed)
     for user in rng.sample(range(30), 10):  # random users, all their rows: what a reader would check by hand
         mine = [e["event_id"] for e in events if e["user_id"] == user and e["event_id"] in expected]
