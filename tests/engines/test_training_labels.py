@@ -102,7 +102,7 @@ def test_labels_credit_each_outcome_to_one_impression_as_a_plain_recomputation_d
             for e in events
             if e["event_type"] == "impression"
             and e["session_id"] is None
-            and e["event_timestamp"] < DAY + timedelta(days=1)
+            and DAY <= e["event_timestamp"] < DAY + timedelta(days=1)
         )
         and no_session > 0
     )
