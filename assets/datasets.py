@@ -112,6 +112,9 @@ def personalization_training_set(context, lake: LakeResource, flink: FlinkResour
         labelled_impressions(
             the_lake.read_partition("warehouse", interactions.name, d),
             the_lake.read_partition("warehouse", interactions.name, d + timedelta(days=1)),
+            previous_day=the_lake.read_partition("warehouse", interactions.name, d - timedelta(days=1))
+            if d - timedelta(days=1) in ingested  # its late impressions may take credit after midnight
+            else None,
         )
         for d in days
     ]

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import polars as pl
 
+from engines import attribution
 from engines.point_in_time import LIVE_TIMING, AsOfResult, Timing, features_as_of
 from feature_defs import catalogue as default_catalogue
 from feature_defs.dsl import Catalogue
 
 LABEL_EVENTS = ("click", "play")
-# An impression is labelled by a click or play in the same session within this time after it. Late
+# An impression is labelled by a click or play credited to it within this time after it. Late
 # impressions of a day need the first LABEL_HORIZON of the next day: a day's dataset waits for it.
 LABEL_HORIZON = timedelta(minutes=30)
 
@@ -22,51 +23,69 @@ LABEL_HORIZON = timedelta(minutes=30)
 @dataclass
 class Labelled:
     rows: pl.DataFrame  # one row per labelled impression
-    without_session: int  # impressions dropped: no session id, so no outcome can be attributed
+    without_session: int  # impressions left out of the rows: no session id (they still take credit)
 
 
 def labelled_impressions(
-    interactions: pl.DataFrame, next_day: pl.DataFrame | None = None, horizon: timedelta = LABEL_HORIZON
+    interactions: pl.DataFrame,
+    next_day: pl.DataFrame | None = None,
+    horizon: timedelta = LABEL_HORIZON,
+    previous_day: pl.DataFrame | None = None,
 ) -> Labelled:
-    """One row per impression of the day in `interactions`: did the user click or play the shown item
-    within `horizon` after it, in the same session, before the item was shown to them again? (A
-    later impression gets its own outcome.) Outcomes are looked up in the day and in `next_day` (the
-    next day's interactions, at least its first `horizon`), so an impression at 23:50 can be labelled
-    by a click at 00:10.
+    """One row per impression of the day in `interactions` with a session id: was a click or play credited
+    to it? Each outcome is credited to at most one impression of its item to its user within `horizon`
+    before it, by the rule online accuracy uses (engines.attribution): the impression whose session the
+    outcome echoes (its `session_id`), else the last one (ties: the greater event id). So a later
+    impression takes the outcome from an earlier one, and one click labels one impression, never two.
+    Impressions and outcomes are looked up in the day and in `next_day` (the next day's interactions,
+    at least its first `horizon`), so an impression at 23:50 can be labelled by a click at 00:10. The
+    impressions of `previous_day` (its last `horizon` suffices) only take credit: a click after midnight
+    that echoes yesterday's session goes to yesterday's impression, not to one of today's.
 
-    Impressions without a session id are dropped and counted: the label is defined per session, and
-    guessing one (by user and item alone) would attribute clicks from unrelated visits.
+    Impressions without a session id take credit like any other but get no row (they are counted): a
+    training row is an impression of a known visit.
 
     The row's `event_timestamp` is the impression time, so every feature joined to it was
     observed before the outcome it is labelled with.
     """
-    shown = ["user_id", "item_id", "session_id"]
-    events = pl.concat([interactions, next_day]) if next_day is not None else interactions
-    all_impressions = interactions.filter(pl.col("event_type") == "impression")
-    impressions = (
-        all_impressions.filter(pl.col("session_id").is_not_null())
-        .select("event_id", *shown, "event_timestamp")
-        .sort("event_timestamp", "event_id")
-        .with_columns(pl.col("event_timestamp").shift(-1).over(shown).alias("shown_again_at"))
+    events = pl.concat([interactions, next_day], how="diagonal_relaxed") if next_day is not None else interactions
+    seen = pl.concat([previous_day, events], how="diagonal_relaxed") if previous_day is not None else events
+    shown = seen.filter(pl.col("event_type") == "impression")
+    exposures = shown.select(
+        pl.col("event_id").alias("exposure"),
+        "user_id",
+        "item_id",
+        pl.col("event_timestamp").alias("shown_at"),
+        pl.col("session_id").alias("key"),
     )
-    outcomes = events.filter(pl.col("event_type").is_in(LABEL_EVENTS)).select(
-        *shown, "event_type", pl.col("event_timestamp").alias("outcome_at")
-    )
-    joined = impressions.join(outcomes, on=shown, how="left")
-    attributed = (
-        (pl.col("outcome_at") >= pl.col("event_timestamp"))
-        & (pl.col("outcome_at") < pl.col("event_timestamp") + horizon)
-        & (pl.col("shown_again_at").is_null() | (pl.col("outcome_at") < pl.col("shown_again_at")))
-    )
-    rows = (
-        joined.group_by("event_id", *shown, "event_timestamp")
-        .agg(
-            (attributed & (pl.col("event_type") == "click")).any().alias("label_click"),
-            (attributed & (pl.col("event_type") == "play")).any().alias("label_play"),
+    outcomes = (
+        events.filter(pl.col("event_type").is_in(LABEL_EVENTS))
+        .with_row_index("outcome")
+        .select(
+            "outcome",
+            "user_id",
+            "item_id",
+            pl.col("event_timestamp").alias("at"),
+            pl.col("session_id").alias("echoed"),
+            "event_type",
         )
+    )
+    credited = attribution.credit(exposures, outcomes, horizon).join(
+        outcomes.select("outcome", "event_type"), on="outcome"
+    )
+    labels = credited.group_by("exposure").agg(
+        (pl.col("event_type") == "click").any().alias("label_click"),
+        (pl.col("event_type") == "play").any().alias("label_play"),
+    )
+    day = interactions.filter(pl.col("event_type") == "impression")
+    rows = (
+        day.filter(pl.col("session_id").is_not_null())
+        .select("event_id", "user_id", "item_id", "session_id", "event_timestamp")
+        .join(labels, left_on="event_id", right_on="exposure", how="left")
+        .with_columns(pl.col("label_click", "label_play").fill_null(False))
         .sort("event_timestamp", "event_id")
     )
-    return Labelled(rows, all_impressions.height - impressions.height)
+    return Labelled(rows, day.height - rows.height)
 
 
 def service_features(catalogue: Catalogue, service: str) -> list[str]:

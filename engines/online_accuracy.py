@@ -46,7 +46,7 @@ import polars as pl
 from scipy.special import chdtrc
 from scipy.stats import kendalltau, norm
 
-from engines import sequential
+from engines import attribution, sequential
 from engines.lake import Lake
 from engines.prediction_logs import LIVE, OK, SHADOW
 
@@ -162,27 +162,29 @@ def _shown(answers: pl.DataFrame) -> pl.DataFrame:
 
 def credited_outcomes(logs: pl.DataFrame, interactions: pl.DataFrame, settings: AccuracySettings) -> pl.DataFrame:
     """Each outcome (a click or play in `interactions`) credited to at most one of the live answers in
-    `logs` that showed its item to its user within `horizon` before it (a shadow's list was never seen):
-    the answer whose request id the interaction echoes (in its `session_id`, where the data has one),
-    else the last of them (ties: the greater request id). One row per credited outcome: `outcome` (its
-    row number in `interactions`), request_id, user_id, item_id, at."""
+    `logs` that showed its item to its user within `horizon` before it (a shadow's list was never seen),
+    by the rule the training labels share (engines.attribution): the answer whose request id the
+    interaction echoes (in its `session_id`, where the data has one), else the last of them (ties: the
+    greater request id). One row per credited outcome: `outcome` (its row number in `interactions`),
+    request_id, user_id, item_id, at."""
     shown = _shown(_recommended(logs).filter(pl.col("role") == LIVE).with_row_index("answer"))
+    exposures = shown.select(
+        pl.col("request_id").alias("exposure"),
+        "user_id",
+        "item_id",
+        pl.col("served_at").alias("shown_at"),
+        pl.col("request_id").alias("key"),
+    )
     echoed = pl.col(ECHO) if ECHO in interactions.columns else pl.lit(None, pl.String)
     events = (
         interactions.with_row_index("outcome")
         .filter(pl.col("event_type").is_in(list(settings.outcomes)))
         .select("outcome", "user_id", "item_id", pl.col("event_timestamp").alias("at"), echoed.alias("echoed"))
     )
-    candidates = (
-        events.join(shown.select("request_id", "user_id", "item_id", "served_at"), on=["user_id", "item_id"])
-        .filter((pl.col("at") >= pl.col("served_at")) & (pl.col("at") <= pl.col("served_at") + settings.horizon))
-        .with_columns((pl.col("request_id") == pl.col("echoed")).fill_null(False).alias("is_echoed"))
-    )
+    credited = attribution.credit(exposures, events, settings.horizon)
     return (
-        candidates.sort(["is_echoed", "served_at", "request_id"], descending=True)
-        .group_by("outcome", maintain_order=True)
-        .first()
-        .select("outcome", "request_id", "user_id", "item_id", "at")
+        credited.join(events.select("outcome", "user_id", "item_id", "at"), on="outcome")
+        .select("outcome", pl.col("exposure").alias("request_id"), "user_id", "item_id", "at")
         .sort("outcome")
     )
 

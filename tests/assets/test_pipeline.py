@@ -19,8 +19,10 @@ from engines.lake import Lake
 from jobs import daily_assets
 from orchestration.profiles import resources_for
 from tests.conftest import FIRST_DAY, LAST_DAY, run_pipeline
+from tests.engines.test_training_labels import plain_labels
 
 END = datetime.combine(LAST_DAY + timedelta(days=1), time(), tzinfo=UTC)
+START = datetime.combine(FIRST_DAY, time(), tzinfo=UTC)
 
 
 def landing_events(data_dir) -> list[dict]:
@@ -154,28 +156,12 @@ def test_training_rows_never_see_the_future(lake_copy, events):
 
 
 def test_labels_come_from_later_clicks_in_the_session(lake_copy):
-    """A click labels the latest impression of that item before it in the same session, within the
-    label horizon; the last day's late impressions are labelled by clicks after midnight."""
+    """A click labels the impression of that item before it, within the label horizon, whose session it
+    echoes, else the last (tests/engines/test_training_labels.py recomputes the rule plainly); the last
+    day's late impressions are labelled by clicks after midnight."""
     events = landing_events(lake_copy)
     training = pl.read_parquet(lake_copy / "datasets" / "personalization_training" / "date=*/*.parquet")
-    by_session = defaultdict(list)
-    for e in sorted(events, key=lambda e: (e["event_timestamp"], e["event_id"])):
-        by_session[(e["user_id"], e["item_id"], e["session_id"])].append(e)
-    expected = {}
-    for history in by_session.values():
-        current = None
-        for e in history:
-            if e["event_type"] == "impression":
-                current = e
-                if e["event_timestamp"] < END:
-                    expected[e["event_id"]] = False
-            elif (
-                e["event_type"] == "click"
-                and current is not None
-                and current["event_id"] in expected
-                and e["event_timestamp"] < current["event_timestamp"] + LABEL_HORIZON
-            ):
-                expected[current["event_id"]] = True
+    expected = {event: clicked for event, (clicked, _) in plain_labels(events, LABEL_HORIZON, START, END).items()}
     got = dict(training.select("event_id", "label_click").iter_rows())
     assert got == expected
     assert 0.01 < training.get_column("label_click").mean() < 0.5
@@ -204,7 +190,7 @@ def test_impressions_without_a_session_are_dropped_and_counted():
     )
     assert labelled_impressions(day, next_day).rows["label_click"].to_list() == [True]
     assert labelled_impressions(day).rows["label_click"].to_list() == [False]
-    late = rows.with_columns(pl.col("event_timestamp") + pl.Series([timedelta(0), timedelta(0), timedelta(seconds=1)]))
+    late = rows.with_columns(pl.col("event_timestamp") + pl.Series([timedelta(0), timedelta(0), timedelta(seconds=2)]))
     assert labelled_impressions(late).rows["label_click"].to_list() == [False]  # a click past the horizon
 
 
