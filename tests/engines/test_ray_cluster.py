@@ -35,6 +35,7 @@ from ml.clip import (
 from orchestration.profiles import resources_for
 from tests.conftest import SMALL, simulate
 from tests.ray_cluster import NODE_CPUS, WORKER_RESOURCE, RayCluster, running_cluster, wait_for_nodes
+from tests.untrained import with_drawn_outputs
 
 K = 5
 
@@ -160,7 +161,7 @@ def small_model(users: int, items: int) -> tuple[p13n.PersonalizationModel, pl.D
         }
     )
     torch.manual_seed(0)
-    model = p13n.PersonalizationModel(p13n.TwoTower(p13n.build_spec(train, p13n.TrainConfig())))
+    model = p13n.PersonalizationModel(with_drawn_outputs(p13n.TwoTower(p13n.build_spec(train, p13n.TrainConfig()))))
     return (
         model,
         pl.DataFrame({"user_id": np.arange(users), user_col: rng.normal(size=users)}),

@@ -26,6 +26,7 @@ from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, buil
 from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
 from tests.conftest import DAYS, FIRST_DAY, LAST_DAY
+from tests.untrained import with_drawn_outputs
 
 QUEUE = AssetSelection.assets(["ground_truth", "recommendation_relevance", "queue"])
 TOP = 15
@@ -43,7 +44,8 @@ def lake(pipeline_dir, tmp_path_factory):
     registry = ModelRegistry.local(data_dir / "registry")
     for seed, alias in ((1, "champion"), (2, "challenger")):
         torch.manual_seed(seed)
-        model = PersonalizationModel(TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=32, taste=False))))
+        network = TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=32, taste=False)))
+        model = PersonalizationModel(with_drawn_outputs(network))
         version = registry.register(
             "personalization",
             model.save(data_dir / f"model-{seed}"),

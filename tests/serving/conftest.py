@@ -313,6 +313,14 @@ async def read_body(receive) -> bytes:
     return body
 
 
+def numeric_inputs(body: bytes) -> bool:
+    try:
+        inputs = json.loads(body)["inputs"]
+        return all(isinstance(i["data"], list) and all(type(v) in (int, float) for v in i["data"]) for i in inputs)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 async def v2_model_server(scope, receive, send):
     """A stand-in for the online model server (built in another part of the platform): Open Inference
     Protocol v2 health, metadata and an `adder` model that sums each input's data."""
@@ -326,6 +334,8 @@ async def v2_model_server(scope, receive, send):
         answer = {"name": "adder", "platform": "python", "inputs": [{"name": "x", "datatype": "FP32"}]}
     elif path == "/v2/models/broken/infer":  # a backend failing with internals in its error text
         status, answer = 500, {"error": "Traceback: secret-internal-detail at /srv/model.py"}
+    elif path == "/v2/models/adder/infer" and not numeric_inputs(body):  # as a real server refuses them
+        status, answer = 400, {"error": "each input's data must be a list of numbers"}
     elif path == "/v2/models/adder/infer":
         inputs = json.loads(body)["inputs"]
         answer = {

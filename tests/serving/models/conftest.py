@@ -20,6 +20,7 @@ from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, buil
 from serving.models.app import create_app
 from serving.models.config import ModelEntry, ServerConfig
 from serving.models.server import ModelServer
+from tests.untrained import with_drawn_outputs
 
 ADMIN_KEY = "admin-key-of-the-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -55,11 +56,7 @@ def tiny_two_tower(seed: int) -> PersonalizationModel:
     network = TwoTower(build_spec(frame, TrainConfig(dim=8, hidden=16)))
     network.set_prior(frame)  # items 10 and 12 get a popularity prior, as trained models do
     network.prior_weight.data.fill_(0.1 * seed)
-    with torch.no_grad():  # the user tower's output layers start at zero: drawn here so that every weight counts
-        for layer in (network.user_tower.mlp[2], network.user_tower.taste):
-            layer.weight.normal_(0.0, 0.3)
-            layer.bias.normal_(0.0, 0.3)
-    return PersonalizationModel(network)
+    return PersonalizationModel(with_drawn_outputs(network))  # so that every weight counts
 
 
 def register_two_tower(registry: ModelRegistry, folder: Path, seed: int, alias: str | None = None) -> str:
