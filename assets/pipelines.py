@@ -34,7 +34,7 @@ from dagster import (
 from pydantic import Field
 
 from engines.lake import Lake
-from engines.registry import ModelRegistry
+from engines.registry import ModelRegistry, RegisteredVersion
 from ml.comparison import Comparison, Judgement, judge
 
 GATE_CHECK = "beats_champion"
@@ -236,18 +236,18 @@ def training_pipeline(
 
 
 @dataclass
-class RegisteredVersion:
+class TrainingOutcome:
     """A training run's outcome: the trained model, its registered version (now `challenger`) with its
     lineage, and what the gate compares it with (the champion, and the challenger before this run)."""
 
     day: date
     lake: Lake
     trained: TrainedModel
-    version: object
+    version: RegisteredVersion
     lineage: dict[str, str]
-    champion: object | None
+    champion: RegisteredVersion | None
     comparisons: dict[str, Comparison]
-    under_test: object | None
+    under_test: RegisteredVersion | None
     registry: ModelRegistry
 
     def metadata(self, model_name: str) -> dict:
@@ -261,7 +261,7 @@ class RegisteredVersion:
         }
 
 
-def register_trained(context, config: TrainingConfig, fn, model_name: str, gpus: int) -> RegisteredVersion:
+def register_trained(context, config: TrainingConfig, fn, model_name: str, gpus: int) -> TrainingOutcome:
     """Train with `fn` for the run's newest partition, register the model with its lineage as `challenger`,
     and compare it with the champion on this run's held-out rows."""
     resources = context.resources
@@ -299,7 +299,7 @@ def register_trained(context, config: TrainingConfig, fn, model_name: str, gpus:
         comparisons = {}
         if champion is not None:
             comparisons = trained.compare(registry.load(model_name, champion.version, Path(work) / "champion"))
-    return RegisteredVersion(day, lake, trained, version, lineage, champion, comparisons, under_test, registry)
+    return TrainingOutcome(day, lake, trained, version, lineage, champion, comparisons, under_test, registry)
 
 
 @dataclass
@@ -313,7 +313,7 @@ class PromotionVerdict:
     offline: "OfflineVerdict | None"
     online: dict
 
-    def check_result(self, registered: RegisteredVersion, evidence: str) -> AssetCheckResult:
+    def check_result(self, registered: TrainingOutcome, evidence: str) -> AssetCheckResult:
         return AssetCheckResult(
             check_name=GATE_CHECK,
             passed=self.passed,
@@ -333,7 +333,7 @@ class PromotionVerdict:
 
 
 def promotion_verdict(
-    context, registered: RegisteredVersion, model_name: str, evidence: str, online_margin: float
+    context, registered: TrainingOutcome, model_name: str, evidence: str, online_margin: float
 ) -> PromotionVerdict:
     """Judge the registered version on held-out data (or, with online evidence, the previous challenger on
     its A/B result) and point `approved` at the version that passed, or clear it."""
