@@ -13,7 +13,12 @@ Then, on the same runs, the platform's test beside what simpler analyses give:
 - mSPRT: pooled days, CUPED, the always-valid p-value;
 - fixed horizon: pooled days, one z-test at the last day only;
 - pooled z daily: pooled days, a z-test every day (peeking);
-- newest-day z: each day's rows alone, a z-test every day (the per-day comparison).
+- newest-day z: each day's rows alone, a z-test every day (the per-day comparison);
+- and without attribution (every answer that showed a clicked item credited, engines.attribution's rule
+  replaced): the group sequential test, and the per-day t-test every day (the old online table).
+
+The CTR difference at the last look, over the runs, against the simulator's known effect: credited once
+and credited to every answer.
 
 The sample-ratio check (chi-square, p < 0.001) on an injected imbalance at 100,000 users: on one day of
 them, on each day's users alone and on the pooled days. Twenty concurrent experiments in layers
@@ -54,25 +59,35 @@ METHODS = {
     "fixed_horizon": "fixed horizon, last day only",
     "pooled_daily_z": "pooled z-test every day",
     "newest_day_z": "newest day's z-test every day",
+    "naive_group_sequential": "group sequential, every answer credited",
+    "naive_newest_day_z": "per-day t-test, every answer credited",
 }
+NAIVE = ("group_sequential", "newest_day_z")  # the methods also run without attribution
+ALIKE, RESHOWN = (0.1, 0.1), (0.1, 0.2)  # P(an item is shown again in a later answer): control, treatment
 CHUNK = 50  # experiments simulated at once
 
 
 def sample_size(population: Population, plan: Plan, days: int, seed: int) -> int:
-    """The platform's sample-size figure for the plan, from a pilot A/A of 20 runs."""
-    pilot = pooled_effects(simulate(population, 20, 4_000, days, np.random.default_rng(seed)))
+    """The platform's sample-size figure for the plan, from a pilot A/A of 20 runs showing as the A/B."""
+    pilot = pooled_effects(simulate(population, 20, 4_000, days, np.random.default_rng(seed), reshown=RESHOWN))
     variances = (float(np.mean(pilot.control_variance[:, -1])), float(np.mean(pilot.variant_variance[:, -1])))
     return users_per_arm(variances, plan.effect, plan.alpha, plan.power)
 
 
-def run(population, plan, users, days, runs, lift, seed):
-    """Per method the share of runs that rejected; per metric the plain and CUPED estimates at the end."""
+def run(population, plan, users, days, runs, lift, seed, reshown):
+    """Per method the share of runs that rejected; per metric the plain and CUPED estimates at the end,
+    and CTR's plain estimate with every answer credited ("naive")."""
     rng, found = np.random.default_rng(seed), {m: 0 for m in METHODS}
-    estimates = {m: {"plain": [], "cuped": [], "control": [], "reduction": []} for m in METRICS}
+    estimates = {m: {"plain": [], "cuped": [], "control": [], "reduction": [], "naive": []} for m in METRICS}
     for start in range(0, runs, CHUNK):
-        experiments = simulate(population, min(CHUNK, runs - start), 2 * users, days, rng, lift=lift)
+        experiments = simulate(population, min(CHUNK, runs - start), 2 * users, days, rng, lift=lift, reshown=reshown)
         for method, rejected in rejections(experiments, plan).items():
             found[method] += int(rejected.sum())
+        naive = experiments.crediting_every_answer()
+        naive_rejections = rejections(naive, plan)
+        for method in NAIVE:
+            found[f"naive_{method}"] += int(naive_rejections[method].sum())
+        estimates["ctr"]["naive"].extend(pooled_effects(naive, "ctr").difference[:, -1])
         for metric in METRICS:
             effect = pooled_effects(experiments, metric)
             estimates[metric]["plain"].extend(effect.difference[:, -1])
@@ -88,10 +103,27 @@ def binomial_interval(rate: float, runs: int) -> str:
     return f"{rate:6.1%}  [{max(rate - half, 0):.1%}, {min(rate + half, 1):.1%}]"
 
 
-def print_rates(title: str, rates: dict[str, float], runs: int) -> None:
-    print(f"\n{title}")
+def print_rates(columns: dict[str, dict[str, float]], runs: int) -> None:
+    """One row per method, one column per set of runs: the share of runs that rejected."""
+    print(f"\nshare of {runs:,} runs rejecting at any of the daily looks, 95% interval")
+    print(f"  {'method, on the same runs':42s}" + "".join(f" {title:>24s}" for title in columns))
     for method, label in METHODS.items():
-        print(f"  {label:34s} {binomial_interval(rates[method], runs)}")
+        cells = (binomial_interval(rates[method], runs) for rates in columns.values())
+        print(f"  {label:42s}" + "".join(f" {cell:>24s}" for cell in cells))
+
+
+def print_bias(estimates: dict[str, dict], truths: dict[str, float]) -> None:
+    """The CTR difference at the last look, mean over the runs +- its 95% half-width, against the
+    simulator's known effect, credited once (the platform) and to every answer that showed the item."""
+    print("\nCTR difference at the last look against the known effect, mean over the runs +- 95%")
+    for rule, label in (("plain", "attribution (platform)"), ("naive", "every answer credited")):
+        line = f"  {label:24s}"
+        for title, e in estimates.items():
+            values, truth = np.asarray(e["ctr"][rule]), truths[title]
+            half = 1.96 * np.std(values) / math.sqrt(len(values))
+            held = "holds it" if abs(np.mean(values) - truth) <= half else "misses it"
+            line += f"  {title}: known {truth:+.5f}, {np.mean(values):+.5f} +- {half:.5f} ({held})"
+        print(line)
 
 
 IMBALANCES = (  # the control arm's true share of users, configured 50/50
@@ -163,10 +195,12 @@ def concurrent(seeds: int, first: int) -> None:
 def print_cuped(estimates: dict, lift: float) -> None:
     """Per metric: the variance of the estimate over the runs, CUPED against plain, beside the squared
     correlation of the metric with the covariate (CUPED removes about that share); each estimate's
-    mean against the known effect, and the mean of CUPED's adjustment (CUPED - plain, paired by run)."""
+    mean against the known effect, and the mean of CUPED's adjustment (CUPED - plain, paired by run).
+    The known effect on clicks per user is the lift times the treatment's extra showings."""
     print("\nCUPED at the last look (covariate: each user's clicks in the 14 days before), the A/B runs")
+    relative = {"ctr": lift, "clicks_per_user": (1 + lift) * (1 + RESHOWN[1]) / (1 + RESHOWN[0]) - 1}
     for metric, e in estimates.items():
-        truth = lift * float(np.mean(e["control"]))
+        truth = relative[metric] * float(np.mean(e["control"]))
         removed = 1 - np.var(e["cuped"]) / np.var(e["plain"])
         print(f"  {metric}: variance removed {removed:.1%}, squared correlation {np.mean(e['reduction']):.1%}")
         line = f"    known effect {truth:.3g}"
@@ -193,10 +227,16 @@ def main() -> None:
         f"{args.lift:.0%} relative lift ({plan.effect:.5f} absolute) at alpha {plan.alpha}, power {plan.power:.0%}"
         f"\nsample-size figure: {users:,} users per arm; {args.runs:,} runs of {2 * users:,} users, {args.days} days"
     )
-    null, _ = run(population, plan, users, args.days, args.runs, 0.0, args.seed + 2)
-    print_rates(f"A/A: false-positive rate over {args.days} daily looks (alpha {plan.alpha})", null, args.runs)
-    found, estimates = run(population, plan, users, args.days, args.runs, args.lift, args.seed + 3)
-    print_rates(f"A/B with a {args.lift:.0%} lift: power (promised {plan.power:.0%})", found, args.runs)
+    alike, _ = run(population, plan, users, args.days, args.runs, 0.0, args.seed + 2, ALIKE)
+    null, null_estimates = run(population, plan, users, args.days, args.runs, 0.0, args.seed + 6, RESHOWN)
+    found, estimates = run(population, plan, users, args.days, args.runs, args.lift, args.seed + 3, RESHOWN)
+    print(
+        f"\nA/A: no effect, {args.days} daily looks at alpha {plan.alpha}; each item shown again in a later answer "
+        f"with P {ALIKE[0]} in both arms, or {RESHOWN[0]} and {RESHOWN[1]} in the treatment; A/B: a {args.lift:.0%} "
+        f"lift, re-shown as the second A/A, power promised {plan.power:.0%}"
+    )
+    print_rates({"A/A, re-shown alike": alike, "A/A, treatment re-shows": null, "A/B: power": found}, args.runs)
+    print_bias({"A/A": null_estimates, "A/B": estimates}, {"A/A": 0.0, "A/B": plan.effect})
     srm_rates(args.runs, 100_000, args.days, args.seed + 4)
     print_cuped(estimates, args.lift)
     concurrent(args.layer_runs, args.seed + 5)

@@ -10,11 +10,18 @@ Poisson(impressions_per_user_day x activity) items, each clicked with that proba
 (1 + lift) in the variant arm. Users join the experiment on a uniformly drawn day (their first active
 day in it), then come back on a day with the simulator's daily_active_fraction. Each user's clicks in
 the `pre_days` days before the experiment, drawn the same way without lift, are the pre-experiment
-covariate CUPED uses. The arm is a fair coin per user (or `variant_share`)."""
+covariate CUPED uses. The arm is a fair coin per user (or `variant_share`).
+
+Answers re-show items: a user's session is several answers whose lists overlap, and each item shown
+reappears in one later answer of the session with the arm's `reshown` probability (none by default).
+Every showing is clicked with the user's probability, the click landing before the next answer, within
+the horizon. `hits` credits each click once (engines.attribution: the last answer that showed the item
+before it); `naive_hits` credits every answer that showed the item before a click of it, so a click
+after the second showing counts for both answers (CREDITED holds both rules per pattern of clicks)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,11 +68,16 @@ class Population:
 class Experiments:
     """`runs` experiments of `users` users over `days` days (arrays: runs x days x users, runs x users)."""
 
-    hits: np.ndarray  # clicks per user and day
-    shown: np.ndarray  # impressions per user and day
+    hits: np.ndarray  # clicks per user and day, each credited to one answer
+    shown: np.ndarray  # impressions per user and day (an item re-shown in a later answer counts twice)
     pre_hits: np.ndarray  # clicks in the pre_days days before the experiment
     first_day: np.ndarray  # the day a user joined (their first exposure)
     in_variant: np.ndarray  # the user's arm
+    naive_hits: np.ndarray  # answers credited when every answer that showed a clicked item is
+
+    def crediting_every_answer(self) -> Experiments:
+        """The same experiments analysed without attribution: a hit per answer that showed a clicked item."""
+        return replace(self, hits=self.naive_hits)
 
     def cumulative(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per look (the end of each day): each user's hits and shown so far, and who has joined."""
@@ -83,8 +95,10 @@ def simulate(
     lift: float = 0.0,
     variant_share: float = 0.5,
     pre_days: int = 14,
+    reshown: tuple[float, float] = (0.0, 0.0),
 ) -> Experiments:
-    """Draw `runs` experiments; the variant multiplies every user's click probability by 1 + `lift`."""
+    """Draw `runs` experiments; the variant multiplies every user's click probability by 1 + `lift`, and
+    each shown item reappears in a later answer with probability `reshown` (control, variant)."""
     picked = rng.integers(0, len(population.activity), size=(runs, users))
     probability, activity = population.click_probability[picked], population.activity[picked]
     in_variant = rng.random((runs, users)) < variant_share
@@ -94,12 +108,40 @@ def simulate(
         (day > first_day[:, None, :]) & (rng.random((runs, days, users)) < population.daily_active)
     )
     rate = population.impressions_per_day * activity[:, None, :]
-    shown = np.where(active, rng.poisson(np.broadcast_to(rate, active.shape)), 0).astype(np.int32)
-    treated = probability * np.where(in_variant, 1 + lift, 1.0)
-    hits = rng.binomial(shown, np.broadcast_to(treated[:, None, :], shown.shape)).astype(np.int32)
+    items = np.where(active, rng.poisson(np.broadcast_to(rate, active.shape)), 0).astype(np.int32)
+    treated = np.broadcast_to((probability * np.where(in_variant, 1 + lift, 1.0))[:, None, :], items.shape)
+    shown, hits, naive_hits = _showings(items, treated, np.where(in_variant, reshown[1], reshown[0])[:, None, :], rng)
     pre_shown = rng.poisson(population.impressions_per_day * population.daily_active * pre_days * activity)
     pre_hits = rng.binomial(pre_shown, probability)
-    return Experiments(hits, shown, pre_hits.astype(float), first_day, in_variant)
+    return Experiments(hits, shown, pre_hits.astype(float), first_day, in_variant, naive_hits)
+
+
+# An item shown twice, by which of its two showings were clicked -> the hits each rule credits: a click
+# goes to the last answer that showed the item before it, where crediting every answer that showed it
+# before the click counts a click after the second showing for both answers.
+PATTERNS = ("first", "second", "both")
+CREDITED = {"attributed": (1, 1, 2), "naive": (1, 2, 2)}
+
+
+def _showings(items, probability, reshown, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per user and day: impressions, hits credited once, hits credited to every answer. `items` distinct
+    items shown, each again in a later answer with probability `reshown`, each showing clicked with
+    `probability`. Without re-showing the draws are those of one showing per item."""
+    if not np.any(reshown):
+        hits = rng.binomial(items, probability).astype(np.int32)
+        return items, hits, hits
+    twice = rng.binomial(items, np.broadcast_to(reshown, items.shape))
+    once = items - twice
+    hits = rng.binomial(once, probability)
+    naive = hits.copy()
+    left, remaining = twice, 1.0  # the multinomial over PATTERNS, one binomial at a time
+    chances = (probability * (1 - probability), probability * (1 - probability), probability**2)
+    for credited, naively, chance in zip(CREDITED["attributed"], CREDITED["naive"], chances):
+        drawn = rng.binomial(left, np.clip(chance / remaining, 0, 1))
+        hits += credited * drawn
+        naive += naively * drawn
+        left, remaining = left - drawn, remaining - chance
+    return (items + twice).astype(np.int32), hits.astype(np.int32), naive.astype(np.int32)
 
 
 METRICS = ("ctr", "clicks_per_user")  # hits / shown, and hits per user (denominator 1)
