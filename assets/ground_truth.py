@@ -26,7 +26,7 @@ from pydantic import Field
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.embeddings import PUBLISHED_VIOLATION_RELEASE, VIOLATION_FLAGS, WAREHOUSE_ITEMS
 from assets.metadata import quality_gate, table
-from assets.models import with_embeddings_as_of
+from assets.models import PUBLISHED_RELEVANCE_RELEASE, with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
 from engines.expectations import Suite, gxe
 from engines.releases import newest_release
@@ -53,8 +53,15 @@ def release_key(spec: TaskSpec) -> AssetKey:
     return AssetKey(["ground_truth", spec.name, "release"])
 
 
-def published_release_metadata(lake_root: Path) -> tuple[DataVersion, dict]:
-    newest = newest_release(lake_root, CONTENT_VIOLATION.name)
+# each task's release as its readers find it in the lake (an observable source asset below)
+PUBLISHED_RELEASES = {
+    CONTENT_VIOLATION.name: PUBLISHED_VIOLATION_RELEASE,
+    RECOMMENDATION_RELEVANCE.name: PUBLISHED_RELEVANCE_RELEASE,
+}
+
+
+def published_release_metadata(lake_root: Path, task: str = CONTENT_VIOLATION.name) -> tuple[DataVersion, dict]:
+    newest = newest_release(lake_root, task)
     if newest is None:
         return DataVersion("none"), {"release": "none yet"}
     return DataVersion(newest.name), {"release": newest.name, "path": str(newest.folder)}
@@ -81,6 +88,29 @@ def published_release_metadata(lake_root: Path) -> tuple[DataVersion, dict]:
 def published_violation_release(lake: LakeResource):
     version, metadata = published_release_metadata(Path(lake.root))
     yield ObserveResult(asset_key=PUBLISHED_VIOLATION_RELEASE, data_version=version, metadata=metadata)
+
+
+@multi_observable_source_asset(
+    name="ground_truth__recommendation_relevance__published_release",
+    specs=[
+        AssetSpec(
+            PUBLISHED_RELEVANCE_RELEASE,
+            group_name="ground_truth",
+            description="The newest recommendation_relevance release as the personalization model's evaluation "
+            "finds it in the lake: its human labels score the model's ranking (AUC over the labelled pairs) and "
+            "its version is recorded in every model version it fed. The release is written by "
+            "ground_truth/recommendation_relevance/release, downstream of the queue the model's champion and "
+            "challenger fill; this observable source closes that loop without a cycle. Observed by the release "
+            "asset each time it runs, and by observing it; data version: the release's name.",
+            owners=["team:ml-platform"],
+            tags={"domain": "ground_truth"},
+            kinds={"parquet"},
+        )
+    ],
+)
+def published_relevance_release(lake: LakeResource):
+    version, metadata = published_release_metadata(Path(lake.root), RECOMMENDATION_RELEVANCE.name)
+    yield ObserveResult(asset_key=PUBLISHED_RELEVANCE_RELEASE, data_version=version, metadata=metadata)
 
 
 class ViolationQueueConfig(Config):
@@ -289,7 +319,7 @@ def release_asset(spec: TaskSpec):
         "its posterior: Parquet, manifest (agreement with its bootstrap interval, the annotator model, "
         "flagged annotators), dataset card and Label Studio import, written only when the blocking checks "
         "pass (alpha floor, no open disagreement, class balance). Unchanged labels make no new version.",
-        deps=[queue_key(spec)],  # content_violation's loop back to the flags: its published_release
+        deps=[queue_key(spec)],  # the loop back to its readers: its published_release
         kinds={"parquet"},
         owners=["team:ground-truth"],
         tags={"domain": "ground_truth"},
@@ -320,9 +350,9 @@ def release_asset(spec: TaskSpec):
         checks = summary.to_dicts()[0]
         release, created = rel.write_release(Path(lake.root), found, checks)
         context.log.info(f"{spec.name} release {release.name}: {'written' if created else 'unchanged'}")
-        if spec.name == CONTENT_VIOLATION.name:  # what the next flags will read
-            _, published = published_release_metadata(Path(lake.root))
-            context.log_event(AssetObservation(asset_key=PUBLISHED_VIOLATION_RELEASE, metadata=published))
+        if spec.name in PUBLISHED_RELEASES:  # what its readers (the next flags, the next model) will read
+            _, published = published_release_metadata(Path(lake.root), spec.name)
+            context.log_event(AssetObservation(asset_key=PUBLISHED_RELEASES[spec.name], metadata=published))
         manifest = release.manifest()
         yield MaterializeResult(
             metadata={

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
-from dagster import AllPartitionMapping, AssetDep, MetadataValue, TimeWindowPartitionMapping
+from dagster import AllPartitionMapping, AssetDep, AssetKey, MetadataValue, TimeWindowPartitionMapping
 
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.datasets import KEY as TRAINING_SET_KEY
@@ -17,6 +17,7 @@ from assets.pipelines import TrainedModel, TrainingRun, training_pipeline
 from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, latest_item_embeddings
 from engines.lake import Lake
 from engines.point_in_time import item_embeddings_as_of
+from engines.releases import NO_RELEASE, RELEASES_TAG, RELEVANCE_TASK, relevance_labels
 from feature_defs import personalization_ranking
 from feature_defs.compile.polars import TIMESTAMP, day_end
 from ml import evaluation
@@ -25,6 +26,10 @@ from ml.plots import loss_curve_png
 
 RANK_K = 10
 
+
+# The newest recommendation_relevance release as the model's evaluation finds it in the lake (an observable
+# source asset, assets/ground_truth.py): the release's queue draws on the model, a loop shown this way
+PUBLISHED_RELEVANCE_RELEASE = AssetKey(["ground_truth", RELEVANCE_TASK, "published_release"])
 
 # Every item's embeddings (all partitions of embeddings/items), read as of a time.
 READS_ITEM_EMBEDDINGS = AssetDep(ITEM_EMBEDDINGS, partition_mapping=AllPartitionMapping())
@@ -64,7 +69,9 @@ def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
     "MLflow as `challenger`; promoted only when it beats popularity on all three, is shown better than the "
     "taste-cluster mixture and than the champion on recall@10 and NDCG@10 (paired bootstrap over users, on the "
     "same held-out rows; a tie stays a challenger) and is not worse than the champion by more than the promotion "
-    "margin on any of the three (AUC: DeLong).",
+    "margin on any of the three (AUC: DeLong). Beside them, agreement with human judgement: the AUC of the model "
+    "and of popularity over the (user, item) pairs the newest recommendation_relevance release labels, with "
+    "the release, recorded in the version's lineage (tag mlplane.ground_truth_releases); 'no release' before one.",
     deps=[
         AssetDep(
             TRAINING_SET_KEY,
@@ -73,6 +80,7 @@ def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
             ),
         ),
         READS_ITEM_EMBEDDINGS,
+        PUBLISHED_RELEVANCE_RELEASE,
     ],
     partitions_def=daily_partitions,
 )
@@ -98,6 +106,9 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     scores = evaluation.evaluate(result.model, train_rows, held_out, RANK_K, embeddings)
     mine = evaluation.held_out_scores(result.model, train_rows, held_out, RANK_K, embeddings)
     strong = evaluation.paired_comparisons(evaluation.taste_cluster_scores(train_rows, held_out, RANK_K), mine)
+    labels = relevance_labels(run.lake.root)
+    human = evaluation.model_human_relevance(result.model, train_rows, held_out, labels, embeddings)
+    run.log(f"human relevance ({human['model']['release']}): {human}")
 
     def against(champion_dir) -> dict:  # the champion (a) and this model (b) on the same held-out rows
         champion = model_code.PersonalizationModel.load(champion_dir)
@@ -108,6 +119,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     loss_curve_png(result.loss_curve, model_dir / "loss_curve.png")
     metrics = {_metric_name(name, key): value for name, values in scores.items() for key, value in values.items()}
     metrics["final_train_loss"] = result.loss_curve[-1]
+    metrics.update({_metric_name(n, "human_auc"): v["auc"] for n, v in human.items() if isinstance(v["auc"], float)})
     baseline = {_metric_name("model", m): scores["popularity"][m] for m in GATED_METRICS}
     return TrainedModel(
         model_dir=model_dir,
@@ -121,6 +133,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
         compare=against,
         data_partitions=[d.isoformat() for d in days],
         feature_service=personalization_ranking.name,
+        lineage={RELEASES_TAG: labels.lineage if labels is not None else NO_RELEASE},
         params={
             "dim": str(config.dim),
             "epochs": str(config.epochs),
@@ -139,9 +152,27 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
             # rows read before a daily view's first run: item attributes filled, the rest counted
             "feature_coverage": table([{"measure": k, "rows": v} for k, v in result.coverage.items()]),
             "held_out_rows": held_out.height,
+            **human_relevance_metadata(human),
             "uses_item_embeddings": embeddings is not None,
         },
     )
+
+
+def human_relevance_metadata(human: dict[str, dict]) -> dict:
+    """The human-relevance metrics as the UI shows them: the release, the model's AUC (a number, or why
+    there is none) and a table of every scorer's."""
+    model = human["model"]
+    auc = model["auc"]
+    return {
+        "human_relevance_release": model["release"],
+        "human_relevance_auc": MetadataValue.float(round(auc, 4)) if isinstance(auc, float) else auc,
+        "human_relevance_pairs": model["pairs"],
+        "human_relevance": table([{"scorer": name, **_rounded(metrics)} for name, metrics in human.items()]),
+    }
+
+
+def _rounded(values: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()}
 
 
 def _metric_name(scorer: str, metric: str) -> str:

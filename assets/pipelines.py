@@ -87,6 +87,9 @@ class TrainedModel:
     gate_on_comparisons: bool = True
     # the model card's consent to log this model's served inputs and features (registry tag mlplane.log_inputs)
     log_inputs: bool = False
+    # lineage tags of the training function's own (e.g. the ground-truth releases that fed the model), beside
+    # the code version, data partitions and run every version carries
+    lineage: dict[str, str] = field(default_factory=dict)
 
     def short_of_baseline(self) -> dict[str, tuple[float, float]]:
         """The metrics where the model does not beat the baseline: metric -> (model, baseline); for a paired
@@ -289,6 +292,7 @@ def register_trained(context, config: TrainingConfig, fn, model_name: str, gpus:
             "mlplane.dagster_run_id": context.run.run_id,
             "mlplane.dagster_asset": f"models/{model_name}",
             "mlplane.partition": day.isoformat(),
+            **trained.lineage,
         }
         version = registry.register(
             model_name, trained.model_dir, lineage, trained.metrics, trained.params, log_inputs=trained.log_inputs

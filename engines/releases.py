@@ -64,6 +64,9 @@ def newest_release(lake_root: Path, task: str) -> Release | None:
 RELEVANCE_TASK = "recommendation_relevance"
 RELEVANT, NOT_RELEVANT = "relevant", "not_relevant"
 RELEVANCE_SCHEMA = {"user_id": pl.Int64, "item_id": pl.Int64, "relevant": pl.Boolean, "posterior": pl.Float64}
+NO_RELEASE = "no release"  # what a model's human-relevance metrics and lineage say before the first release
+# the registry tag naming the ground-truth releases a model version was fed ("<task>/v0001", comma-separated)
+RELEASES_TAG = "mlplane.ground_truth_releases"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from dagster import AssetKey
 
 from engines.registry import CorruptArtifactError, ModelRegistry
+from engines.releases import NO_RELEASE, RELEASES_TAG
 from ml.personalization import PersonalizationModel
 from orchestration.cli import main
 from resources.ray import RayResource
@@ -53,6 +54,7 @@ def test_every_version_carries_its_lineage(trained):
     assert tags["mlplane.feature_service"] == "personalization_ranking"
     assert tags["mlplane.data_partitions"].split(",")[-1] == LAST_DAY.isoformat()
     assert len(tags["mlplane.code_version"]) >= 12
+    assert tags[RELEASES_TAG] == NO_RELEASE  # the simulated days have no human relevance release
     assert {
         "metric.model_auc",
         "metric.model_recall_at_10",
