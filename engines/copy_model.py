@@ -126,20 +126,21 @@ def _newton(x: np.ndarray, y: np.ndarray, counts: np.ndarray, w: np.ndarray, rid
         logits = (x @ w[:, :, None])[:, :, 0]
         return ((np.logaddexp(0, logits) - y * logits) * counts).sum(axis=1) + (w * w) @ ridge / 2
 
+    current = loss(x, counts, w)  # each model's loss at its w: an accepted trial's, not evaluated again
     for _ in range(NEWTON_STEPS):
         xa, ca, wa = x[active], counts[active], w[active]
         p = expit((xa @ wa[:, :, None])[:, :, 0])
         gradient = ((ca * (p - y))[:, None, :] @ xa)[:, 0] + ridge * wa
         hessian = (xa.transpose(0, 2, 1) * (ca * p * (1 - p))[:, None, :]) @ xa + np.diag(ridge + 1e-9)
         step = np.linalg.solve(hessian, gradient[:, :, None])[:, :, 0]
-        size, before = np.ones(len(wa)), loss(xa, ca, wa)
-        overshoots = (loss(xa, ca, wa - step) > before) & (size > 1e-6)
+        size, before, trial = np.ones(len(wa)), current[active], loss(xa, ca, wa - step)
+        overshoots = (trial > before) & (size > 1e-6)
         while overshoots.any():  # rare: only the overshooting models are evaluated again
             size[overshoots] /= 2
             shrunk = np.flatnonzero(overshoots)
-            trial = wa[shrunk] - size[shrunk, None] * step[shrunk]
-            overshoots[shrunk] = (loss(xa[shrunk], ca[shrunk], trial) > before[shrunk]) & (size[shrunk] > 1e-6)
-        w[active] = wa - size[:, None] * step
+            trial[shrunk] = loss(xa[shrunk], ca[shrunk], wa[shrunk] - size[shrunk, None] * step[shrunk])
+            overshoots[shrunk] = (trial[shrunk] > before[shrunk]) & (size[shrunk] > 1e-6)
+        w[active], current[active] = wa - size[:, None] * step, trial
         active = active[np.abs(size[:, None] * step).max(axis=1) >= 1e-9]
         if not len(active):
             break
