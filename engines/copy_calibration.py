@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.copy_model import CopyModel, fit
+from engines.copy_model import CopyModel, fit_many
 from engines.violation_accuracy import Rate
 
 FOLDS = 5
@@ -107,26 +107,43 @@ class Rule:
         return matched & (self.model.score(features) >= self.threshold)
 
 
-def out_of_fold_scores(features: np.ndarray, matched: np.ndarray, positive: np.ndarray, folds: int, seed: int = 0):
-    """Each row's score by a model fitted on the other folds (-inf: unmatched, or a fold whose complement
-    lacks a class)."""
-    fold = stratified_folds(positive, folds, seed)
-    scores = np.full(len(positive), -np.inf)
-    for k in range(folds):
-        train, test = fold != k, (fold == k) & matched
-        if positive[train].any() and not positive[train].all():
-            scores[test] = fit(features[train], positive[train]).score(features[test])
-    return scores
-
-
 def fitted_rule(features: np.ndarray, matched: np.ndarray, positive: np.ndarray, folds: int = FOLDS) -> Rule | None:
-    """The model fitted on every row, the threshold chosen on the rows' out-of-fold scores; None without
-    both classes (fewer folds when a class has fewer rows)."""
-    folds = min(folds, int(positive.sum()), int((~positive).sum()))
-    if folds < 2:
-        return None
-    threshold = best_threshold(out_of_fold_scores(features, matched, positive, folds), positive)
-    return None if threshold is None else Rule(fit(features, positive), threshold)
+    """The model fitted on every row, the threshold chosen on the rows' out-of-fold scores (each row
+    scored by a model fitted on the other folds); None without both classes (fewer folds when a class has
+    fewer rows)."""
+    return fitted_rules(features, matched, positive, [np.arange(len(positive))], folds)[0]
+
+
+def fitted_rules(
+    features: np.ndarray, matched: np.ndarray, positive: np.ndarray, samples: list[np.ndarray], folds: int = FOLDS
+) -> list[Rule | None]:
+    """`fitted_rule` on each sample's rows (`samples`: row numbers, repeats allowed), every model of every
+    sample fitted in one batch (`fit_many`: a row drawn twice counts twice)."""
+    plans, counts = [], []  # per sample: (its folds, its rows' fold, its first model) or None
+    for sample in samples:
+        k = min(folds, int(positive[sample].sum()), int((~positive[sample]).sum()))
+        if k < 2:
+            plans.append(None)
+            continue
+        fold = stratified_folds(positive[sample], k)
+        plans.append((k, fold, len(counts)))
+        counts += [np.bincount(sample[fold != j], minlength=len(positive)) for j in range(k)]
+        counts.append(np.bincount(sample, minlength=len(positive)))
+    models = fit_many(features, positive, np.array(counts)) if counts else []
+    rules: list[Rule | None] = []
+    for sample, plan in zip(samples, plans, strict=True):
+        if plan is None:
+            rules.append(None)
+            continue
+        k, fold, first = plan
+        scores = np.full(len(sample), -np.inf)  # -inf: unmatched, or a fold whose complement lacks a class
+        for j in range(k):
+            train, test = fold != j, (fold == j) & matched[sample]
+            if positive[sample][train].any() and not positive[sample][train].all():
+                scores[test] = models[first + j].score(features[sample][test])
+        threshold = best_threshold(scores, positive[sample])
+        rules.append(None if threshold is None else Rule(models[first + k], threshold))
+    return rules
 
 
 def held_out_flags(
@@ -136,8 +153,8 @@ def held_out_flags(
     (`fold`: each row's fold; default stratified)."""
     fold = stratified_folds(positive, folds) if fold is None else fold
     flagged = np.zeros(len(positive), dtype=bool)
-    for k in range(folds):
-        rule = fitted_rule(features[fold != k], matched[fold != k], positive[fold != k])
+    rules = fitted_rules(features, matched, positive, [np.flatnonzero(fold != k) for k in range(folds)])
+    for k, rule in enumerate(rules):
         if rule is not None:
             flagged[fold == k] = rule.flags(features[fold == k], matched[fold == k])
     return flagged
@@ -153,17 +170,19 @@ def bootstrap_rates(features, matched, positive, audit, draws: int, seed: int = 
     """(recall, false-positive rate, precision) of `draws` bootstrap runs of the whole rule: fitted on a
     resample, scored on the rows left out of it (prevalence from the resample's audit rows)."""
     rng = np.random.default_rng(seed)
+    samples = [rng.integers(0, len(positive), len(positive)) for _ in range(draws)]
+    outs = [np.bincount(sample, minlength=len(positive)) == 0 for sample in samples]
+    usable = [
+        (sample, out)
+        for sample, out in zip(samples, outs, strict=True)
+        if (positive & out).any() and (~positive & out).any() and audit[sample].any()
+    ]
+    rules = fitted_rules(features, matched, positive, [sample for sample, _ in usable])
     rates = []
-    for _ in range(draws):
-        sample = rng.integers(0, len(positive), len(positive))
-        out = np.ones(len(positive), dtype=bool)
-        out[sample] = False
-        copies, others = positive & out, ~positive & out
-        if not copies.any() or not others.any() or not audit[sample].any():
-            continue
-        rule = fitted_rule(features[sample], matched[sample], positive[sample])
+    for (sample, out), rule in zip(usable, rules, strict=True):
         if rule is None:
             continue
+        copies, others = positive & out, ~positive & out
         flagged = rule.flags(features, matched)
         recall, fpr = (flagged & copies).sum() / copies.sum(), (flagged & others).sum() / others.sum()
         prevalence = positive[sample][audit[sample]].mean()

@@ -27,6 +27,7 @@ MIN_GAP = 1e-4  # similarity is capped at 1 - MIN_GAP before the log
 MARGIN_FLOOR = 0.01  # added to the margin before the log
 PENALTY = 1.0  # L2 on the standardized weights
 NEWTON_STEPS = 50
+BATCH_CELLS = 4_000_000  # models x rows x columns fitted together (32 MB a copy)
 
 
 def copy_features(matches: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -78,28 +79,69 @@ def fit(
     features: np.ndarray, positive: np.ndarray, penalty: float = PENALTY, names: tuple[str, ...] = FEATURES
 ) -> CopyModel:
     """L2-penalized logistic regression (bias not penalized) by Newton's method; `names`: the columns'."""
-    mean = features.mean(axis=0)
-    scale = features.std(axis=0)
+    return fit_many(features, positive, np.ones((1, len(positive))), penalty, names)[0]
+
+
+def fit_many(
+    features: np.ndarray,
+    positive: np.ndarray,
+    counts: np.ndarray,
+    penalty: float = PENALTY,
+    names: tuple[str, ...] = FEATURES,
+) -> list[CopyModel]:
+    """One model per row of `counts` (models x rows: how often each row is in that model's training set,
+    0 for a row left out), fitted together: each the same as `fit` on its rows repeated that many times. A
+    bootstrap or cross-validation fits hundreds of small models; one batched Newton solve replaces a
+    Python loop of them."""
+    counts = np.asarray(counts, dtype=np.float64)
+    batch = max(1, BATCH_CELLS // (features.size + len(features)))
+    if len(counts) > batch:  # bounded memory: models x rows x columns at a time
+        return [
+            m
+            for i in range(0, len(counts), batch)
+            for m in fit_many(features, positive, counts[i : i + batch], penalty, names)
+        ]
+    total = counts.sum(axis=1)
+    mean = counts @ features / total[:, None]
+    centred = features[None, :, :] - mean[:, None, :]
+    scale = np.sqrt((counts[:, None, :] @ centred**2)[:, 0] / total[:, None])
     scale = np.where(scale > 1e-9, scale, 1.0)  # a constant feature gets weight 0 from the penalty
-    x = np.hstack([np.ones((len(features), 1)), (features - mean) / scale])
+    x = np.concatenate([np.ones(centred.shape[:2] + (1,)), centred / scale[:, None, :]], axis=2)
     y = positive.astype(np.float64)
-    ridge = np.diag([0.0] + [penalty] * features.shape[1])
-    w = np.zeros(x.shape[1])
-    w[0] = np.log((y.sum() + 0.5) / (len(y) - y.sum() + 0.5))
+    w = np.zeros((len(counts), x.shape[2]))
+    w[:, 0] = np.log((counts @ y + 0.5) / (total - counts @ y + 0.5))
+    w = _newton(x, y, counts, w, np.array([0.0] + [penalty] * features.shape[1]))
+    return [
+        CopyModel(names, tuple(m.tolist()), tuple(s.tolist()), tuple(c[1:].tolist()), float(c[0]))
+        for m, s, c in zip(mean, scale, w, strict=True)
+    ]
 
-    def loss(w: np.ndarray) -> float:
-        logits = x @ w
-        return float(np.sum(np.logaddexp(0, logits) - y * logits) + w @ ridge @ w / 2)
 
+def _newton(x: np.ndarray, y: np.ndarray, counts: np.ndarray, w: np.ndarray, ridge: np.ndarray) -> np.ndarray:
+    """Newton's method from `w` on each model's penalized log-loss (`x`: models x rows x columns); a step
+    that overshoots is halved, a model stops once its step is below 1e-9 (the others go on without it)."""
+    w, active = w.copy(), np.arange(len(w))
+
+    def loss(x: np.ndarray, counts: np.ndarray, w: np.ndarray) -> np.ndarray:
+        logits = (x @ w[:, :, None])[:, :, 0]
+        return ((np.logaddexp(0, logits) - y * logits) * counts).sum(axis=1) + (w * w) @ ridge / 2
+
+    current = loss(x, counts, w)  # each model's loss at its w: an accepted trial's, not evaluated again
     for _ in range(NEWTON_STEPS):
-        p = expit(x @ w)
-        gradient = x.T @ (p - y) + ridge @ w
-        hessian = (x * (p * (1 - p))[:, None]).T @ x + ridge + 1e-9 * np.eye(len(w))
-        step = np.linalg.solve(hessian, gradient)
-        size, before = 1.0, loss(w)
-        while loss(w - size * step) > before and size > 1e-6:  # halve a step that overshoots
-            size /= 2
-        w -= size * step
-        if np.abs(size * step).max() < 1e-9:
+        xa, ca, wa = x[active], counts[active], w[active]
+        p = expit((xa @ wa[:, :, None])[:, :, 0])
+        gradient = ((ca * (p - y))[:, None, :] @ xa)[:, 0] + ridge * wa
+        hessian = (xa.transpose(0, 2, 1) * (ca * p * (1 - p))[:, None, :]) @ xa + np.diag(ridge + 1e-9)
+        step = np.linalg.solve(hessian, gradient[:, :, None])[:, :, 0]
+        size, before, trial = np.ones(len(wa)), current[active], loss(xa, ca, wa - step)
+        overshoots = (trial > before) & (size > 1e-6)
+        while overshoots.any():  # rare: only the overshooting models are evaluated again
+            size[overshoots] /= 2
+            shrunk = np.flatnonzero(overshoots)
+            trial[shrunk] = loss(xa[shrunk], ca[shrunk], wa[shrunk] - size[shrunk, None] * step[shrunk])
+            overshoots[shrunk] = (trial[shrunk] > before[shrunk]) & (size[shrunk] > 1e-6)
+        w[active], current[active] = wa - size[:, None] * step, trial
+        active = active[np.abs(size[:, None] * step).max(axis=1) >= 1e-9]
+        if not len(active):
             break
-    return CopyModel(names, tuple(mean.tolist()), tuple(scale.tolist()), tuple(w[1:].tolist()), float(w[0]))
+    return w

@@ -81,25 +81,46 @@ def add_items(engine: Engine, task: Task, new: list[ItemIn]) -> int:
         bad = [i.key for i in new if i.gold_label is not None and i.gold_label not in task.spec.labels]
         if bad:
             raise ValueError(f"gold labels outside the label set for {bad[:5]}")
-    added = 0
     with engine.begin() as conn:
         existing = _existing_ids(conn, task, [i.key for i in new])
+        fresh: dict[str, ItemIn] = {}  # each new key's first occurrence, in order
         for item in new:
-            item_id = existing.get(item.key)
-            if item_id is None:
-                item_id = conn.execute(
-                    insert(items).values(task_id=task.id, created_at=now(), **item.model_dump(exclude={"queue"}))
-                ).inserted_primary_key[0]
-                existing[item.key] = item_id
-                added += 1
-                if item.gold_label is None:
-                    conn.execute(
-                        insert(slots), [{"item_id": item_id, "slot": s} for s in range(task.spec.first_answers)]
-                    )
-            known = conn.execute(select(item_sources.c.queue).where(item_sources.c.item_id == item_id)).scalars()
-            if item.queue not in set(known):
-                conn.execute(insert(item_sources).values(item_id=item_id, queue=item.queue, added_at=now()))
-    return added
+            if item.key not in existing:
+                fresh.setdefault(item.key, item)
+        if fresh:  # a few statements for the whole batch, not a few per item
+            moment = now()
+            conn.execute(
+                insert(items),
+                [{"task_id": task.id, "created_at": moment, **i.model_dump(exclude={"queue"})} for i in fresh.values()],
+            )
+            existing.update(_existing_ids(conn, task, list(fresh)))
+            answer_slots = [
+                {"item_id": existing[key], "slot": s}
+                for key, item in fresh.items()
+                if item.gold_label is None
+                for s in range(task.spec.first_answers)
+            ]
+            if answer_slots:
+                conn.execute(insert(slots), answer_slots)
+        _add_sources(conn, [(existing[i.key], i.queue) for i in new])
+    return len(fresh)
+
+
+def _add_sources(conn: Connection, wanted: list[tuple[int, str]]) -> None:
+    """Record each (item, source queue) pair not yet recorded."""
+    ids = sorted({item_id for item_id, _ in wanted})
+    known: set[tuple[int, str]] = set()
+    for start in range(0, len(ids), 500):
+        rows = conn.execute(
+            select(item_sources.c.item_id, item_sources.c.queue).where(
+                item_sources.c.item_id.in_(ids[start : start + 500])
+            )
+        )
+        known.update((r.item_id, r.queue) for r in rows)
+    missing = list(dict.fromkeys(pair for pair in wanted if pair not in known))
+    if missing:
+        moment = now()
+        conn.execute(insert(item_sources), [{"item_id": i, "queue": q, "added_at": moment} for i, q in missing])
 
 
 def set_gold(engine: Engine, task: Task, known: dict[str, str], rng: random.Random) -> int:

@@ -13,9 +13,10 @@ import polars as pl
 import pytest
 from scipy.optimize import minimize
 
+from engines import copy_model
 from engines.copy_calibration import best_threshold, fitted_rule
 from engines.copy_match import match_originals
-from engines.copy_model import FEATURES, copy_features, fit
+from engines.copy_model import FEATURES, copy_features, fit, fit_many
 from engines.simulator.thumbnails import SHAPES, perturb, render
 from engines.simulator.vocabulary import COLOURS, MATERIALS
 
@@ -147,3 +148,21 @@ def test_fit_is_the_penalized_maximum_likelihood():
     assert model.weights == pytest.approx(best[1:], abs=1e-4)
     expected = 1 / (1 + np.exp(-(best[0] + z @ best[1:])))
     assert model.score(x) == pytest.approx(expected, abs=1e-5)
+
+
+def test_fit_many_is_fit_on_each_resample(monkeypatch):
+    """Models fitted together from row counts equal `fit` on the rows repeated that often (a bootstrap
+    resample, a fold left out), also when the batch is split to bound memory."""
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(120, 2))
+    y = rng.random(120) < 1 / (1 + np.exp(-(3 * x[:, 0] - 1)))
+    samples = [rng.integers(0, 120, 120) for _ in range(5)] + [np.flatnonzero(np.arange(120) % 5 != 0)]
+    counts = np.array([np.bincount(s, minlength=120) for s in samples])
+    for batch in (copy_model.BATCH_CELLS, 120 * 3 * 2):  # all at once; two models at a time
+        monkeypatch.setattr(copy_model, "BATCH_CELLS", batch)
+        together = fit_many(x, y, counts, names=("a", "b"))
+        for sample, model in zip(samples, together, strict=True):
+            alone = fit(x[sample], y[sample], names=("a", "b"))
+            assert model.mean == pytest.approx(alone.mean) and model.scale == pytest.approx(alone.scale)
+            assert model.weights == pytest.approx(alone.weights, abs=1e-7)
+            assert model.bias == pytest.approx(alone.bias, abs=1e-7)
