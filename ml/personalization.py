@@ -22,6 +22,10 @@ network scores as the mixture does, and learn what the rows add: the clicked or 
 impression instead (`positives="shown"`, clicked ones weighted `click_weight` times) learns the feed's
 exposure a second time, and a lower ranking (docs/benchmarks.md, "Model quality").
 
+Training never leaves the model worse than its start on held-out users: a share of the newest training day's
+users is a validation day, and the best epoch there, the untrained start (the mixture) included, is the one
+kept (ml.epoch_selection).
+
 Training runs on Ray Train (`TorchTrainer`): data-parallel, each worker takes its shard of the rows;
 with no workers (`num_workers=0`), in the calling process (ml/ray_train.py).
 Plain Python, no Dagster.
