@@ -139,6 +139,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
             "epochs": str(config.epochs),
             "workers": str(config.num_workers),
             "item_embeddings": str(embeddings is not None),
+            "selected_epoch": str(result.selected_epoch),
         },
         metadata={
             "held_out_metrics": table(
@@ -149,6 +150,15 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
                 + "\n".join(f"| {i + 1} | {loss:.4f} |" for i, loss in enumerate(result.loss_curve))
             ),
             "training_rows": train_rows.height,
+            # model selection (ml.epoch_selection): the validation day's score per epoch, 0 the untrained start
+            "epoch_selection": MetadataValue.md(
+                "| epoch | validation (mean of recall@10 and NDCG@10) | kept |\n|---|---|---|\n"
+                + "\n".join(
+                    f"| {i} | {score:.4f} | {'yes' if i == result.selected_epoch else ''} |"
+                    for i, score in enumerate(result.validation_scores)
+                )
+            ),
+            "validation_rows": result.validation_rows,
             # rows read before a daily view's first run: item attributes filled, the rest counted
             "feature_coverage": table([{"measure": k, "rows": v} for k, v in result.coverage.items()]),
             "held_out_rows": held_out.height,

@@ -123,7 +123,16 @@ def measure(seed: int, data_dir: Path, args, scratch: Path) -> dict[str, dict[st
     frame = lake.scan_partitions("datasets", "personalization_training", days).collect()
     train_rows, held_out = split_held_out(frame)
     last = days[-1]
-    model = train(train_rows, TrainConfig(seed=seed), scratch / f"ray-{seed}").model
+    config = TrainConfig(seed=seed, validation_share=args.validation_share, **dict(args.config or []))
+    trained = train(train_rows, config, scratch / f"ray-{seed}")
+    model = trained.model
+    curve = " ".join(f"{s:.3f}" for s in trained.validation_scores)
+    print(
+        f"seed {seed}: trained {len(trained.loss_curve)} epochs on {train_rows.height - trained.validation_rows} "
+        f"rows; validation score (mean of recall@10 and NDCG@10; epoch 0 = the untrained mixture start) {curve}; "
+        f"kept epoch {trained.selected_epoch}",
+        flush=True,
+    )
     scores = evaluate(model, train_rows, held_out, K)
     key = AnswerKey.on(SimulatorConfig(seed=seed, start_date=FIRST_DAY).scaled(args.scale), last + timedelta(days=1))
     scores["oracle"] = held_out_oracle(train_rows, held_out, key)
@@ -168,6 +177,15 @@ def print_tables(results: list[dict]) -> None:
             print(f"{name:<16}" + "".join(f"{c:>16}" for c in cells))
 
 
+def _setting(text: str) -> tuple[str, object]:
+    """A `name=value` TrainConfig setting, the value typed as the field's default."""
+    from ml.personalization import TrainConfig
+
+    name, value = text.split("=", 1)
+    kind = type(getattr(TrainConfig(), name))
+    return name, (value.lower() in ("1", "true")) if kind is bool else kind(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--days", type=int, default=7)
@@ -175,6 +193,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[11, 12, 13], help="one lake and model per seed")
     parser.add_argument(
         "--data-dir", type=Path, default=None, help="keep the lakes there, one per seed, and reuse them"
+    )
+    parser.add_argument(
+        "--validation-share",
+        type=float,
+        default=0.2,
+        help="share of the newest training day's clicking users held out to select the epoch (0: keep the last)",
+    )
+    parser.add_argument(
+        "--config", type=_setting, nargs="*", help="TrainConfig fields as name=value (learning_rate=0.003 ...)"
     )
     args = parser.parse_args()
 

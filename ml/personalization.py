@@ -22,6 +22,10 @@ network scores as the mixture does, and learn what the rows add: the clicked or 
 impression instead (`positives="shown"`, clicked ones weighted `click_weight` times) learns the feed's
 exposure a second time, and a lower ranking (docs/benchmarks.md, "Model quality").
 
+Training never leaves the model worse than its start on held-out users: a share of the newest training day's
+users is a validation day, and the best epoch there, the untrained start (the mixture) included, is the one
+kept (ml.epoch_selection).
+
 Training runs on Ray Train (`TorchTrainer`): data-parallel, each worker takes its shard of the rows;
 with no workers (`num_workers=0`), in the calling process (ml/ray_train.py).
 Plain Python, no Dagster.
@@ -39,6 +43,7 @@ import torch
 from torch import nn
 
 from ml import taste_clusters
+from ml.epoch_selection import EpochSelection, ValidationSet, split_validation
 from ml.ray_train import RANK_FILE, EpochCheckpoints, fitted, node_id
 
 
@@ -76,6 +81,7 @@ TASTE_VIEW, TASTE_WINDOW = "user_category_affinity", "30d"
 LABEL = "label"
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"  # in a training checkpoint, beside the weights
+SELECTION_FILE = "selection.pt"  # the best epoch's weights so far and the validation scores (ml.epoch_selection)
 SPEC_FILE = "model.json"
 UNSEEN = 0  # the id bucket of an id outside the trained range (ids start at 1): a new user or item
 
@@ -105,7 +111,10 @@ class TrainConfig:
     # "softmax": each shown pair against its drawn negatives in one softmax whose logits are log-Q corrected
     # (less the log of each item's share of the day's impressions, the chance it is drawn), the prior inside
     # the logit: the score then estimates log P(item | user) over the whole catalogue, clicked impressions
-    # counting `click_weight` times. "binary": shown against drawn in a logistic loss, prior added after
+    # counting `click_weight` times. "binary": shown against drawn in a logistic loss, prior added after (the
+    # learnt term must then cancel each category's share of the drawn impressions, which the mixture's term
+    # holds, and the served score keeps that cancel). "binary_log_q": the logistic loss with the prior inside the
+    # logits, log-Q corrected as the softmax's: an untrained network (the mixture) starts near its optimum
     loss: str = "binary"
     # the item's popularity prior (item_prior): "positives", log(1 + its positives in the training rows), or
     # "category_share", the log of its share of its category's positives estimated from its impressions
@@ -118,6 +127,11 @@ class TrainConfig:
     # (a linear map of the user tower's inputs) and the item's one-hot category, so that the dot product holds
     # a user-by-category term learnt from every impression rather than through the hidden layers
     taste: bool = True
+    # model selection (ml.epoch_selection): the share of the newest training day's users with a positive held
+    # out as a validation day, and the epochs without a gain on it before training stops; the best epoch is
+    # kept, the untrained start (the mixture) included. 0: no validation, the last epoch is kept
+    validation_share: float = 0.2
+    patience: int = 4
     num_workers: int = 1  # 0: Ray Train's local mode, in this process (ml/ray_train.py)
     use_gpu: bool = False
     cpus_per_worker: int = 1  # reserved on Ray and run as torch threads
@@ -596,9 +610,9 @@ def _embedding_matrix(frame: pl.DataFrame, column: str, dim: int) -> np.ndarray:
 
 # --- training -----------------------------------------------------------------------------------
 def trains_with_prior(config: TrainConfig) -> bool:
-    """Whether the training logit holds the popularity prior: with catalogue negatives or a log-Q-corrected
-    softmax (which estimates the whole score); impression negatives in a logistic loss carry no popularity."""
-    return config.negatives_from == "catalogue" or config.loss == "softmax"
+    """Whether the training logit holds the popularity prior: with catalogue negatives or log-Q-corrected
+    logits (which estimate the whole score); impression negatives in a plain logistic loss carry no popularity."""
+    return config.negatives_from == "catalogue" or config.loss in ("softmax", "binary_log_q")
 
 
 class Objective(nn.Module):
@@ -631,8 +645,9 @@ def fit(
 ) -> list[float]:
     """Train an `Objective` (or its data-parallel wrapper) on labelled rows, one worker's shard; returns
     the loss per epoch. `on_epoch(epoch, losses, state)` runs after each epoch (Ray Train reports and
-    checkpoints there); `resume`, a `state` it was given (the objective already holds that epoch's
-    weights), continues with the next epoch as if the run had not stopped."""
+    checkpoints there) and stops the training by returning True; `resume`, a `state` it was given (the
+    objective already holds that epoch's weights), continues with the next epoch as if the run had not
+    stopped."""
     spec: ModelSpec = (objective.module if hasattr(objective, "module") else objective).network.spec
     config = spec.config
     user_inputs, item_inputs = spec.user.encode(frame), spec.item.encode(frame)
@@ -663,16 +678,7 @@ def fit(
                 _batch(pool, sampled, config.unseen_share, generator, device),
             )
             clicked = (1.0 + (config.click_weight - 1.0) * labels[index]).to(device)
-            if config.loss == "softmax":
-                loss = _corrected_softmax_loss(
-                    shown, unshown, log_q[index].to(device), log_q[sampled].to(device), clicked
-                )
-            else:
-                target = torch.cat([torch.ones(len(shown)), torch.zeros(len(unshown))]).to(device)
-                weight = torch.cat([clicked, torch.ones(len(unshown), device=device)])
-                loss = nn.functional.binary_cross_entropy_with_logits(
-                    torch.cat([shown, unshown]), target, weight=weight
-                )
+            loss = _loss(config.loss, shown, unshown, log_q[index].to(device), log_q[sampled].to(device), clicked)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -680,7 +686,8 @@ def fit(
         losses.append(total / max(batches, 1))
         if on_epoch is not None:
             state = {"optimizer": optimizer.state_dict(), "generator": generator.get_state()}
-            on_epoch(epoch, losses, {**state, "torch_rng": torch.get_rng_state(), "losses": list(losses)})
+            if on_epoch(epoch, losses, {**state, "torch_rng": torch.get_rng_state(), "losses": list(losses)}):
+                break
     return losses
 
 
@@ -691,6 +698,19 @@ def _positive_rows(labels: torch.Tensor, positives: str) -> torch.Tensor:
     if positives == "clicked":
         return torch.nonzero(labels > 0).flatten()
     raise ValueError(f"positives must be shown or clicked, not {positives!r}")
+
+
+def _loss(kind: str, shown, unshown, log_q_shown, log_q_drawn, weight) -> torch.Tensor:
+    """The batch's loss (TrainConfig.loss): shown pairs (weighted) against their drawn negatives."""
+    if kind == "softmax":
+        return _corrected_softmax_loss(shown, unshown, log_q_shown, log_q_drawn, weight)
+    if kind == "binary_log_q":  # the prior inside the logits, each less the log of its chance of being drawn
+        shown, unshown = shown - log_q_shown, unshown - log_q_drawn
+    elif kind != "binary":
+        raise ValueError(f"loss must be binary, binary_log_q or softmax, not {kind!r}")
+    target = torch.cat([torch.ones(len(shown)), torch.zeros(len(unshown))]).to(shown.device)
+    weights = torch.cat([weight, torch.ones(len(unshown), device=shown.device)])
+    return nn.functional.binary_cross_entropy_with_logits(torch.cat([shown, unshown]), target, weight=weights)
 
 
 def _corrected_softmax_loss(shown, unshown, log_q_shown, log_q_drawn, weight) -> torch.Tensor:
@@ -767,8 +787,52 @@ def _batch(
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def fit_selected(
+    objective: nn.Module,
+    frame: pl.DataFrame,
+    selection: EpochSelection,
+    device: torch.device | str = "cpu",
+    rank: int = 0,
+    world: int = 1,
+    on_epoch=None,
+    resume: dict | None = None,
+) -> list[float]:
+    """`fit` with model selection: after each epoch the selection scores the network on its validation day
+    and keeps the best state; training stops where rank 0's selection says, on every rank (a data-parallel
+    run's workers step together). `on_epoch(epoch, losses, state, last)` as `fit`'s, told the last epoch."""
+    epochs = (objective.module if hasattr(objective, "module") else objective).network.spec.config.epochs
+
+    def after(epoch: int, losses: list[float], state: dict) -> bool:
+        stop = _agreed(selection.after_epoch(epoch), world, device)
+        if on_epoch is not None:
+            on_epoch(epoch, losses, state, stop or epoch == epochs - 1)
+        return stop
+
+    return fit(objective, frame, device, rank, after, resume)
+
+
+def _agreed(flag: bool, world: int, device: torch.device | str) -> bool:
+    """Rank 0's flag on every rank of a data-parallel run."""
+    if world == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=device)
+    torch.distributed.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def selection_for(network: TwoTower, loop_config: dict, rank: int, resumed: dict | None) -> EpochSelection:
+    """Rank 0's selection on the validation day (the other ranks' selects nothing: rank 0 decides)."""
+    validation = loop_config.get("validation")
+    spec, config = network.spec, network.spec.config
+    if rank != 0 or validation is None:
+        return EpochSelection(network, None, config.patience)
+    checked = ValidationSet.of(spec, validation, loop_config["train"])
+    return EpochSelection(network, checked, config.patience, (resumed or {}).get(SELECTION_FILE))
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
-    """One data-parallel worker: its shard of the rows, the synchronised model, a loss per epoch."""
+    """One data-parallel worker: its shard of the rows, the synchronised model, a loss per epoch, the best
+    epoch on the validation day kept (rank 0's selection)."""
     import ray.train
     import ray.train.torch
 
@@ -784,23 +848,33 @@ def train_loop_per_worker(loop_config: dict) -> None:
     resumed = checkpoints.resumed()  # after a restart (a lost worker or node): the latest epoch's state
     if resumed is not None:
         network.load_state_dict(resumed[MODEL_FILE])  # before the wrap, which syncs rank 0's weights
+    selection = selection_for(network, loop_config, rank, resumed)  # the start scored before any step
     objective = ray.train.torch.prepare_model(Objective(network))
 
     own = (resumed or {}).get("rank") or (resumed or {}).get(RANK_FILE.format(rank=0)) or {}
     nodes = list(own.get("nodes", []))  # the node that trained each epoch, across restarts
 
-    def report(epoch: int, losses: list[float], state: dict) -> None:
+    def report(epoch: int, losses: list[float], state: dict, last: bool) -> None:
         nodes.append(node_id())
-        metrics = {"epoch": epoch, "train_loss": losses[-1], "loss_curve": list(losses), "epoch_nodes": list(nodes)}
+        metrics = {
+            "epoch": epoch,
+            "train_loss": losses[-1],
+            "loss_curve": list(losses),
+            "epoch_nodes": list(nodes),
+            "validation_scores": list(selection.scores),
+            "selected_epoch": selection.best_epoch,
+        }
         own_state = {**{k: state[k] for k in ("generator", "torch_rng", "losses")}, "nodes": list(nodes)}
         files = {RANK_FILE.format(rank=rank): own_state}
         if rank == 0:
             inner = objective.module if hasattr(objective, "module") else objective
             files |= {MODEL_FILE: inner.network.state_dict(), OPTIMIZER_FILE: state["optimizer"]}
-        checkpoints.report(epoch, metrics, files, last=epoch == spec.config.epochs - 1)
+            files |= {SELECTION_FILE: selection.state()}
+        checkpoints.report(epoch, metrics, files, last=last)
 
     resume = {**own, "optimizer": resumed[OPTIMIZER_FILE]} if resumed is not None else None
-    fit(objective, loop_config["train"][rank::world], ray.train.torch.get_device(), rank, report, resume)
+    device = ray.train.torch.get_device()
+    fit_selected(objective, loop_config["train"][rank::world], selection, device, rank, world, report, resume)
 
 
 @dataclass
@@ -809,31 +883,50 @@ class TrainResult:
     loss_curve: list[float]
     coverage: dict[str, int] = field(default_factory=dict)  # feature_coverage of the training rows
     epoch_nodes: list[str] = field(default_factory=list)  # the Ray node that trained each epoch
+    # the validation day's score (mean of recall@10 and NDCG@10) of the start (0) and after each epoch, and the
+    # epoch kept (ml.epoch_selection); none without a validation day
+    validation_scores: list[float] = field(default_factory=list)
+    selected_epoch: int | None = None
+    validation_rows: int = 0
 
 
 def train(
     train_frame: pl.DataFrame, config: TrainConfig, storage_path: Path, item_embeddings: pl.DataFrame | None = None
 ) -> TrainResult:
-    """Train on Ray Train (Ray must be initialised: in-process or a cluster)."""
+    """Train on Ray Train (Ray must be initialised: in-process or a cluster), a share of the newest day's users
+    held out to select the epoch (TrainConfig.validation_share)."""
     from ray.train import ScalingConfig
 
     if train_frame.is_empty():
         raise ValueError("no training rows")
     raw = labelled(with_item_embeddings(train_frame, item_embeddings))
-    frame = with_fixed_item_attributes(raw)
+    # the prior and the mixture are fitted without the validation rows: the start cannot have seen them
+    frame, validation = split_validation(with_fixed_item_attributes(raw), config.validation_share, config.seed)
     spec = build_spec(frame, config, item_embeddings)
     network = TwoTower(spec)
     scaling = ScalingConfig(
         num_workers=config.num_workers, use_gpu=config.use_gpu, resources_per_worker={"CPU": config.cpus_per_worker}
     )
-    loop_config = {"spec": spec, "train": frame}
+    loop_config = {"spec": spec, "train": frame, "validation": validation if validation.height else None}
     with fitted(train_loop_per_worker, loop_config, scaling, storage_path, "personalization") as result:
         with result.checkpoint.as_directory() as folder:
-            network.load_state_dict(torch.load(Path(folder) / MODEL_FILE, map_location="cpu", weights_only=True))
+            network.load_state_dict(selected_weights(Path(folder)))
     metrics = result.metrics
+    scores = [s for s in metrics.get("validation_scores", []) if not np.isnan(s)]
     return TrainResult(
         PersonalizationModel(network),
         list(metrics["loss_curve"]),
         coverage=feature_coverage(raw, frame),
         epoch_nodes=list(metrics["epoch_nodes"]),
+        validation_scores=scores,
+        selected_epoch=metrics.get("selected_epoch") if scores else None,
+        validation_rows=validation.height,
     )
+
+
+def selected_weights(folder: Path) -> dict:
+    """A training checkpoint's selected weights (the last epoch's where nothing was selected)."""
+    selection = folder / SELECTION_FILE
+    if selection.exists():
+        return torch.load(selection, map_location="cpu", weights_only=True)["state"]
+    return torch.load(folder / MODEL_FILE, map_location="cpu", weights_only=True)

@@ -262,9 +262,10 @@ def test_training_resumes_from_the_last_epoch_after_its_node_dies(on_cluster, ra
     the lost node, the rest on its replacement), and the same model as a run that never stopped (the
     checkpoint holds the optimizer and the random streams, so training continues exactly)."""
     train_rows, held_out = clicks_frame(30_000, seed=1), p13n.labelled(clicks_frame(5_000, seed=2))
-    # no taste head (dim 8 has no room for it) and the light weight decay such a small tower learns with
+    # no taste head (dim 8 has no room for it) and the light weight decay such a small tower learns with;
+    # every epoch trains (patience: all of them), the epoch selection resumed with the rest
     config = p13n.TrainConfig(
-        epochs=6, batch_size=256, dim=8, hidden=32, cpus_per_worker=1, taste=False, weight_decay=1e-4
+        epochs=6, batch_size=256, dim=8, hidden=32, cpus_per_worker=1, taste=False, weight_decay=1e-4, patience=6
     )
     storage = on_cluster["dir"] / "ray_train_resume"
     run, before_loss, lost = train_losing_the_node(
