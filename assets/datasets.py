@@ -1,5 +1,5 @@
 """Training datasets: labelled impressions with the features of each impression as of its time
-(engines.point_in_time: the definition batch inference and serving share)."""
+(engines.features.point_in_time: the definition batch inference and serving share)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from assets.ingestion import warehouse_key
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
 from assets.skew import SKEW_CHECK, SKEW_DESCRIPTION, skew_check_result
-from engines.datasets import LABEL_HORIZON, labelled_impressions, training_rows
-from engines.expectations import Suite, gxe
-from engines.point_in_time import HISTORY_ZONE, Timing
+from engines.data.expectations import Suite, gxe
+from engines.features.datasets import LABEL_HORIZON, labelled_impressions, training_rows
+from engines.features.point_in_time import HISTORY_ZONE, Timing
 from feature_defs import personalization_ranking
 from feature_defs.sources import interactions
 from resources.flink import FlinkResource
@@ -77,7 +77,7 @@ def _previous_day(key: AssetKey) -> AssetDep:
     description="Impressions of the day labelled with clicks and plays in the same session within "
     f"{int(LABEL_HORIZON.total_seconds() // 60)} minutes (the next day's first minutes included, "
     f"so the day waits for the next day's interactions), with feature service "
-    f"{personalization_ranking.name!r} as of each impression (engines.point_in_time): dimension "
+    f"{personalization_ranking.name!r} as of each impression (engines.features.point_in_time): dimension "
     "views as known at the last daily run, daily views of the previous day, streaming views from "
     "streaming_history at the live slide.",
     partitions_def=daily_partitions,

@@ -12,13 +12,9 @@ from pydantic import Field
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
 from assets.pipelines import code_version
-from engines import clip_registry
-from engines import content_violation as cv
-from engines.clip_registry import HeldOut
-from engines.copy_calibration import Calibration, calibrate
-from engines.copy_match import CANDIDATES, MATCH_SCHEMA, match_originals, read_thumbnails
-from engines.copy_model import copy_features
-from engines.embeddings import (
+from engines.retrieval import clip_registry
+from engines.retrieval.clip_registry import HeldOut
+from engines.retrieval.embeddings import (
     COLLECTION,
     EmbedConfig,
     catalogue_day,
@@ -33,6 +29,10 @@ from engines.embeddings import (
     sync_vector_store,
     write_item_embeddings,
 )
+from engines.safety import content_violation as cv
+from engines.safety.copy_calibration import Calibration, calibrate
+from engines.safety.copy_match import CANDIDATES, MATCH_SCHEMA, match_originals, read_thumbnails
+from engines.safety.copy_model import copy_features
 from ml.clip import (
     COMPACT_MODEL,
     ClipSpec,
@@ -189,7 +189,7 @@ def train(context, config: ClipModelConfig, store, ray: RayResource, spec: ClipS
     """Train the configured model on the training items (Ray Train); the spec of the weights written."""
     ray.ensure_started()
     use_gpu = ray.cluster_gpus() > 0 if config.use_gpu is None else config.use_gpu
-    # the run's own output: readers load the registered copy of a version (engines.clip_registry)
+    # the run's own output: readers load the registered copy of a version (engines.retrieval.clip_registry)
     output = store.root / "models" / "clip" / f"{config.model_name}.pt"
     workers = f"{config.num_workers} Ray Train worker(s)" if config.num_workers else "Ray Train in this process"
     context.log.info(f"training {config.model_name} on {items.height} items, {workers}, gpu={use_gpu}")

@@ -23,7 +23,7 @@ from assets.datasets import KEY as TRAINING_SET_KEY
 from assets.metadata import table
 from assets.models import READS_ITEM_EMBEDDINGS, clip_image_vectors, with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
-from engines.experiments import Experiment, load
+from engines.experimentation.experiments import Experiment, load
 from feature_defs.compile.polars import day_end
 from ml import evaluation
 from ml import personalization as model_code
@@ -91,7 +91,7 @@ def experiment_report(experiment: Experiment):
         days = [d for d in the_lake.partition_days(DATASETS_ZONE, TRAINING_SET) if d <= day]
         if len(days) < 2 or days[-1] != day:
             raise Failure(f"{experiment.name}: needs {TRAINING_SET} for {day} and an earlier day, found {days}")
-        # rows and their item embeddings as of each row's time (engines.point_in_time), as in training
+        # rows and their item embeddings as of each row's time (engines.features.point_in_time), as in training
         history = with_embeddings_as_of(
             the_lake, the_lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days[:-1]).collect()
         )

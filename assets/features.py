@@ -19,10 +19,10 @@ from dagster import (
 from assets.ingestion import warehouse_key
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
-from engines.expectations import Suite, gxe
-from engines.feature_tables import OFFLINE_ZONE, build_view_day
-from engines.interaction_categories import categorized_interactions
-from engines.skew import online_skew, streaming_regressions, streaming_snapshot
+from engines.data.expectations import Suite, gxe
+from engines.data.interaction_categories import categorized_interactions
+from engines.features.feature_tables import OFFLINE_ZONE, build_view_day
+from engines.features.skew import online_skew, streaming_regressions, streaming_snapshot
 from feature_defs import catalogue
 from feature_defs.compile.polars import TIMESTAMP, day_end, lookback
 from feature_defs.dsl import Aggregation, FeatureView
@@ -171,9 +171,10 @@ ONLINE_CHECK = "online_matches_definition"
 
 @asset(
     group_name="feature_store",
-    description="The feature values of every entity as of the end of the newest built day (engines.point_in_time) "
-    "in the online store (SQLite locally, Redis in production): a re-run after a correction "
-    "overwrites; streaming views are the streaming job's, the batch only fills entities it has "
+    description="The feature values of every entity as of the end of the newest built day "
+    "(engines.features.point_in_time) in the online store (SQLite locally, Redis in production): "
+    "a re-run after a correction overwrites; streaming views are the streaming job's, the batch only "
+    "fills entities it has "
     "nothing newer for. A range run loads once for the whole range.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),

@@ -1,4 +1,4 @@
-"""Geometry features of the catalogue's 3D meshes: the daily Ray Data job (engines.geometry_job) whose
+"""Geometry features of the catalogue's 3D meshes: the daily Ray Data job (engines.retrieval.geometry_job) whose
 table is the batch source of the `item_geometry` feature view."""
 
 import time
@@ -10,8 +10,8 @@ from pydantic import Field
 from assets.ingestion import warehouse_key
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
-from engines.expectations import Suite, gxe
-from engines.geometry_job import OUTPUT_SCHEMA, GeometryConfig, measure_items, write_item_geometry
+from engines.data.expectations import Suite, gxe
+from engines.retrieval.geometry_job import OUTPUT_SCHEMA, GeometryConfig, measure_items, write_item_geometry
 from feature_defs.sources import item_geometry, items
 from resources.lake import LakeResource
 from resources.quality import QualityResource

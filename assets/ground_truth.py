@@ -28,8 +28,8 @@ from assets.embeddings import PUBLISHED_VIOLATION_RELEASE, VIOLATION_FLAGS, WARE
 from assets.metadata import quality_gate, table
 from assets.models import PUBLISHED_RELEVANCE_RELEASE, with_embeddings_as_of
 from assets.partitions import daily_partitions, partition_days
-from engines.expectations import Suite, gxe
-from engines.releases import newest_release
+from engines.data.expectations import Suite, gxe
+from engines.data.releases import newest_release
 from ground_truth import originals, queue, review
 from ground_truth import release as rel
 from ground_truth import sources as src

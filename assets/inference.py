@@ -23,8 +23,8 @@ from assets.metadata import table
 from assets.models import READS_ITEM_EMBEDDINGS
 from assets.partitions import daily_partitions, partition_days
 from assets.skew import SKEW_CHECK, SKEW_DESCRIPTION, skew_check_result
-from engines import batch_inference as engine
-from engines.point_in_time import item_embeddings_as_of
+from engines.features.point_in_time import item_embeddings_as_of
+from engines.models import batch_inference as engine
 from feature_defs.outputs import user_recommendations
 from feature_defs.sources import interactions, items
 from ml.personalization import ITEM_INPUTS, USER_INPUTS, PersonalizationModel

@@ -17,8 +17,8 @@ from dagster import (
 
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import daily_partitions, partition_days
-from engines.expectations import Suite, gxe
-from engines.ingest import load_day, write_day
+from engines.data.expectations import Suite, gxe
+from engines.data.ingest import load_day, write_day
 from feature_defs.dsl import Source
 from feature_defs.sources import abuse_reports, all_sources, interactions, items, users
 from resources.lake import LakeResource

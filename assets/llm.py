@@ -12,8 +12,8 @@ from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, Config, Material
 from assets.ingestion import warehouse_key
 from assets.metadata import table
 from assets.pipelines import code_version
-from engines.embeddings import current_catalogue
-from engines.llm_registry import LlmLineage, register_llm
+from engines.models.llm_registry import LlmLineage, register_llm
+from engines.retrieval.embeddings import current_catalogue
 from feature_defs.sources import chat_messages, items
 from ml.llm import DRAFT_CONFIG, LlmConfig, corpus_from_frames, train_llm
 from resources.lake import LakeResource

@@ -1,5 +1,5 @@
 """Batch LLM inference as a daily asset: a short description, written by the gateway's LLM, for each of
-the day's new or changed items whose description is empty. Thin: the engine is engines/llm_batch.py."""
+the day's new or changed items whose description is empty. Thin: the engine is engines/models/llm_batch.py."""
 
 from datetime import UTC, datetime
 from typing import Literal
@@ -21,8 +21,8 @@ from dagster import (
 from assets.ingestion import warehouse_key
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
-from engines.llm_batch import BatchSpec, describe_items, describe_items_ray_vllm
-from engines.llm_batch import RetryPolicy as CallRetry
+from engines.models.llm_batch import BatchSpec, describe_items, describe_items_ray_vllm
+from engines.models.llm_batch import RetryPolicy as CallRetry
 from feature_defs.sources import items
 from resources.gateway import GatewayResource
 from resources.lake import LakeResource

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 import polars as pl
 from dagster import AssetCheckResult, Failure, MetadataValue, TableColumn, TableRecord, TableSchema
 
-from engines.expectations import Suite
+from engines.data.expectations import Suite
 from resources.quality import QualityResource
 
 
@@ -23,7 +23,7 @@ def table(rows: list[dict]) -> MetadataValue:
 
 
 def frame_metadata(frame: pl.DataFrame, timestamp_column: str | None = None) -> dict:
-    from engines.quality import null_rates  # with great-expectations: when a run reports, not at load
+    from engines.data.quality import null_rates  # with great-expectations: when a run reports, not at load
 
     meta: dict = {"dagster/row_count": frame.height}
     rates = null_rates(frame) if frame.height else {}

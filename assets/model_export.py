@@ -13,9 +13,9 @@ from pydantic import Field
 
 from assets.metadata import table
 from assets.serving import CLIP_REGISTERED
-from engines import kserve
-from engines.model_export import EXPORTED_KINDS, TRITON_REPOSITORY, ExportTarget, export_target, publish
-from engines.registry import CHECKSUM_TAG, ModelRegistry
+from engines.models import kserve
+from engines.models.model_export import EXPORTED_KINDS, TRITON_REPOSITORY, ExportTarget, export_target, publish
+from engines.models.registry import CHECKSUM_TAG, ModelRegistry
 from resources.lake import LakeResource
 from resources.model_server import ModelServerResource
 from resources.registry import ModelRegistryResource

@@ -14,10 +14,10 @@ from assets.embeddings import ITEM_EMBEDDINGS
 from assets.metadata import table
 from assets.partitions import daily_partitions
 from assets.pipelines import TrainedModel, TrainingRun, training_pipeline
-from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, latest_item_embeddings
-from engines.lake import Lake
-from engines.point_in_time import item_embeddings_as_of
-from engines.releases import NO_RELEASE, RELEASES_TAG, RELEVANCE_TASK, relevance_labels
+from engines.data.lake import Lake
+from engines.data.releases import NO_RELEASE, RELEASES_TAG, RELEVANCE_TASK, relevance_labels
+from engines.features.point_in_time import item_embeddings_as_of
+from engines.retrieval.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, latest_item_embeddings
 from feature_defs import personalization_ranking
 from feature_defs.compile.polars import TIMESTAMP, day_end
 from ml import evaluation
@@ -45,7 +45,7 @@ GATE_ON_STRONG_BASELINE = False
 
 
 def clip_image_vectors(lake: Lake, as_of: datetime) -> pl.DataFrame | None:
-    """Every item's CLIP image embedding as known at `as_of` (engines.point_in_time); None when the
+    """Every item's CLIP image embedding as known at `as_of` (engines.features.point_in_time); None when the
     embeddings pipeline has produced none."""
     if not lake.partition_days(EMBEDDINGS_ZONE, ITEMS_TABLE):
         return None

@@ -1,10 +1,10 @@
-"""`monitoring/online_accuracy`: how the served models did on what users did next (engines.online_accuracy),
-per model version and variant, per experiment and per shadow, with latency from the prediction logs.
-Its checks fail when a live model's CTR drops beyond a threshold (the failure is posted to the webhook,
-the notifier resource, with the numbers) and when an experiment's users per arm do not match its
-configured split (sample-ratio mismatch: its comparisons cannot be trusted). Each experiment's control and
-split come from the experiments file the server ran (stored beside the logs, named by each record), not
-from the repository's file at analysis time, which is read only for logs that name no file."""
+"""`monitoring/online_accuracy`: how the served models did on what users did next
+(engines.experimentation.online_accuracy), per model version and variant, per experiment and per shadow, with
+latency from the prediction logs. Its checks fail when a live model's CTR drops beyond a threshold (the failure
+is posted to the webhook, the notifier resource, with the numbers) and when an experiment's users per arm do not
+match its configured split (sample-ratio mismatch: its comparisons cannot be trusted). Each experiment's control
+and split come from the experiments file the server ran (stored beside the logs, named by each record), not from
+the repository's file at analysis time, which is read only for logs that name no file."""
 
 import base64
 import math
@@ -33,10 +33,10 @@ from assets.metadata import table
 from assets.partitions import partition_days, serving_partitions
 from assets.prediction_logs import KEY as PREDICTION_LOGS
 from assets.prediction_logs import READS as SERVING_INPUTS
-from engines import experiments as experiments_engine
-from engines import online_accuracy as accuracy
-from engines import prediction_logs as logs
-from engines.experiments import Design, ExperimentConfigError, load, parse_file
+from engines.experimentation import experiments as experiments_engine
+from engines.experimentation import online_accuracy as accuracy
+from engines.experimentation import prediction_logs as logs
+from engines.experimentation.experiments import Design, ExperimentConfigError, load, parse_file
 from feature_defs.compile.polars import day_end
 from feature_defs.sources import interactions
 from ml.plots import lines_png

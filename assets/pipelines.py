@@ -33,8 +33,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from engines.lake import Lake
-from engines.registry import ModelRegistry, RegisteredVersion
+from engines.data.lake import Lake
+from engines.models.registry import ModelRegistry, RegisteredVersion
 from ml.comparison import Comparison, Judgement, judge
 
 GATE_CHECK = "beats_champion"
@@ -483,7 +483,7 @@ def promote_approved(registry, model_name: str, run_id: str) -> MaterializeResul
 
 def online_gate(lake: Lake, day: date, model_name: str, under_test, champion, margin: float) -> tuple[bool, str, dict]:
     """(passed, the version to promote, metadata) from the online comparisons of the days up to `day`."""
-    from engines.online_accuracy import newest_comparisons, online_verdict
+    from engines.experimentation.online_accuracy import newest_comparisons, online_verdict
 
     if under_test is None or champion is None or under_test.version == champion.version:
         return False, "", {"reason": f"no challenger under online test against a champion of {model_name!r}"}

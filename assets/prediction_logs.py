@@ -1,5 +1,5 @@
 """`serving/prediction_logs`: the day's prediction log, taken in from the files the model server wrote
-(engines.prediction_logs), checked by great-expectations, then written as one partition. Re-running a
+(engines.experimentation.prediction_logs), checked by great-expectations, then written as one partition. Re-running a
 day reads the server's files again and replaces the partition whole (late files are picked up)."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from dagster import (
 from assets.experiments import CONFIG_KEY as EXPERIMENTS_CONFIG
 from assets.metadata import frame_metadata, quality_gate, table
 from assets.partitions import partition_days, serving_partitions
-from engines import prediction_logs as logs
-from engines.expectations import Suite, gxe
+from engines.data.expectations import Suite, gxe
+from engines.experimentation import prediction_logs as logs
 from resources.lake import LakeResource
 from resources.quality import QualityResource
 
 KEY = AssetKey(["serving", "prediction_logs"])
-MAX_K = 1000  # serving.models.recommend.MAX_K (assets never import serving)
+MAX_K = 1000  # serving.models.kinds.recommend.MAX_K (assets never import serving)
 # What the server answers with: the registry versions of the models it serves (the challenger and the
 # champion aliases of personalization, set by its training and promotion assets; CLIP behind search and
 # the encoders) and the experiments file that routes each request. A day's answers come from the versions

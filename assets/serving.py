@@ -16,9 +16,9 @@ from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, Failure, Materia
 from assets.datasets import timing
 from assets.embeddings import CLIP_CHAMPION, CLIP_MODEL
 from assets.metadata import table
-from engines import clip_registry
-from engines.embeddings import save_model_manifest
-from engines.point_in_time import Timing, features_as_of
+from engines.features.point_in_time import Timing, features_as_of
+from engines.retrieval import clip_registry
+from engines.retrieval.embeddings import save_model_manifest
 from feature_defs.compile.polars import POLARS_TYPES, TIMESTAMP, day_end
 from resources.flink import FlinkResource
 from resources.lake import LakeResource
@@ -26,7 +26,7 @@ from resources.registry import ModelRegistryResource
 
 CLIP_REGISTERED = CLIP_CHAMPION  # the registry's champion CLIP
 SERVED_FEATURES = AssetKey(["serving", "served_features"])
-SERVED_LOG = Path("serving") / "served_features"  # written by serving/models/feature_log.py
+SERVED_LOG = Path("serving") / "served_features"  # written by serving/models/hooks/feature_log.py
 SKEW_CHECK = "served_matches_offline"
 TOLERANCE = 1e-6
 
@@ -71,7 +71,7 @@ def offline_values_as_of(
     lake_root: Path, columns: list[str], entities: pl.DataFrame, newest_day: date, timing: Timing
 ) -> pl.DataFrame:
     """The value of each `<view>__<feature>` column for each (user_id, event_timestamp) row by the one
-    definition (engines.point_in_time), in row order. Served after the data ends, the online store
+    definition (engines.features.point_in_time), in row order. Served after the data ends, the online store
     holds the newest day's values (its daily rows, its catalogue, the streaming windows ending at its
     midnight, online once the live job's delay has passed): a time after that is read as of then."""
     limit = day_end(newest_day) + timedelta(seconds=timing.streaming_delay_seconds)

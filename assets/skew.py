@@ -8,13 +8,13 @@ import polars as pl
 from dagster import AssetCheckResult
 
 from assets.metadata import table
-from engines.point_in_time import Timing
-from engines.skew import sample_rows, skew
+from engines.features.point_in_time import Timing
+from engines.features.skew import sample_rows, skew
 
 SKEW_CHECK = "train_serve_skew"
 SKEW_DESCRIPTION = (
     "Sampled (entity, time) pairs: the feature vector the model gets on this path equals the "
-    "point-in-time definition (engines.point_in_time) and an independent recomputation from the "
+    "point-in-time definition (engines.features.point_in_time) and an independent recomputation from the "
     "warehouse; mismatches and null-rate differences per view in metadata"
 )
 SAMPLE = 200  # (entity, time) pairs per frame

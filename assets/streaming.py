@@ -33,8 +33,8 @@ from assets.features import offline_key
 from assets.ingestion import warehouse_key
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
-from engines.feature_tables import OFFLINE_ZONE
-from engines.point_in_time import record_history_slide
+from engines.features.feature_tables import OFFLINE_ZONE
+from engines.features.point_in_time import record_history_slide
 from engines.streaming import (
     HISTORY_ZONE,
     JobHealth,
@@ -122,7 +122,7 @@ class HistoryConfig(Config):
         default=None,
         description="How often each window is recorded; default the "
         "live job's FlinkResource.slide_seconds, which the "
-        "training join (engines.point_in_time) requires",
+        "training join (engines.features.point_in_time) requires",
     )
 
 

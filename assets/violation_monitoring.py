@@ -1,14 +1,14 @@
 """`monitoring/violation_accuracy`: the violation detector's daily flags against human ground truth (the
 newest content_violation release), on the random audit sample and on every labelled item. Thin: the
-work is in engines/violation_accuracy.py."""
+work is in engines/safety/violation_accuracy.py."""
 
 import polars as pl
 from dagster import AssetKey, BackfillPolicy, MaterializeResult, MetadataValue, asset
 
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
-from engines import content_violation as cv
-from engines import violation_accuracy as va
+from engines.safety import content_violation as cv
+from engines.safety import violation_accuracy as va
 from resources.lake import LakeResource
 
 KEY = AssetKey(["monitoring", "violation_accuracy"])

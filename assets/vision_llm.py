@@ -13,7 +13,7 @@ from dagster import AssetCheckResult, AssetCheckSpec, AssetKey, Config, Material
 from assets.embeddings import CLIP_MODEL, WAREHOUSE_ITEMS
 from assets.llm import GATEWAY_LLM, gateway_llm_dir, json_metrics, register_version, train_into
 from assets.metadata import table
-from engines.embeddings import current_catalogue, current_model, holdout_mask
+from engines.retrieval.embeddings import current_catalogue, current_model, holdout_mask
 from ml.clip import load_model
 from ml.llm import tokenizer_sha256
 from ml.vision_llm import (

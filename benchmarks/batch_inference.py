@@ -2,7 +2,7 @@
 same users, same vector database, same run.
 
 Both compute every user's vector with the two-tower model and retrieve the user's top-k items from
-the vector database (engines/batch_inference.py: engine="ray", tasks that each hold the model and a
+the vector database (engines/models/batch_inference.py: engine="ray", tasks that each hold the model and a
 read-only copy of the index shipped through the object store; engine="local", one process with the
 same torch threads as Ray has CPUs). Users are the active users of the newest simulated day, tiled
 under new ids to --users rows. The model is built from the real training set's spec with untrained
@@ -46,9 +46,9 @@ def main() -> None:
     import ray
 
     from benchmarks.lake import build_lake
-    from engines import batch_inference as engine
-    from engines.lake import Lake
-    from engines.vector_store import VectorStore
+    from engines.data.lake import Lake
+    from engines.models import batch_inference as engine
+    from engines.retrieval.vector_store import VectorStore
     from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec, labelled
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-batch-"))

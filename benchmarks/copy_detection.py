@@ -5,7 +5,7 @@ cross-validated intervals contain the answer key's figures.
 The catalogue is the simulator's world at the end of --days days (the demo's size by default), its
 thumbnails drawn as the simulator draws them (copies disguised by its `perturb`). The candidate stage
 uses a stand-in for CLIP (8 x 8 colour blocks: what the image shows, coarsely), so no model is trained;
-verification, features, model and calibration are the product's (`engines.copy_match`,
+verification, features, model and calibration are the product's (`engines.safety.copy_match`,
 `copy_model`, `copy_calibration`). Each release labels what the queues would: --audit random items
 and the items users report (copies with probability --report-copy, other items --report-other),
 with the answer key's labels (perfect annotators). Precision and recall are measured on every item
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def catalogue(days: int, scale: float):
     """(items: item_id, creator_id, created_at, image_embedding; pixels; is_violation)."""
-    from engines.simulator import thumbnails
-    from engines.simulator.config import SimulatorConfig
-    from engines.simulator.world import World
+    from simulator import thumbnails
+    from simulator.config import SimulatorConfig
+    from simulator.world import World
 
     config = SimulatorConfig().scaled(scale) if scale != 1 else SimulatorConfig()
     items = World(config).at(days - 1)[0].items
@@ -64,7 +64,7 @@ def stand_in_embedding(image: np.ndarray) -> np.ndarray:
 
 
 def wilson(successes: int, trials: int) -> str:
-    from engines.violation_accuracy import Rate
+    from engines.safety.violation_accuracy import Rate
 
     rate = Rate(successes, trials)
     if not trials:
@@ -88,9 +88,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from engines.copy_calibration import best_threshold, calibrate
-    from engines.copy_match import match_originals
-    from engines.copy_model import copy_features
+    from engines.safety.copy_calibration import best_threshold, calibrate
+    from engines.safety.copy_match import match_originals
+    from engines.safety.copy_model import copy_features
 
     started = time.perf_counter()
     items, pixels, is_violation = catalogue(args.days, args.scale)

@@ -1,6 +1,6 @@
 """Embedding throughput and vector search, side by side with their naive baselines, same run.
 
-1. Images/s of the Ray Data pipeline (engines/embeddings.py: fused read + preprocess + encode tasks,
+1. Images/s of the Ray Data pipeline (engines/retrieval/embeddings.py: fused read + preprocess + encode tasks,
    one per Ray CPU, or preprocessing tasks and an encoder actor pool with --actors / on GPUs)
    against a plain single-process PyTorch loop (read, preprocess, encode in batches, torch threads =
    the pipeline's CPUs) on the same model and the same thumbnails, with the ratio; for the compact
@@ -30,8 +30,8 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.embeddings import EmbedConfig, embed_items  # noqa: E402
-from engines.vector_store import VectorStore, _ServerEngine  # noqa: E402
+from engines.retrieval.embeddings import EmbedConfig, embed_items  # noqa: E402
+from engines.retrieval.vector_store import VectorStore, _ServerEngine  # noqa: E402
 from ml.clip import (  # noqa: E402
     ClipSpec,
     encode_images,
@@ -50,7 +50,7 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 def catalogue(folder: Path, n: int) -> pl.DataFrame:
-    from engines.simulator import SimulatorConfig, simulate
+    from simulator import SimulatorConfig, simulate
 
     scale = max(0.1, n / SimulatorConfig().n_items)
     simulate(folder, 1, seed=5, scale=scale)

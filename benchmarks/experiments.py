@@ -2,11 +2,11 @@
 the effect they were sized for, catch a sample-ratio mismatch, does CUPED pay, and do twenty concurrent
 experiments each estimate their own effect?
 
-Simulated experiments on the simulator's users (engines.simulator.experiment_users: the world's taste
+Simulated experiments on the simulator's users (simulator.experiment_users: the world's taste
 clusters and activity, its click model, its impressions per active day), users joining over `--days`
 days and coming back on later ones, each user's clicks before the experiment as the CUPED covariate.
 The plan: detect a `--lift` relative CTR lift at alpha 0.05 with 80% power; its users per arm are the
-platform's own sample-size figure (engines.sequential.users_per_arm) from a pilot A/A of another seed.
+platform's own sample-size figure (engines.experimentation.sequential.users_per_arm) from a pilot A/A of another seed.
 Then, on the same runs, the platform's test beside what simpler analyses give:
 
 - group sequential (the platform): pooled days, CUPED, alpha spent over the planned information;
@@ -14,7 +14,7 @@ Then, on the same runs, the platform's test beside what simpler analyses give:
 - fixed horizon: pooled days, one z-test at the last day only;
 - pooled z daily: pooled days, a z-test every day (peeking);
 - newest-day z: each day's rows alone, a z-test every day (the per-day comparison);
-- and without attribution (every answer that showed a clicked item credited, engines.attribution's rule
+- and without attribution (every answer that showed a clicked item credited, engines.experimentation.attribution's rule
   replaced): the group sequential test, and the per-day t-test every day (the old online table).
 
 The CTR difference at the last look, over the runs, against the simulator's known effect: credited once
@@ -22,7 +22,7 @@ and credited to every answer.
 
 The sample-ratio check (chi-square, p < 0.001) on an injected imbalance at 100,000 users: on one day of
 them, on each day's users alone and on the pooled days. Twenty concurrent experiments in layers
-(engines.simulator.concurrent_experiments), each arm's estimate against its known effect, beside the
+(simulator.concurrent_experiments), each arm's estimate against its known effect, beside the
 same users under the rule layers replaced (the first experiment assigning a non-control variant answers).
 
     .venv/bin/python benchmarks/experiments.py                    # 1,000 runs per proof, a 2% lift
@@ -41,10 +41,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.online_accuracy import AccuracySettings, srm_test  # noqa: E402
-from engines.sequential import users_per_arm  # noqa: E402
-from engines.simulator import concurrent_experiments  # noqa: E402
-from engines.simulator.experiment_users import (  # noqa: E402
+from engines.experimentation.online_accuracy import AccuracySettings, srm_test  # noqa: E402
+from engines.experimentation.sequential import users_per_arm  # noqa: E402
+from simulator import concurrent_experiments  # noqa: E402
+from simulator.experiment_users import (  # noqa: E402
     METRICS,
     Plan,
     Population,

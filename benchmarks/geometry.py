@@ -1,4 +1,4 @@
-"""Geometry job throughput: items/s of the Ray Data job (engines/geometry_job.py: blocks of catalogue rows,
+"""Geometry job throughput: items/s of the Ray Data job (engines/retrieval/geometry_job.py: blocks of catalogue rows,
 each task reads and measures its meshes) against a plain loop over the same meshes in one process, with
 the ratio, median and P99 over repeats. The meshes are the simulator's (a share of them broken).
 
@@ -19,9 +19,9 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.geometry_job import GeometryConfig, measure_items, measure_items_locally  # noqa: E402
-from engines.simulator import Simulator, SimulatorConfig  # noqa: E402
+from engines.retrieval.geometry_job import GeometryConfig, measure_items, measure_items_locally  # noqa: E402
 from resources.ray import RayResource  # noqa: E402
+from simulator import Simulator, SimulatorConfig  # noqa: E402
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -47,9 +47,9 @@ def register_clip(data_dir: Path) -> None:
     """The compact CLIP with random weights as `clip` (champion), as the asset `models/clip` lays it out."""
     import torch
 
-    from engines.registry import ModelRegistry
+    from engines.models.registry import ModelRegistry
     from ml.clip import ClipSpec, load_model
-    from serving.models.encoders import CONFIG_FILE, WEIGHTS_FILE
+    from serving.models.kinds.encoders import CONFIG_FILE, WEIGHTS_FILE
 
     registry = ModelRegistry.local(data_dir / "bench_registry")
     if registry.by_alias("clip", "champion") is not None:

@@ -40,12 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import label_studio  # noqa: E402
-from engines.simulator.annotators import SimulatedAnnotator, run_concurrently  # noqa: E402
 from ground_truth import accounts, queue  # noqa: E402
 from ground_truth.db import connect  # noqa: E402
 from ground_truth.schema import ItemIn, Role, TaskSpec  # noqa: E402
 from ground_truth.server import serve_app  # noqa: E402
 from ground_truth.throttle import SignInThrottle  # noqa: E402
+from simulator.annotators import SimulatedAnnotator, run_concurrently  # noqa: E402
 
 PASSWORD = "benchmark-pass"
 

@@ -1,7 +1,7 @@
 """Label quality per answer: a fixed three answers per item against adaptive answers (ask until the
 Dawid-Skene posterior reaches the task's confidence, at most five), with a crowd of simulated annotators
 of known accuracies (evenly spread over --low..--high) on the same items and gold questions, through the
-label store's queue in process (engines/simulator/crowd.py) on SQLite. Prints, per seed and as medians:
+label store's queue in process (simulator/crowd.py) on SQLite. Prints, per seed and as medians:
 regular answers used, the model's label accuracy against the simulator's answer key, and how many
 annotators' 95% gold-accuracy intervals hold their true accuracy.
 
@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engines.simulator.crowd import CrowdRound, add_annotators, crowd, run_round  # noqa: E402
 from ground_truth.db import connect  # noqa: E402
 from ground_truth.schema import TaskSpec  # noqa: E402
+from simulator.crowd import CrowdRound, add_annotators, crowd, run_round  # noqa: E402
 
 LABELS = ["violation", "ok"]
 

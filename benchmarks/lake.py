@@ -15,11 +15,11 @@ def build_lake(data_dir: Path, days: int = 3, scale: float = 0.25, slide_seconds
     from dagster import AssetSelection, DagsterInstance, materialize
 
     from assets import all_assets
-    from engines.simulator import Simulator, SimulatorConfig
     from jobs import daily_assets, training_data_assets
     from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
     from orchestration.profiles import resources_for
     from resources.flink import FlinkResource
+    from simulator import Simulator, SimulatorConfig
 
     Simulator(SimulatorConfig(seed=seed, start_date=FIRST_DAY).scaled(scale), data_dir).run(days + 1)
     resources = resources_for("local", data_dir=str(data_dir))

@@ -2,7 +2,7 @@
 one row per user and item) into an empty SQLite online store.
 
 Feast's `FeatureStore.materialize` for the view (the load until 2026-12-05) and mlplane's
-`FeatureStoreEngine.materialize_days` (the same rows through `OnlineWriter`: engines/online_write.py), on
+`FeatureStoreEngine.materialize_days` (the same rows through `OnlineWriter`: engines/features/online_write.py), on
 the same random offline table (--pairs rows a day over --days days, as the demo's days grow), each into
 its own store, in turn --repeats times. Figures are the median and P99 per load and the ratio.
 
@@ -27,7 +27,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings  # noqa: E402
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings  # noqa: E402
 from feature_defs import catalogue  # noqa: E402
 
 VIEW = catalogue.view("user_item_affinity")

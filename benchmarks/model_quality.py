@@ -4,7 +4,7 @@ Simulates DAYS days (and one more, whose interactions label the last day's late 
 the "next day" below), runs the daily pipeline and the training data through Dagster, trains the
 two-tower model on all days but the last (held out), runs batch inference for the last day exactly as
 the `inference/personalization_recommendations` asset does (features as of the day's end through
-engines.point_in_time, the vector database), and prints side by side:
+engines.features.point_in_time, the vector database), and prints side by side:
 
 - on the held-out day (impressions and their clicks/plays): AUC, recall@10, NDCG@10;
 - on the next day's clicks, for the lists put online after the last day: hit rate@10 (share of users
@@ -71,8 +71,8 @@ def held_out_oracle(train_rows: pl.DataFrame, held_out: pl.DataFrame, key) -> di
 def batch_lists(lake, day, model) -> tuple[dict[int, list[int]], pl.DataFrame]:
     """The lists batch inference puts online after `day` (the asset's engine path, one process), and the
     catalogue's items with their features as of the day's end."""
-    from engines import batch_inference as engine
-    from engines.vector_store import VectorStore
+    from engines.models import batch_inference as engine
+    from engines.retrieval.vector_store import VectorStore
 
     active = engine.active_users(lake, day)
     users = engine.entity_features(lake, day, model.spec.user.columns, "user_id", active).frame
@@ -111,12 +111,12 @@ def lake_for(seed: int, args, root: Path) -> Path:
 def measure(seed: int, data_dir: Path, args, scratch: Path) -> dict[str, dict[str, dict[str, float]]]:
     """One seed's figures: {"held_out": {scorer: metrics}, "lists": {scorer: metrics}}."""
     from benchmarks.lake import FIRST_DAY
-    from engines.batch_inference import existing_items
-    from engines.lake import Lake
-    from engines.simulator import SimulatorConfig
-    from engines.simulator.answer_key import AnswerKey
+    from engines.data.lake import Lake
+    from engines.models.batch_inference import existing_items
     from ml.evaluation import evaluate, split_held_out
     from ml.personalization import TrainConfig, train
+    from simulator import SimulatorConfig
+    from simulator.answer_key import AnswerKey
 
     lake = Lake(data_dir)
     days = lake.partition_days("datasets", "personalization_training")

@@ -40,10 +40,10 @@ def build_lake(data_dir: Path) -> None:
     from dagster import DagsterInstance, materialize
 
     from assets import all_assets
-    from engines.simulator import simulate
     from jobs import daily_assets
     from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
     from orchestration.profiles import resources_for
+    from simulator import simulate
 
     first = date(2026, 1, 1)
     print(f"building a lake in {data_dir}: 3 simulated days, then the daily pipeline ...", flush=True)

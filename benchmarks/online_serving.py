@@ -1,7 +1,7 @@
 """Online serving: mlplane's model server against KServe's own Python model server and NVIDIA Triton
 (2.51, CPU, Python backend: the server of the nvidia-pytriton wheel in .venv-triton, scripts/setup-triton),
 same model, same machine, same run. OIP v2 JSON infer of the personalization user tower at 1 and 32
-connections (every server; Triton runs the model's Triton export, engines/model_export.py, and takes the
+connections (every server; Triton runs the model's Triton export, engines/models/model_export.py, and takes the
 encoded tensors its config.pbtxt declares, which the other two encode themselves from feature columns), and
 `recommend` end to end (online features, user tower, vector DB, rerank; ours only: the others have no such
 path). Each row is run `--repeats` times, the servers taking turns; prints the median over repeats of P50,
@@ -74,7 +74,7 @@ def register_model(data_dir: Path) -> Path:
     """The personalization towers over the lake's training-set columns, random weights, as champion."""
     import torch
 
-    from engines.registry import ModelRegistry
+    from engines.models.registry import ModelRegistry
     from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec
 
     registry = ModelRegistry.local(data_dir / "bench_registry")
@@ -195,9 +195,9 @@ def triton_body(model_dir: Path) -> dict:
 
 def start_triton(data_dir: Path, model_dir: Path, stack: contextlib.ExitStack) -> tuple[int, int] | None:
     """Triton over the champion's export (pid, HTTP port); None where .venv-triton is absent."""
-    from engines.model_export import ExportTarget, export_target
-    from engines.registry import CHECKSUM_TAG, ModelRegistry
-    from engines.triton_server import TRITON_VENV, running_triton, server_folder
+    from engines.models.model_export import ExportTarget, export_target
+    from engines.models.registry import CHECKSUM_TAG, ModelRegistry
+    from engines.models.triton_server import TRITON_VENV, running_triton, server_folder
 
     try:
         server_folder()

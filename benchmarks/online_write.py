@@ -1,7 +1,7 @@
 """The streaming pusher's write: a batch of one view's rows into the SQLite online store.
 
 Feast's `FeatureStore.push` to the view's PushSource (the pusher's write until 2026-12-04), Feast's
-`write_to_online_store` for the view, and mlplane's `OnlineWriter` (engines/online_write.py, the
+`write_to_online_store` for the view, and mlplane's `OnlineWriter` (engines/features/online_write.py, the
 pusher's write now), each on the same random rows of `user_activity_realtime` (the live view the
 freshness benchmark follows), in turn, --repeats times per batch size. Figures are the median and
 P99 per batch and the ratio of Feast's push to ours.
@@ -24,8 +24,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings  # noqa: E402
-from engines.online_write import OnlineWriter  # noqa: E402
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings  # noqa: E402
+from engines.features.online_write import OnlineWriter  # noqa: E402
 
 VIEW = "user_activity_realtime"
 

@@ -3,8 +3,8 @@ CLIP vectors alone, on the same index, the same model and the same queries, in o
 
 Simulates a catalogue, trains the compact CLIP model on it as the `clip_model` asset does (items held
 out by `holdout_mask`, Ray Train's local mode), embeds every item, indexes them with
-`engines.embeddings.sync_vector_store` (dense and keyword vectors) in an embedded Qdrant, then asks
-`engines.search.ItemSearch` with and without `dense_only`:
+`engines.retrieval.embeddings.sync_vector_store` (dense and keyword vectors) in an embedded Qdrant, then asks
+`engines.retrieval.search.ItemSearch` with and without `dense_only`:
 
 - exact title: each of --sample random items searched by its own title; the share found at rank 1
   (of all of them and of those whose title no other item has), and the share whose rank-1 item has
@@ -37,9 +37,8 @@ K = 10
 
 def build_index(root: Path, args) -> tuple[pl.DataFrame, np.ndarray, object]:
     """The simulated catalogue, its held-out mask and the trained model's spec; the index in root/vectors."""
-    from engines.embeddings import catalogue_images, holdout_mask, sync_vector_store
-    from engines.simulator import simulate
-    from engines.vector_store import VectorStore
+    from engines.retrieval.embeddings import catalogue_images, holdout_mask, sync_vector_store
+    from engines.retrieval.vector_store import VectorStore
     from ml.clip import (
         COMPACT_MODEL,
         ClipSpec,
@@ -52,6 +51,7 @@ def build_index(root: Path, args) -> tuple[pl.DataFrame, np.ndarray, object]:
         train_clip,
     )
     from resources.ray import RayResource
+    from simulator import simulate
 
     simulate(root, args.days, seed=args.seed, scale=args.scale)
     items = pl.read_parquet(root / "landing" / "items" / "*" / "*.parquet")
@@ -105,7 +105,7 @@ def title_metrics(search, sample: pl.DataFrame, unique: set[str], dense_only: bo
 
 
 def report(search, items: pl.DataFrame, held_out: np.ndarray, args) -> None:
-    from engines.simulator.vocabulary import paraphrase
+    from simulator.vocabulary import paraphrase
 
     sample = items[sorted(random.Random(args.seed).sample(range(items.height), min(args.sample, items.height)))]
     counts = items.group_by("title").len()
@@ -143,8 +143,8 @@ def main() -> None:
     parser.add_argument("--ray-cpus", type=int, default=2)
     args = parser.parse_args()
 
-    from engines.search import ItemSearch
-    from engines.vector_store import VectorStore
+    from engines.retrieval.search import ItemSearch
+    from engines.retrieval.vector_store import VectorStore
 
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="bench-search-") as folder:

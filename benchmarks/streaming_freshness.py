@@ -51,12 +51,12 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings  # noqa: E402
-from engines.simulator import Simulator, SimulatorConfig  # noqa: E402
-from engines.simulator.stream import EventStream  # noqa: E402
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings  # noqa: E402
 from engines.streaming import FlinkJob, OnlinePusher, SourceOptions, StreamingJobSettings  # noqa: E402
 from feature_defs import catalogue  # noqa: E402
 from feature_defs.compile.polars import build_rows_at  # noqa: E402
+from simulator import Simulator, SimulatorConfig  # noqa: E402
+from simulator.stream import EventStream  # noqa: E402
 
 VIEW = "user_activity_realtime"
 SCHEMA = {

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from engines.releases import (
+from engines.data.releases import (
     CARD_FILE,
     LABEL_STUDIO_FILE,
     LABELS_FILE,

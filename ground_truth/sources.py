@@ -11,9 +11,9 @@ from datetime import date
 import numpy as np
 import polars as pl
 
-from engines import content_violation as cv
-from engines.embeddings import current_catalogue
-from engines.lake import Lake
+from engines.data.lake import Lake
+from engines.retrieval.embeddings import current_catalogue
+from engines.safety import content_violation as cv
 from ground_truth.originals import OriginalIn
 from ground_truth.schema import ItemIn
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from engines.releases import NO_RELEASE, RELEVANCE_SCHEMA, RelevanceLabels, human_relevance_metrics
+from engines.data.releases import NO_RELEASE, RELEVANCE_SCHEMA, RelevanceLabels, human_relevance_metrics
 from ml import taste_clusters
 from ml.comparison import Comparison, delong, paired_bootstrap
 from ml.personalization import LABEL, PersonalizationModel, labelled, with_item_embeddings
@@ -202,7 +202,7 @@ def labelled_pair_rows(
 
 def human_relevance(scorers: dict[str, Scorer], rows: pl.DataFrame, labels: RelevanceLabels | None) -> dict[str, dict]:
     """Each scorer's agreement with the human relevance labels on the labelled pairs `rows`
-    (labelled_pair_rows): engines.releases.human_relevance_metrics (the release, the scored pairs, how many
+    (labelled_pair_rows): engines.data.releases.human_relevance_metrics (the release, the scored pairs, how many
     are relevant, the AUC) with how many pairs the release labels. Before the first release every value
     says "no release"; where no AUC can be counted (no pair scored, one kind of label only), it says why."""
     if labels is None:

@@ -30,9 +30,9 @@ from assets import all_asset_checks
 from assets.model_export import served_versions
 from assets.partitions import daily_partitions
 from assets.pipelines import NOTIFY_TAG
-from engines import clip_registry
-from engines.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, days_of_other_versions
-from engines.lake import Lake
+from engines.data.lake import Lake
+from engines.retrieval import clip_registry
+from engines.retrieval.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, days_of_other_versions
 from feature_defs.sources import all_sources
 from jobs import clip_reembed, daily_pipeline, model_export
 from orchestration.dagster_internals import (

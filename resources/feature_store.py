@@ -9,7 +9,7 @@ from pydantic import Field
 from resources.lake import LakeResource
 
 if TYPE_CHECKING:  # the engine is imported when a client is made: the CLIs start without Feast
-    from engines.feature_store import FeatureStoreEngine
+    from engines.features.feature_store import FeatureStoreEngine
 
 
 class FeatureStoreResource(ConfigurableResource):
@@ -22,7 +22,7 @@ class FeatureStoreResource(ConfigurableResource):
     registry_url: str | None = Field(default=None, description="SQLAlchemy URL of a SQL registry")
 
     def get_client(self) -> FeatureStoreEngine:
-        from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+        from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
 
         root = Path(self.lake.root)
         return FeatureStoreEngine(

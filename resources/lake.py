@@ -3,7 +3,7 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from engines.lake import Lake
+from engines.data.lake import Lake
 
 
 class LakeResource(ConfigurableResource):

@@ -9,7 +9,7 @@ from dagster import ConfigurableResource
 from resources.lake import LakeResource
 
 if TYPE_CHECKING:  # the engine is imported when a client is made: the CLIs start without great-expectations
-    from engines.quality import QualityEngine
+    from engines.data.quality import QualityEngine
 
 
 class QualityResource(ConfigurableResource):
@@ -25,6 +25,6 @@ class QualityResource(ConfigurableResource):
 def _engine(root: Path) -> QualityEngine:
     """One engine per project in a process, shared by its runs: its GX context stays open and its suites
     registered (an engine serializes its threads' validations on the project's lock)."""
-    from engines.quality import QualityEngine
+    from engines.data.quality import QualityEngine
 
     return QualityEngine(root)

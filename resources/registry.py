@@ -7,7 +7,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 if TYPE_CHECKING:  # the engine is imported when a client is made: the CLIs start without MLflow
-    from engines.registry import ModelRegistry
+    from engines.models.registry import ModelRegistry
 
 
 class ModelRegistryResource(ConfigurableResource):
@@ -26,7 +26,7 @@ class ModelRegistryResource(ConfigurableResource):
     )
 
     def get_client(self) -> ModelRegistry:
-        from engines.registry import ModelRegistry
+        from engines.models.registry import ModelRegistry
 
         if self.tracking_uri:
             return ModelRegistry(self.tracking_uri, self.artifact_root)

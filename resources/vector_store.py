@@ -1,7 +1,7 @@
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from engines.vector_store import VectorStore
+from engines.retrieval.vector_store import VectorStore
 
 
 class VectorStoreResource(ConfigurableResource):

@@ -26,11 +26,11 @@ from dagster import (
 )
 
 from assets import all_assets
-from engines.simulator import Simulator, SimulatorConfig
 from jobs import daily_assets, training_data_assets
 from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
 from resources.flink import FlinkResource
+from simulator import Simulator, SimulatorConfig
 
 pytest_plugins = ["tests.tiers"]  # the `services` tier
 

@@ -1,5 +1,5 @@
 """Private Dagster and Feast calls live in one module each (orchestration/dagster_internals.py,
-engines/feast_internals.py), so an upgrade of either is checked in one place. This test reads every
+engines/features/feast_internals.py), so an upgrade of either is checked in one place. This test reads every
 Python file of the repository and fails on a private import or call anywhere else."""
 
 import ast
@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DAGSTER_INTERNALS = ROOT / "orchestration" / "dagster_internals.py"
-FEAST_INTERNALS = ROOT / "engines" / "feast_internals.py"
+FEAST_INTERNALS = ROOT / "engines" / "features" / "feast_internals.py"
 # Feast's private methods reached through objects (a FeatureStore, an online store), not through a module
 FEAST_PRIVATE_METHODS = {"_get_provider", "_get_conn", "_quote_id", "_table_id", "_get_registry", "_registry"}
 
@@ -71,7 +71,7 @@ def test_private_dagster_and_feast_calls_live_in_their_one_module_each():
         if path not in allowed
         for line, what in private_uses(path.read_text())
     }
-    assert not found, "use orchestration/dagster_internals.py or engines/feast_internals.py:\n" + "\n".join(
+    assert not found, "use orchestration/dagster_internals.py or engines/features/feast_internals.py:\n" + "\n".join(
         sorted(found)
     )
 

@@ -79,9 +79,7 @@ WAYS = {
         }
     ),
     ".venv/bin/mlplane simulate": Way(small={"--days 7": "--days 2 --scale 0.1 --data-dir sim-only"}),
-    ".venv/bin/mlplane ui": Way(
-        covered_by="tests/orchestration/test_cli.py::test_ui_starts_without_an_activated_environment"
-    ),
+    ".venv/bin/mlplane ui": Way(covered_by="tests/cli/test_cli.py::test_ui_starts_without_an_activated_environment"),
     # the two range backfills: the same commands over fixed days on a lake of their own (CLI test, 100 s)
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     '--select "group:ingestion': Way(covered_by=CLI_BACKFILL),

@@ -31,7 +31,7 @@ def stage_landing(lake, source: str, days: list, out: Path, key: str | None = No
     pass through for the job to count."""
     import pyarrow.parquet as pq
 
-    from engines.simulator.files import to_jsonl
+    from engines.data.lake import to_jsonl
 
     if out.exists():
         shutil.rmtree(out)

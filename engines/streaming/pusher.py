@@ -1,6 +1,6 @@
 """The pusher: applies a job's committed window results to the online store, in the main
 environment, writing each view's rows as Feast's push to the view's PushSource would
-(`engines.online_write.OnlineWriter`: the view resolved once, one statement for a batch in SQLite).
+(`engines.features.online_write.OnlineWriter`: the view resolved once, one statement for a batch in SQLite).
 
 A window result is a complete value, not an increment, so a file applied twice, or a window
 re-emitted after a restart from a checkpoint, never double-counts. Live rows (one per event, the
@@ -22,7 +22,7 @@ from engines.streaming.sink import committed_names, fold_metrics, read_rows
 from feature_defs.compile.flink import METRICS, WINDOW_END, FlinkJobSpec, ViewSink
 
 if TYPE_CHECKING:  # imported at the first push: it imports Feast
-    from engines.online_write import OnlineWriter
+    from engines.features.online_write import OnlineWriter
 
 MIN_KEEP_SECONDS = 60  # result files are kept at least this long after their commit
 PRUNE_EVERY_SECONDS = 60
@@ -191,7 +191,7 @@ class OnlinePusher:
 
     def _writer(self, view: str) -> OnlineWriter:
         if view not in self.writers:
-            from engines.online_write import OnlineWriter  # imports Feast: not when the CLI loads the profiles
+            from engines.features.online_write import OnlineWriter  # imports Feast: not when the CLI loads the profiles
 
             self.writers[view] = OnlineWriter(self.store, view)
         return self.writers[view]
@@ -220,7 +220,7 @@ class PusherConfig:
     """What the pusher process (FlinkResource starts it) needs: the job's spec and the online store."""
 
     spec: Path  # the job's spec.json
-    store: dict  # engines.feature_store.FeatureStoreSettings fields
+    store: dict  # engines.features.feature_store.FeatureStoreSettings fields
     interval_seconds: float = 0.5  # between polls
 
     def write(self, path: Path) -> Path:
@@ -235,7 +235,7 @@ class PusherConfig:
 
 def run_pusher(config_path: Path) -> None:
     """The pusher process: apply committed results until terminated."""
-    from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+    from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
 
     config = PusherConfig.read(config_path)
     spec = FlinkJobSpec.from_dict(json.loads(config.spec.read_text()))

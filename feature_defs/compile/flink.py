@@ -199,7 +199,7 @@ class _Line:
 
 
 def _timestamp_of(text: str) -> str:
-    """ISO-8601 text to a UTC TIMESTAMP(3), as polars parses it (engines.ingest): 'T' or a space,
+    """ISO-8601 text to a UTC TIMESTAMP(3), as polars parses it (engines.data.ingest): 'T' or a space,
     optional fractional seconds, and 'Z', a UTC offset ('+02:00', '-0530') or none (UTC). Fractions
     are cut to milliseconds, Flink's time precision, so that an event just before a window end never
     rounds up into the next window. Anything else is NULL (malformed), an impossible date, time or

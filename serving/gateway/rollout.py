@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from engines.llm_registry import LlmReference, ResolvedLlm, check_draft, materialize_llm
-from engines.registry import ModelRegistry
+from engines.models.llm_registry import LlmReference, ResolvedLlm, check_draft, materialize_llm
+from engines.models.registry import ModelRegistry
 from serving.gateway.config import Deployment, GatewayConfig, load_config
 from serving.gateway.vllm_process import DEFAULT_PYTHON, VllmProcess, speculative_config
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from serving.api_docs import is_docs_path
 from serving.models.config import ServerConfig
 from serving.models.key_file import KeyFile
-from serving.models.protocol import ProtocolError
+from serving.models.protocols.protocol import ProtocolError
 
 ADMIN, DATA, OPEN = "admin", "data", "open"
 

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from serving.models.app import create_app
 from serving.models.config import ServerConfig
+from serving.models.protocols.app import create_app
 from serving.models.server import ModelServer
 
 

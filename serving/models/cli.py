@@ -54,8 +54,8 @@ def serve_models(
 
     import uvicorn
 
-    from serving.models.app import create_app
     from serving.models.config import ServerConfig
+    from serving.models.protocols.app import create_app
     from serving.models.server import ModelServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

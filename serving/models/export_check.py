@@ -1,5 +1,5 @@
-"""Checks a Triton export (engines/model_export.py) against the model as this server loads it from the
-registry: the same random inputs through the served model (serving/models/towers.py, encoders.py) and
+"""Checks a Triton export (engines/models/model_export.py) against the model as this server loads it from the
+registry: the same random inputs through the served model (serving/models/kinds/towers.py, encoders.py) and
 through the exported TorchScript loaded with torch.jit (the runtime Triton's libtorch backend embeds), fed
 as the exported config.pbtxt declares them, in batches of several sizes (a trace must not fix the batch).
 
@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from engines.model_export import CONFIG_FILE, TritonModel, load_exported, parse_config
+from engines.models.model_export import CONFIG_FILE, TritonModel, load_exported, parse_config
 from ml.clip import preprocess_image, tokenizer
 from ml.personalization import PersonalizationModel, TowerSpec
 
@@ -75,8 +75,8 @@ def compare_export(repository: Path, model: TritonModel, folder: Path, seed: int
 def _served_and_inputs(model: TritonModel, folder: Path, rng, rows: int) -> tuple[np.ndarray, dict]:
     """The served model's outputs for random inputs, and the same inputs encoded for the export."""
     from serving.models.config import BatchingConfig
-    from serving.models.encoders import ClipEncoder
-    from serving.models.towers import ItemIndex, TwoTowerModel
+    from serving.models.kinds.encoders import ClipEncoder
+    from serving.models.kinds.towers import ItemIndex, TwoTowerModel
 
     if model.part == "user_tower":
         network = PersonalizationModel.load(folder)

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.registry import ModelRegistry, RegisteredVersion
-from serving.models.base import ServedModel
+from engines.models.registry import ModelRegistry, RegisteredVersion
 from serving.models.config import ModelEntry
-from serving.models.protocol import ProtocolError, RepositoryModel
+from serving.models.kinds.base import ServedModel
+from serving.models.protocols.protocol import ProtocolError, RepositoryModel
 
 log = logging.getLogger("mlplane.models")
 

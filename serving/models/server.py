@@ -10,23 +10,23 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
-from engines.lake import Lake
-from engines.prediction_logs import LIVE, PredictionRecord
-from engines.registry import ModelRegistry, RegisteredVersion
-from engines.vector_store import VectorStore
+from engines.data.lake import Lake
+from engines.experimentation.prediction_logs import LIVE, PredictionRecord
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
+from engines.models.registry import ModelRegistry, RegisteredVersion
+from engines.retrieval.vector_store import VectorStore
 from serving.models.auth import Keys
-from serving.models.base import ServedModel
 from serving.models.config import ModelEntry, ServerConfig
-from serving.models.experiments import ExperimentRouter
-from serving.models.feature_log import FeatureLog
+from serving.models.hooks.experiments import ExperimentRouter
+from serving.models.hooks.feature_log import FeatureLog
+from serving.models.hooks.prediction_log import LiveAnswers, PredictionLog
+from serving.models.hooks.shadow import ShadowRunner
+from serving.models.kinds.base import ServedModel
+from serving.models.kinds.recommend import Answer, Candidates, Recommender, UserFeatures, is_int64
+from serving.models.kinds.towers import load_two_tower
 from serving.models.metrics import ServerMetrics
-from serving.models.prediction_log import LiveAnswers, PredictionLog
-from serving.models.protocol import ProtocolError, TensorSpec, check_inputs
-from serving.models.recommend import Answer, Candidates, Recommender, UserFeatures, is_int64
+from serving.models.protocols.protocol import ProtocolError, TensorSpec, check_inputs
 from serving.models.repository import ModelRepository
-from serving.models.shadow import ShadowRunner
-from serving.models.towers import load_two_tower
 
 FEATURE_SERVICE_TAG = "mlplane.feature_service"
 RECOMMEND_MODEL = "recommend"  # the OIP name of recommend(user_id, k, context)
@@ -122,7 +122,7 @@ class ModelServer:
         return served
 
     def _load_kind(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
-        from serving.models.encoders import ClipEncoder, ContentViolationScorer
+        from serving.models.kinds.encoders import ClipEncoder, ContentViolationScorer
 
         batching, device = self.config.batching, self.config.device
         observer = self.metrics.batch_observer(entry.name)
@@ -138,13 +138,13 @@ class ModelServer:
         if entry.kind == "content_violation":
             return ContentViolationScorer(folder, self.lake, batching, device, observer, pixels)
         if entry.kind == "item_search":
-            from serving.models.search import ItemSearchModel
+            from serving.models.kinds.search import ItemSearchModel
 
             location = self.config.vector_location()  # a server's, or the version's own folder (one process's)
             local = not location.startswith(("http://", "https://"))
             return ItemSearchModel(folder, self.lake, str(folder / "index") if local else location, version.version)
         if entry.kind == "vision_llm":
-            from serving.models.captioner import VisionCaptioner
+            from serving.models.kinds.captioner import VisionCaptioner
 
             return VisionCaptioner(folder, device, pixels)
         raise ValueError(f"unknown model kind {entry.kind!r}")

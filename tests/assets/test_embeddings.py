@@ -14,8 +14,11 @@ from click.testing import CliRunner
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
-from engines.copy_calibration import Calibration
-from engines.embeddings import (
+from cli.main import main
+from engines.data.lake import Lake
+from engines.data.releases import newest_release
+from engines.models.registry import ModelRegistry
+from engines.retrieval.embeddings import (
     EmbedConfig,
     FailureDrill,
     catalogue_day,
@@ -26,13 +29,10 @@ from engines.embeddings import (
     latest_item_embeddings,
     sync_vector_store,
 )
-from engines.lake import Lake
-from engines.registry import ModelRegistry
-from engines.releases import newest_release
-from engines.search import ItemSearch
-from engines.vector_store import VectorStore
+from engines.retrieval.search import ItemSearch
+from engines.retrieval.vector_store import VectorStore
+from engines.safety.copy_calibration import Calibration
 from ml.clip import encode_images, encode_texts, load_model, preprocess_image, tokenizer
-from orchestration.cli import main
 from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
 from resources.ray import RayResource
@@ -263,8 +263,8 @@ def test_hybrid_search_finds_an_item_by_its_exact_title(lake):
     sharing a title cannot be told apart by it), where CLIP alone does far worse; and held-out items'
     text-to-image recall@10 (CLIP never trained on them), by title and by a paraphrase from the simulator's
     synonyms, no worse than CLIP alone beyond sampling noise."""
-    from engines.embeddings import holdout_mask
-    from engines.simulator.vocabulary import paraphrase
+    from engines.retrieval.embeddings import holdout_mask
+    from simulator.vocabulary import paraphrase
 
     store = Lake(lake["dir"])
     spec, _ = current_model(store)
@@ -359,7 +359,7 @@ def test_online_scorer_flags_as_the_batch_job_did(lake, tmp_path):
     import shutil
 
     from serving.models.config import BatchingConfig
-    from serving.models.encoders import CONFIG_FILE, WEIGHTS_FILE, ContentViolationScorer
+    from serving.models.kinds.encoders import CONFIG_FILE, WEIGHTS_FILE, ContentViolationScorer
 
     store = Lake(lake["dir"])
     spec, _ = current_model(store)
@@ -448,8 +448,8 @@ def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(la
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from assets.vision_llm import VISION_CAPTIONER, catalogue_thumbnails
-    from engines.embeddings import holdout_mask
-    from engines.registry import ModelRegistry
+    from engines.models.registry import ModelRegistry
+    from engines.retrieval.embeddings import holdout_mask
     from ml.vision_llm import generate_captions, text_only_baseline, word_accuracy
     from serving.models.background import running_model_server
     from serving.models.config import VISION_CAPTIONER as SERVED_CAPTIONER

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 from dagster import AssetCheckKey, AssetKey, AssetSelection, DagsterInstance
 
-from engines.lake import Lake
+from engines.data.lake import Lake
 from tests.conftest import FIRST_DAY, run_pipeline, simulate
 
 INGESTION = AssetSelection.groups("ingestion")

@@ -9,8 +9,8 @@ from dagster import AssetSelection, DagsterInstance, SkipReason, build_sensor_co
 
 from assets import all_assets
 from assets.model_export import KSERVE_CHECK, MODEL_EXPORT, TRITON_CHECK
-from engines.kserve import KSERVE_FOLDER, problems
-from engines.model_export import CONFIG_FILE, MODEL_FILE, TRITON_REPOSITORY, parse_config
+from engines.models.kserve import KSERVE_FOLDER, problems
+from engines.models.model_export import CONFIG_FILE, MODEL_FILE, TRITON_REPOSITORY, parse_config
 from orchestration.profiles import resources_for
 from orchestration.sensors import model_export_sensor
 from tests.engines.test_model_export import build_registry

@@ -17,7 +17,7 @@ from assets import all_assets
 from assets.notebooks import notebook_pipeline, output_notebook_path
 from assets.partitions import daily_partitions
 from assets.reports import daily_top_items
-from engines.lake import Lake
+from engines.data.lake import Lake
 from orchestration.profiles import resources_for
 from tests.conftest import FIRST_DAY, run_pipeline, simulate
 

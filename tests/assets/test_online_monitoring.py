@@ -33,13 +33,13 @@ from assets.monitoring import (
     online_accuracy,
 )
 from assets.prediction_logs import prediction_logs
-from engines.lake import Lake
-from engines.prediction_logs import LIVE, TABLE, config_digest, frame
-from engines.prediction_logs import ZONE as LOG_ZONE
+from engines.data.lake import Lake
+from engines.experimentation.prediction_logs import LIVE, TABLE, config_digest, frame
+from engines.experimentation.prediction_logs import ZONE as LOG_ZONE
 from resources.lake import LakeResource
 from resources.notifications import WebhookNotifier
 from resources.quality import QualityResource
-from serving.models.prediction_log import PredictionLog
+from serving.models.hooks.prediction_log import PredictionLog
 from tests.engines.test_online_accuracy import T0, recompute, simulated
 
 

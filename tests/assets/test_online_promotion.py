@@ -13,10 +13,16 @@ import pytest
 from dagster import AssetSelection, DagsterInstance, DailyPartitionsDefinition, materialize
 
 from assets.pipelines import APPROVED_ALIAS, BASELINE_CHECK, GATE_CHECK, TrainedModel, TrainingRun, training_pipeline
-from engines.lake import Lake
-from engines.online_accuracy import COMPARISONS_TABLE, ZONE, by_experiment, experiment_users, scored_answers
-from engines.prediction_logs import frame
-from engines.registry import ModelRegistry
+from engines.data.lake import Lake
+from engines.experimentation.online_accuracy import (
+    COMPARISONS_TABLE,
+    ZONE,
+    by_experiment,
+    experiment_users,
+    scored_answers,
+)
+from engines.experimentation.prediction_logs import frame
+from engines.models.registry import ModelRegistry
 from resources.lake import LakeResource
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource

@@ -14,8 +14,8 @@ import pytest
 from dagster import AssetSelection
 from polars.testing import assert_frame_equal
 
-from engines.datasets import LABEL_HORIZON, labelled_impressions
-from engines.lake import Lake
+from engines.data.lake import Lake
+from engines.features.datasets import LABEL_HORIZON, labelled_impressions
 from jobs import daily_assets
 from orchestration.profiles import resources_for
 from tests.conftest import FIRST_DAY, LAST_DAY, run_pipeline

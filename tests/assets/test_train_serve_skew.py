@@ -14,13 +14,13 @@ import polars as pl
 import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
-import engines.point_in_time as point_in_time
+import engines.features.point_in_time as point_in_time
 from assets import all_assets
 from assets.features import ONLINE_CHECK
 from assets.skew import SKEW_CHECK
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
-from engines.feature_tables import build_view_day
-from engines.lake import Lake
+from engines.data.lake import Lake
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
+from engines.features.feature_tables import build_view_day
 from feature_defs import catalogue
 from feature_defs.compile.polars import day_end
 from resources.feature_store import FeatureStoreResource

@@ -13,9 +13,9 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from assets.violation_monitoring import TABLE, ZONE, violation_accuracy
-from engines.lake import Lake
-from engines.releases import releases_dir
-from engines.violation_accuracy import Rate
+from engines.data.lake import Lake
+from engines.data.releases import releases_dir
+from engines.safety.violation_accuracy import Rate
 from resources.lake import LakeResource
 
 DAY = date(2026, 3, 4)

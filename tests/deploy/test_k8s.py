@@ -152,7 +152,7 @@ def served_paths(tmp_path: Path) -> dict[str, set[str]]:
     from ground_truth.app import create_app as labeling_app
     from orchestration.dagster_internals import EmptyWorkspaceTarget, WorkspaceProcessContext
     from serving.gateway.routes.ops import router as gateway_ops
-    from serving.models.app import _health_routes
+    from serving.models.protocols.app import _health_routes
 
     model_server = FastAPI()
     _health_routes(model_server, server=None)  # registers the routes only; nothing is served here
@@ -185,7 +185,7 @@ def click_command(program: str):
     """The click command behind a console script the images install."""
     from dagster_webserver.cli import cli as dagster_webserver
 
-    from orchestration.cli import main as mlplane
+    from cli.main import main as mlplane
     from orchestration.dagster_internals import dagster_cli as dagster
     from orchestration.dagster_internals import dagster_daemon_cli as dagster_daemon
 

@@ -13,7 +13,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from engines.registry import CorruptArtifactError
+from engines.models.registry import CorruptArtifactError
 from resources.registry import ModelRegistryResource
 
 BUCKET = "mlplane-models"

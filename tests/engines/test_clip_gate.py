@@ -3,7 +3,7 @@ recall@10, paired on the same items (an item easy for one model tends to be easy
 
 import numpy as np
 
-from engines.clip_registry import CHALLENGER, CHAMPION, gate
+from engines.retrieval.clip_registry import CHALLENGER, CHAMPION, gate
 
 ITEMS = 300
 

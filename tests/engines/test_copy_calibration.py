@@ -5,7 +5,7 @@ catalogue's true precision and recall under the fitted rule about as often as th
 
 import numpy as np
 
-from engines.copy_calibration import Calibration, best_threshold, calibrate, held_out_flags, stratified_folds
+from engines.safety.copy_calibration import Calibration, best_threshold, calibrate, held_out_flags, stratified_folds
 
 CATALOGUE, PREVALENCE, AUDIT = 2000, 0.03, 150
 

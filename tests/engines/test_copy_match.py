@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import polars as pl
 
-from engines.copy_match import SIZE, match_originals
+from engines.safety.copy_match import SIZE, match_originals
 
 
 def disguised(image: np.ndarray, rng) -> np.ndarray:

@@ -13,12 +13,12 @@ import polars as pl
 import pytest
 from scipy.optimize import minimize
 
-from engines import copy_model
-from engines.copy_calibration import best_threshold, fitted_rule
-from engines.copy_match import match_originals
-from engines.copy_model import FEATURES, copy_features, fit, fit_many
-from engines.simulator.thumbnails import SHAPES, perturb, render
-from engines.simulator.vocabulary import COLOURS, MATERIALS
+from engines.safety import copy_model
+from engines.safety.copy_calibration import best_threshold, fitted_rule
+from engines.safety.copy_match import match_originals
+from engines.safety.copy_model import FEATURES, copy_features, fit, fit_many
+from simulator.thumbnails import SHAPES, perturb, render
+from simulator.vocabulary import COLOURS, MATERIALS
 
 ITEMS, CREATORS, COPIES, REUPLOADS = 500, 50, 30, 20
 RELEASES, AUDIT = 12, 100

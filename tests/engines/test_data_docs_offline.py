@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engines.data_docs import CDN_FILES, SITE_FOLDER, make_offline
-from engines.expectations import Suite, gxe
-from engines.quality import QualityEngine
+from engines.data.data_docs import CDN_FILES, SITE_FOLDER, make_offline
+from engines.data.expectations import Suite, gxe
+from engines.data.quality import QualityEngine
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

@@ -1,8 +1,8 @@
-"""Attribution in the experiment statistics, proven on the simulator's users (engines.simulator.experiment_users):
+"""Attribution in the experiment statistics, proven on the simulator's users (simulator.experiment_users):
 when the treatment's answers re-show items more often than the control's, with no effect on clicks,
-crediting each click once (engines.attribution) estimates the known effect and keeps the false-positive
+crediting each click once (engines.experimentation.attribution) estimates the known effect and keeps the false-positive
 rate, where crediting every answer that showed the clicked item does not. The simulator's per-pattern
-crediting (CREDITED) is checked against engines.attribution.credit on explicit logs of sessions.
+crediting (CREDITED) is checked against engines.experimentation.attribution.credit on explicit logs of sessions.
 benchmarks/experiments.py runs the same at 1,000 runs and the plan's size; here 300 runs of 2,000 users."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from engines.attribution import credit
-from engines.simulator.experiment_users import (
+from engines.experimentation.attribution import credit
+from simulator.experiment_users import (
     CREDITED,
     PATTERNS,
     Plan,

@@ -1,4 +1,4 @@
-"""Layered experiments (engines.experiments): the validator, deterministic assignment whose traffic
+"""Layered experiments (engines.experimentation.experiments): the validator, deterministic assignment whose traffic
 shares match the file (chi-square), orthogonal layers, and a simulation of twenty concurrent
 experiments on the recommend request, each with a known effect on a simulated outcome: every estimate
 is unbiased under layers, and the rule it replaced (the first experiment assigning a non-control
@@ -15,9 +15,9 @@ import polars as pl
 import pytest
 from scipy.stats import chi2_contingency, chisquare
 
-from engines.experiments import Experiment, ExperimentConfigError, assignments, deciding, load, parse
-from engines.online_accuracy import version_mix
-from engines.simulator.concurrent_experiments import LAYERS, USERS, covered, layered_file, simulate
+from engines.experimentation.experiments import Experiment, ExperimentConfigError, assignments, deciding, load, parse
+from engines.experimentation.online_accuracy import version_mix
+from simulator.concurrent_experiments import LAYERS, USERS, covered, layered_file, simulate
 
 SEEDS = 8
 

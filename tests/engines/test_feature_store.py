@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
 from orchestration.profiles import resources_for
 from tests.conftest import LAST_DAY
 from tests.services import REDIS, create_database, drop_database, redis_client

@@ -9,10 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from engines.geometry import measure_file, rasterize, symmetry
-from engines.geometry_job import measure_items_locally
-from engines.simulator import Simulator, SimulatorConfig
-from engines.simulator.meshes import DEFECTS, MeshSpec, broken_file, encode
+from engines.retrieval.geometry import measure_file, rasterize, symmetry
+from engines.retrieval.geometry_job import measure_items_locally
+from simulator import Simulator, SimulatorConfig
+from simulator.meshes import DEFECTS, MeshSpec, broken_file, encode
 
 DAY = date(2026, 1, 1)
 

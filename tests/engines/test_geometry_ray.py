@@ -11,10 +11,10 @@ import pytest
 import ray
 from polars.testing import assert_frame_equal
 
-from engines.geometry_job import FailureDrill, GeometryConfig, measure_items, measure_items_locally
-from engines.ray_objects import blocks_dataset
-from engines.simulator import Simulator, SimulatorConfig
+from engines.models.ray_objects import blocks_dataset
+from engines.retrieval.geometry_job import FailureDrill, GeometryConfig, measure_items, measure_items_locally
 from resources.ray import RayResource
+from simulator import Simulator, SimulatorConfig
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from engines.embeddings import COLLECTION, PAYLOAD_INDEXES, needs_keyword_backfill, sync_vector_store
-from engines.keywords import KEYWORD_VECTOR, average_length, document_vectors, item_documents, query_vector
-from engines.search import ItemSearch
-from engines.simulator.vocabulary import ADJECTIVES, CATEGORIES, COLOUR_NAMES, MATERIALS
-from engines.vector_store import Sparse, VectorStore, _ServerEngine
+from engines.retrieval.embeddings import COLLECTION, PAYLOAD_INDEXES, needs_keyword_backfill, sync_vector_store
+from engines.retrieval.keywords import KEYWORD_VECTOR, average_length, document_vectors, item_documents, query_vector
+from engines.retrieval.search import ItemSearch
+from engines.retrieval.vector_store import Sparse, VectorStore, _ServerEngine
 from ml.clip import COMPACT_MODEL, ClipSpec
+from simulator.vocabulary import ADJECTIVES, CATEGORIES, COLOUR_NAMES, MATERIALS
 
 DIM = 8
 

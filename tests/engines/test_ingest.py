@@ -4,10 +4,10 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from engines.ingest import load_day, write_day
-from engines.lake import Lake
-from engines.simulator import MALFORMED_KINDS, Simulator, SimulatorConfig
+from engines.data.ingest import load_day, write_day
+from engines.data.lake import Lake
 from feature_defs.sources import interactions
+from simulator import MALFORMED_KINDS, Simulator, SimulatorConfig
 
 DAY = date(2026, 1, 1)
 CONFIG = SimulatorConfig(seed=3, start_date=DAY).scaled(0.1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from engines.llm_batch import BatchSpec, RetryPolicy, describe_items
+from engines.models.llm_batch import BatchSpec, RetryPolicy, describe_items
 
 OK = {"choices": [{"message": {"content": " A red chair. "}}], "usage": {"prompt_tokens": 11, "completion_tokens": 4}}
 

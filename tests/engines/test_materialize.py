@@ -10,8 +10,8 @@ from datetime import UTC, date, datetime, timedelta
 import polars as pl
 import pytest
 
-from engines.feature_store import EPOCH, FeatureStoreEngine, FeatureStoreSettings
-from engines.online_write import OnlineWriter, latest_offline_rows
+from engines.features.feature_store import EPOCH, FeatureStoreEngine, FeatureStoreSettings
+from engines.features.online_write import OnlineWriter, latest_offline_rows
 from feature_defs import catalogue
 
 FIRST, LAST = date(2026, 3, 2), date(2026, 3, 3)

@@ -1,7 +1,8 @@
-"""The Triton and KServe exports (engines/model_export.py, engines/kserve.py, serving/models/export_check.py):
-real registry models (the model code with random weights: an export must reproduce a model, not a good one)
-in a real MLflow registry, exported to TorchScript, loaded back with torch.jit and compared with the model
-as the server loads it; manifests validated against KServe's v1beta1 InferenceService fields."""
+"""The Triton and KServe exports (engines/models/model_export.py, engines/models/kserve.py,
+serving/models/export_check.py): real registry models (the model code with random weights: an export must
+reproduce a model, not a good one) in a real MLflow registry, exported to TorchScript, loaded back with
+torch.jit and compared with the model as the server loads it; manifests validated against KServe's v1beta1
+InferenceService fields."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from engines import kserve
-from engines.model_export import (
+from engines.models import kserve
+from engines.models.model_export import (
     CONFIG_FILE,
     MODEL_FILE,
     PYTHON_MODEL_FILE,
@@ -29,7 +30,7 @@ from engines.model_export import (
     publish,
     python_config_file,
 )
-from engines.registry import CHECKSUM_TAG, ModelRegistry
+from engines.models.registry import CHECKSUM_TAG, ModelRegistry
 from ml.clip import ClipSpec, load_model
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec
 from serving.models.config import ServerConfig

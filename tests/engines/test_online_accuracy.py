@@ -17,8 +17,8 @@ import polars as pl
 import pytest
 from scipy.stats import chisquare
 
-from engines.experiments import assignments, load
-from engines.online_accuracy import (
+from engines.experimentation.experiments import assignments, load
+from engines.experimentation.online_accuracy import (
     AccuracySettings,
     by_experiment,
     by_model,
@@ -35,7 +35,7 @@ from engines.online_accuracy import (
     with_complete_horizon,
     with_sample_ratio,
 )
-from engines.prediction_logs import LIVE, SHADOW, PredictionRecord, frame
+from engines.experimentation.prediction_logs import LIVE, SHADOW, PredictionRecord, frame
 
 T0 = datetime(2026, 3, 2, 8, tzinfo=UTC)
 SETTINGS = AccuracySettings(k=5, horizon=timedelta(minutes=30))
@@ -674,8 +674,8 @@ def test_each_arms_served_version_mix_shows_another_experiments_variant():
 
 
 def test_each_experiment_reads_the_design_of_the_files_that_served_it_and_a_changed_split_blocks():
-    from engines.experiments import Design, parse_file, served_designs
-    from engines.online_accuracy import config_uses, design_conflicts
+    from engines.experimentation.experiments import Design, parse_file, served_designs
+    from engines.experimentation.online_accuracy import config_uses, design_conflicts
 
     def served(other_split: float) -> tuple:
         arms = [{"name": "control", "model_version": "1", "traffic": 0.5}]

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from feast import ValueType
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
-from engines.online_write import OnlineWriter
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
+from engines.features.online_write import OnlineWriter
 from feature_defs import catalogue
 
 

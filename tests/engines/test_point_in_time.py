@@ -1,4 +1,4 @@
-"""engines.point_in_time against an independent recomputation done here in plain Python from the
+"""engines.features.point_in_time against an independent recomputation done here in plain Python from the
 warehouse partitions, at random times T (seconds, not midnights) and random entities, for each kind
 of view; plus its bad inputs (a missing partition, a time before any data) and the SCD2 read path."""
 
@@ -11,9 +11,8 @@ from datetime import UTC, date, datetime, time, timedelta
 import polars as pl
 import pytest
 
-from engines.batch_inference import entity_features
-from engines.lake import Lake
-from engines.point_in_time import (
+from engines.data.lake import Lake
+from engines.features.point_in_time import (
     FeatureRef,
     MissingPartitionError,
     Timing,
@@ -21,6 +20,7 @@ from engines.point_in_time import (
     features_as_of,
     item_embeddings_as_of,
 )
+from engines.models.batch_inference import entity_features
 from feature_defs import catalogue
 from tests.conftest import DAYS, FIRST_DAY, LAST_DAY, TEST_SLIDE_SECONDS
 

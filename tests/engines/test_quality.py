@@ -4,8 +4,8 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from engines.expectations import Suite, gxe
-from engines.quality import QualityEngine, null_rates
+from engines.data.expectations import Suite, gxe
+from engines.data.quality import QualityEngine, null_rates
 
 
 def _suite(*extra: gxe.Expectation) -> Suite:
@@ -122,7 +122,7 @@ def _validate_new_suites(root: str, prefix: str) -> None:
 
 
 def test_an_engine_opens_the_project_once_for_its_own_changes_and_again_after_another_engines(tmp_path, monkeypatch):
-    import engines.quality as quality
+    import engines.data.quality as quality
 
     opened = []
     get_context = quality.gx.get_context
@@ -194,7 +194,7 @@ def test_latest_results_summarise_the_newest_run_of_each_suite(tmp_path):
 
 
 def test_every_declared_expectation_names_a_gx_class() -> None:
-    """Suites are declared without importing GX (engines/expectations.py): a misspelt expectation would
+    """Suites are declared without importing GX (engines/data/expectations.py): a misspelt expectation would
     surface only when its asset validates, so every `gxe.Expect...` in the code is checked here."""
     import re
 

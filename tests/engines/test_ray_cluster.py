@@ -18,9 +18,9 @@ import pytest
 import ray
 import torch
 
-from engines import batch_inference as engine
-from engines.embeddings import EmbedConfig, embed_items
-from engines.vector_store import VectorStore
+from engines.models import batch_inference as engine
+from engines.retrieval.embeddings import EmbedConfig, embed_items
+from engines.retrieval.vector_store import VectorStore
 from ml import personalization as p13n
 from ml.clip import (
     ClipSpec,

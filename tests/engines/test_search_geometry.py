@@ -5,9 +5,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from engines.embeddings import COLLECTION, PAYLOAD_INDEXES
-from engines.search import ItemSearch
-from engines.vector_store import VectorStore
+from engines.retrieval.embeddings import COLLECTION, PAYLOAD_INDEXES
+from engines.retrieval.search import ItemSearch
+from engines.retrieval.vector_store import VectorStore
 from ml.clip import COMPACT_MODEL, ClipSpec
 
 GEOMETRY = pl.DataFrame(

@@ -1,4 +1,4 @@
-"""The experiment statistics proven by simulation on the simulator's users (engines.simulator.experiment_users):
+"""The experiment statistics proven by simulation on the simulator's users (simulator.experiment_users):
 daily looks at pooled days keep the false-positive rate where a per-day test does not, the sample-size
 figure's promised power is met, and CUPED removes the variance the pre-experiment metric explains
 without moving the estimate. benchmarks/experiments.py runs the same proofs with 1,000 runs and the
@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from engines.sequential import Arm, crossed, fixed_p, holm, ratio_effect, repeated_p, users_per_arm
-from engines.simulator.experiment_users import Plan, Population, pooled_effects, rejections, simulate
+from engines.experimentation.sequential import Arm, crossed, fixed_p, holm, ratio_effect, repeated_p, users_per_arm
+from simulator.experiment_users import Plan, Population, pooled_effects, rejections, simulate
 
 RUNS, DAYS, LIFT = 400, 14, 0.05
 WIDENED = 0.015 * math.sqrt(1000 / RUNS)  # the issue's +-1.5 points at 1,000 runs, at RUNS runs

@@ -1,4 +1,4 @@
-"""The simulated users' reaction to served lists (engines.simulator.served_lists), checked against the
+"""The simulated users' reaction to served lists (simulator.served_lists), checked against the
 answer key's probabilities recomputed here: clicks only on shown items, at the rate rank and taste give,
 plays only after a click, the interactions schema, and the same outcomes for the same seed."""
 
@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from engines.simulator.answer_key import AnswerKey
-from engines.simulator.files import SCHEMAS
-from engines.simulator.served_lists import outcomes_of
+from simulator.answer_key import AnswerKey
+from simulator.files import SCHEMAS
+from simulator.served_lists import outcomes_of
 from tests.engines.test_simulator import SMALL, START
 
 SERVED_AT = datetime(2026, 1, 2, 9, 30, tzinfo=UTC)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from engines.simulator import MALFORMED_KINDS, Simulator, SimulatorConfig, simulate
+from simulator import MALFORMED_KINDS, Simulator, SimulatorConfig, simulate
 
 START = date(2026, 1, 1)
 DAYS = [START + timedelta(days=k) for k in range(3)]

@@ -1,7 +1,7 @@
-"""Training labels (engines.datasets.labelled_impressions) against a plain recomputation from the raw
+"""Training labels (engines.features.datasets.labelled_impressions) against a plain recomputation from the raw
 events: each click or play credited to one impression of its item to its user within the horizon before
 it, the one whose session it echoes, else the last (ties: the greater event id), as online accuracy
-credits answers (engines.attribution, shared)."""
+credits answers (engines.experimentation.attribution, shared)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pytest
 
-from engines.datasets import LABEL_HORIZON, labelled_impressions
+from engines.features.datasets import LABEL_HORIZON, labelled_impressions
 
 DAY = datetime(2026, 5, 4, tzinfo=UTC)
 SCHEMA = {

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from engines.vector_store import VectorStore, _ServerEngine, point_id
+from engines.retrieval.vector_store import VectorStore, _ServerEngine, point_id
 
 DIM = 16
 

@@ -10,8 +10,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from engines.interaction_categories import SCHEMA, categorized_interactions
-from engines.lake import Lake
+from engines.data.interaction_categories import SCHEMA, categorized_interactions
+from engines.data.lake import Lake
 from feature_defs import catalogue
 from feature_defs.compile.polars import build_daily_rows, day_end
 from feature_defs.user_features import CATEGORY_WINDOWS, ITEM_CATEGORIES

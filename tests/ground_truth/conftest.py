@@ -12,16 +12,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engines.simulator.annotators import (
+from ground_truth import accounts, queue, review
+from ground_truth.schema import CONTENT_VIOLATION, ItemIn, Role, TaskSpec
+from ground_truth.server import serve_app  # noqa: F401 (the tests' way to run the app)
+from orchestration.profiles import resources_for
+from simulator.annotators import (
     SimulatedAnnotator,
     SimulatedReviewer,
     run_concurrently,
     violation_answer_key,
 )
-from ground_truth import accounts, queue, review
-from ground_truth.schema import CONTENT_VIOLATION, ItemIn, Role, TaskSpec
-from ground_truth.server import serve_app  # noqa: F401 (the tests' way to run the app)
-from orchestration.profiles import resources_for
 from tests.services import create_database, drop_database
 
 PASSWORD = "correct horse battery"

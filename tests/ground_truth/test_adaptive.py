@@ -1,5 +1,5 @@
 """Adaptive answers and gold questions in the label store (SQLite and PostgreSQL), and the issue's goals
-proven with a simulated crowd of known accuracies (engines/simulator/crowd.py, on SQLite: the statistics
+proven with a simulated crowd of known accuracies (simulator/crowd.py, on SQLite: the statistics
 need thousands of answers): gold-accuracy intervals hold the true accuracy, weak annotators are flagged,
 and adaptive answers reach fixed-3's label accuracy with at least 25% fewer answers."""
 
@@ -9,11 +9,11 @@ import random
 
 from sqlalchemy import select
 
-from engines.simulator.crowd import add_annotators, crowd, run_round
 from ground_truth import annotator_model as am
 from ground_truth import queue, review
 from ground_truth.db import connect, slots
 from ground_truth.schema import TaskSpec
+from simulator.crowd import add_annotators, crowd, run_round
 from tests.ground_truth.conftest import add_task, make_accounts
 from tests.ground_truth.test_store import ids
 

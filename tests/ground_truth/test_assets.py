@@ -14,9 +14,9 @@ import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
-from engines import content_violation as cv
-from engines.lake import Lake
-from engines.releases import newest_release, releases
+from engines.data.lake import Lake
+from engines.data.releases import newest_release, releases
+from engines.safety import content_violation as cv
 from ground_truth import queue, review
 from ground_truth.schema import ItemIn
 from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG

@@ -4,9 +4,9 @@ import json
 
 from click.testing import CliRunner
 
+from cli.main import main
 from ground_truth import accounts, queue
 from ground_truth.schema import CONTENT_VIOLATION
-from orchestration.cli import main
 from orchestration.profiles import resources_for
 
 

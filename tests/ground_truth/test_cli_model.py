@@ -5,9 +5,9 @@ import json
 
 from click.testing import CliRunner
 
+from cli.main import main
 from ground_truth import queue, review
 from ground_truth.schema import ItemIn, TaskSpec
-from orchestration.cli import main
 from orchestration.profiles import resources_for
 
 SPEC = TaskSpec(name="copies", question="Copy?", labels=["violation", "ok"], adaptive=True, max_answers=3)

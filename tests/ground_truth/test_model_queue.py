@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from assets import all_assets
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
-from engines.registry import ModelRegistry
+from engines.models.registry import ModelRegistry
 from ground_truth import queue
 from ground_truth.db import item_sources, items
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec

@@ -9,8 +9,8 @@ from datetime import UTC, date, datetime
 import numpy as np
 import polars as pl
 
-from engines import content_violation as cv
-from engines.lake import Lake
+from engines.data.lake import Lake
+from engines.safety import content_violation as cv
 from ground_truth import originals, queue, review
 from ground_truth import sources as src
 from ground_truth.db import connect

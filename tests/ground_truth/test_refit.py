@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from engines.simulator.annotators import SimulatedAnnotator
-from engines.simulator.crowd import add_annotators, crowd
 from ground_truth import accounts, queue, review
 from ground_truth.db import connect, models
 from ground_truth.refit import RefitPolicy, Refitter, refit_if_due
 from ground_truth.schema import CONTENT_VIOLATION, ItemIn, TaskSpec
 from ground_truth.server import serve_app
+from simulator.annotators import SimulatedAnnotator
+from simulator.crowd import add_annotators, crowd
 from tests.ground_truth.conftest import add_task, login, make_accounts
 
 LABELS = ["violation", "ok"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.releases import releases, releases_dir
+from engines.data.releases import releases, releases_dir
 from ground_truth import release as rel
 from ground_truth import review
 from ground_truth.queue import Task

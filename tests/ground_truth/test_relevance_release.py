@@ -1,5 +1,5 @@
 """The recommendation_relevance release read back as (user, item, relevant) rows for the personalization
-evaluation (engines/releases.py), and the hook that scores a model's agreement with those labels: checked
+evaluation (engines/data/releases.py), and the hook that scores a model's agreement with those labels: checked
 against the labels the simulated annotators were given and an AUC counted pair by pair."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from engines.releases import human_relevance_metrics, releases_dir, relevance_labels
+from engines.data.releases import human_relevance_metrics, releases_dir, relevance_labels
 from ground_truth import accounts, queue, review
 from ground_truth import release as rel
 from ground_truth.db import connect

@@ -8,11 +8,11 @@ import random
 import pytest
 from sqlalchemy import select
 
-from engines.simulator.annotators import SimulatedAnnotator, run_concurrently
 from ground_truth import accounts, queue, review
 from ground_truth.db import accounts as accounts_table
 from ground_truth.db import connect, slots
 from ground_truth.schema import ItemIn, Role, TaskSpec
+from simulator.annotators import SimulatedAnnotator, run_concurrently
 from tests.ground_truth.conftest import PASSWORD, add_task, make_accounts, serve_app
 
 SPEC = TaskSpec(name="violation", question="Copy?", labels=["violation", "ok"], annotators_per_item=2, gold_share=0.0)

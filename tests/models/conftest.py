@@ -12,7 +12,7 @@ from dagster import AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
 from assets.models import train_personalization
-from engines.registry import ModelRegistry
+from engines.models.registry import ModelRegistry
 from orchestration.profiles import resources_for
 from resources.ray import RayResource
 from resources.registry import ModelRegistryResource

@@ -8,10 +8,10 @@ import polars as pl
 from dagster import DagsterInstance, materialize
 
 from assets import all_assets
-from engines import batch_inference as engine
-from engines.lake import Lake
-from engines.point_in_time import AsOfResult
-from engines.vector_store import VectorStore
+from engines.data.lake import Lake
+from engines.features.point_in_time import AsOfResult
+from engines.models import batch_inference as engine
+from engines.retrieval.vector_store import VectorStore
 from feature_defs.compile.polars import day_end
 from ml.personalization import PersonalizationModel
 from orchestration.profiles import resources_for

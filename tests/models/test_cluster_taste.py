@@ -99,9 +99,9 @@ def test_the_mixture_in_the_user_tower_finds_each_users_liked_categories():
 
 
 def test_the_served_numpy_tower_computes_the_mixture_as_the_network_does():
-    """Training/serving parity of the taste head: the model server's numpy user tower (serving/models/towers.py)
+    """Training/serving parity of the taste head: the model server's numpy user tower (serving/models/kinds/towers.py)
     against the torch network, on users with random counts (missing ones too) and random weights."""
-    from serving.models.towers import TwoTowerModel
+    from serving.models.kinds.towers import TwoTowerModel
 
     rows, _ = impressions(days=3)
     train = labelled(with_category_counts(rows))

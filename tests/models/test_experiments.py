@@ -8,7 +8,7 @@ from dagster import AssetKey, DagsterInstance, materialize
 
 from assets import all_assets
 from assets.experiments import EXPERIMENTS_FILE
-from engines.experiments import ExperimentConfigError, load, parse
+from engines.experimentation.experiments import ExperimentConfigError, load, parse
 from orchestration.profiles import resources_for
 from resources.registry import ModelRegistryResource
 from tests.conftest import LAST_DAY

@@ -1,5 +1,5 @@
 """The Triton export loaded by a real NVIDIA Triton Inference Server (2.51, CPU, Python backend, from the
-`nvidia-pytriton` wheel in .venv-triton; engines/triton_server.py): the same inputs sent with `tritonclient`
+`nvidia-pytriton` wheel in .venv-triton; engines/models/triton_server.py): the same inputs sent with `tritonclient`
 (HTTP) to Triton, encoded as the export's config.pbtxt declares them, and to our model server as its clients
 send them (feature columns, texts, PNG bytes), and the outputs compared. Real registry models with random
 weights: an export must reproduce a model, not a good one."""
@@ -13,14 +13,14 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.utils import np_to_triton_dtype
 
-from engines.model_export import PYTHON_CONFIG_NAME, export_target, parse_config, python_config_file
-from engines.registry import ModelRegistry
-from engines.triton_server import running_triton
+from engines.models.model_export import PYTHON_CONFIG_NAME, export_target, parse_config, python_config_file
+from engines.models.registry import ModelRegistry
+from engines.models.triton_server import running_triton
 from ml.clip import ClipSpec, preprocess_image, tokenizer
 from ml.personalization import PersonalizationModel
 from serving.models.config import ModelEntry, ServerConfig
 from serving.models.export_check import ATOL, RTOL, _frame, random_columns
-from serving.models.towers import HISTORY_PAD, ItemIndex
+from serving.models.kinds.towers import HISTORY_PAD, ItemIndex
 from tests.engines.test_model_export import target
 from tests.serving.models.conftest import register_random_clip, register_two_tower, start_server
 

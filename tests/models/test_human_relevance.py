@@ -18,12 +18,12 @@ import torch
 
 from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.models import PUBLISHED_RELEVANCE_RELEASE, human_relevance_metadata, train_personalization
-from engines.lake import Lake
-from engines.registry import ModelRegistry
-from engines.releases import NO_RELEASE, RELEASES_TAG, relevance_labels
-from engines.simulator.answer_key import AnswerKey
+from engines.data.lake import Lake
+from engines.data.releases import NO_RELEASE, RELEASES_TAG, relevance_labels
+from engines.models.registry import ModelRegistry
 from ml import evaluation
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec, labelled
+from simulator.answer_key import AnswerKey
 from tests.conftest import LAST_DAY, SMALL
 from tests.ground_truth.test_relevance_release import release_truth
 from tests.models.conftest import train

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from dagster import AssetKey
 
-from engines.registry import CorruptArtifactError, ModelRegistry
-from engines.releases import NO_RELEASE, RELEASES_TAG
+from cli.main import main
+from engines.data.releases import NO_RELEASE, RELEASES_TAG
+from engines.models.registry import CorruptArtifactError, ModelRegistry
 from ml.personalization import PersonalizationModel
-from orchestration.cli import main
 from resources.ray import RayResource
 from tests.conftest import LAST_DAY, copy_registry
 from tests.models.conftest import train
@@ -68,7 +68,7 @@ def test_registry_round_trip_loads_the_trained_model(trained, models_lake, tmp_p
     folder = registry.load(MODEL, "1", tmp_path / "v1")
     model = PersonalizationModel.load(folder)
     assert (folder / "loss_curve.png").stat().st_size > 0
-    from engines.lake import Lake
+    from engines.data.lake import Lake
 
     rows = Lake(models_lake).read_partition("datasets", "personalization_training", LAST_DAY).head(50)
     scores = model.score(rows)
@@ -92,7 +92,7 @@ def test_training_in_the_runs_own_process_learns_what_a_worker_learns(models_lak
     this process keeps its torch threads."""
     import torch
 
-    from engines.lake import Lake
+    from engines.data.lake import Lake
     from ml.personalization import TrainConfig
     from ml.personalization import train as train_model
 

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from engines.registry import CorruptArtifactError, ModelRegistry
+from engines.models.registry import CorruptArtifactError, ModelRegistry
 from tests.services import create_database, drop_database
 
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from engines.simulator.thumbnails import render
 from ml.clip import COMPACT_MODEL, preprocess_image, register_model_configs
 from ml.llm import LlmConfig, train_llm
 from ml.vision_llm import (
@@ -21,6 +20,7 @@ from ml.vision_llm import (
     vision_tower,
     word_accuracy,
 )
+from simulator.thumbnails import render
 
 
 @pytest.fixture(scope="module")

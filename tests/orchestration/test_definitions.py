@@ -173,7 +173,7 @@ def test_the_cli_configures_prod_resources_as_a_run_does(prod_env, monkeypatch):
     """CLI commands read the prod profile's EnvVars (not their names), and name the ones left unset."""
     from click.testing import CliRunner
 
-    from orchestration.cli import main
+    from cli.main import main
     from orchestration.profiles import open_resource
 
     monkeypatch.setenv("MLPLANE_PROFILE", "prod")

@@ -20,8 +20,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from engines.simulator import Simulator
 from orchestration.profiles import PROJECT_ROOT
+from simulator import Simulator
 from tests.conftest import FIRST_DAY, PROD_ENV, SMALL
 from tests.services import REDIS, create_database, drop_database
 

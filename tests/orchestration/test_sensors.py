@@ -99,8 +99,8 @@ def test_failed_run_notification_reaches_the_webhook(tmp_path):
 
 @pytest.mark.services  # loads workspace.yaml's code location in a gRPC server, as `mlplane ui` does
 def test_the_demo_leaves_the_landing_sensor_at_the_days_it_ran(tmp_path, monkeypatch):
+    from demo.walkthrough import remember_landed_days
     from orchestration.dagster_internals import WorkspaceFileTarget, WorkspaceProcessContext
-    from orchestration.demo import remember_landed_days
     from orchestration.profiles import PROJECT_ROOT
 
     lake_dir, home = tmp_path / "lake", tmp_path / "home"

@@ -9,11 +9,24 @@ import pytest
 from click.testing import CliRunner
 from dagster import DagsterInvalidConfigError, build_resources
 
-from orchestration.cli import main
+from cli.main import main
 from orchestration.profiles import PROJECT_ROOT, resources_for
 from orchestration.settings import DOCS, SETTINGS, declared, with_table
 
-SOURCE_FOLDERS = ("orchestration", "resources", "assets", "jobs", "engines", "serving", "ml", "ground_truth", "deploy")
+SOURCE_FOLDERS = (
+    "orchestration",
+    "cli",
+    "demo",
+    "simulator",
+    "resources",
+    "assets",
+    "jobs",
+    "engines",
+    "serving",
+    "ml",
+    "ground_truth",
+    "deploy",
+)
 
 
 def test_the_operations_page_holds_the_generated_table():

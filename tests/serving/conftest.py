@@ -25,7 +25,7 @@ from dagster import AssetSelection, DagsterInstance, materialize
 from assets import all_assets
 from assets.ingestion import warehouse_key
 from assets.llm import GATEWAY_LLM, GATEWAY_LLM_DRAFT, gateway_llm_dir, gateway_llm_draft_dir
-from engines.registry import ModelRegistry
+from engines.models.registry import ModelRegistry
 from feature_defs.sources import chat_messages, items
 from orchestration.profiles import PROJECT_ROOT, resources_for
 from serving.gateway.store import GatewayStore

@@ -23,9 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
-from engines.simulator import Simulator
-from engines.simulator.stream import EventStream, malformed_lines
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
 from engines.streaming import (
     WINDOW_END,
     ClusterJob,
@@ -41,6 +39,8 @@ from engines.streaming import (
 from engines.streaming.sink import committed_files, read_rows
 from feature_defs.compile.polars import TIMESTAMP, build_rows_at
 from feature_defs.dsl import Aggregation
+from simulator import Simulator
+from simulator.stream import EventStream, malformed_lines
 from tests.conftest import LAST_DAY, SMALL
 
 STREAM_DAY = LAST_DAY + timedelta(days=1)  # the day after the batch pipeline's last day

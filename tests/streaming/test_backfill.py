@@ -15,8 +15,8 @@ from dagster import AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
 from assets.streaming import MATCHES_OFFLINE, history_key
-from engines.feature_tables import OFFLINE_ZONE
-from engines.lake import Lake
+from engines.data.lake import Lake
+from engines.features.feature_tables import OFFLINE_ZONE
 from engines.streaming import HISTORY_ZONE
 from feature_defs import catalogue
 from feature_defs.compile.polars import TIMESTAMP

@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from engines.simulator.stream import EventStream
 from engines.streaming import (
     ClusterJob,
     JobHealth,
@@ -26,6 +25,7 @@ from engines.streaming import (
 )
 from engines.streaming.backlog import resume
 from feature_defs import catalogue
+from simulator.stream import EventStream
 from tests.streaming.conftest import (
     SLIDE,
     STREAM_DAY,

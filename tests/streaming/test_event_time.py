@@ -1,5 +1,5 @@
 """Event times as producers write them (UTC offsets, no fractional seconds) are the instants the
-simulator meant, in the batch path (polars, engines.ingest). The Flink side reads the same lines on
+simulator meant, in the batch path (polars, engines.data.ingest). The Flink side reads the same lines on
 the cluster (test_cluster.py), where every window still equals the polars plan."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import polars as pl
 import pyarrow as pa
 
-from engines.ingest import _cast
+from engines.data.ingest import _cast
 from tests.streaming.conftest import varied_time_lines, with_whole_seconds
 
 

@@ -17,12 +17,12 @@ import pytest
 from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context, materialize
 
 from assets.streaming import streaming_assets
-from engines.simulator import Simulator
-from engines.simulator.stream import EventStream
 from orchestration.profiles import resources_for
 from orchestration.streaming import streaming_job_sensor
 from resources.flink import FlinkResource
 from resources.notifications import WebhookNotifier
+from simulator import Simulator
+from simulator.stream import EventStream
 from tests.conftest import SMALL
 from tests.streaming.conftest import STREAM_DAY, TIMEOUT, wait_until
 

@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pytest
 
-from engines.simulator.files import write_bytes
 from engines.streaming import FlinkJob, SourceOptions, StreamingJobSettings
 from feature_defs.compile.flink_live import LIVE_FUNCTION, LIVE_SUFFIX
 from feature_defs.compile.polars import TIMESTAMP, build_rows_at
@@ -34,6 +33,7 @@ from feature_defs.dsl import (
 from feature_defs.entities import item, user
 from feature_defs.expr import col
 from feature_defs.sources import interactions
+from simulator.files import write_bytes
 from tests.streaming.conftest import TIMEOUT, normalised, sink_frame, wait_for_records, wait_until
 
 click, play = col("event_type") == "click", col("event_type") == "play"

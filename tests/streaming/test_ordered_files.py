@@ -174,7 +174,7 @@ TIMESTAMP_TEXTS = IMPOSSIBLE + POLARS_ONLY + [BEYOND_9999] + POSSIBLE + _random_
 
 
 def _polars_instant(text: str) -> str | None:
-    """How polars (engines.ingest) reads the text, cut to milliseconds; None where it refuses it."""
+    """How polars (engines.data.ingest) reads the text, cut to milliseconds; None where it refuses it."""
     try:
         value = pl.Series([text]).str.to_datetime(time_zone="UTC", time_unit="us", strict=True)[0]
     except pl.exceptions.PolarsError:

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
+from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
 from engines.streaming import TOTALS_FILE, OnlinePusher, fold_metrics, job_metrics
 from engines.streaming.sink import read_rows
 from feature_defs import catalogue

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestration.cli import main as mlplane
+from cli.main import main as mlplane
 from resources.gateway import GatewayResource
 from tests.serving.conftest import EMBEDDING_MODEL, MODEL_NAME, CuttingProxy, GatewayProcess, gateway_config
 

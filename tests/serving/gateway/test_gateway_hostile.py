@@ -14,7 +14,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from orchestration.cli import main as mlplane
+from cli.main import main as mlplane
 from tests.serving.conftest import MODEL_NAME, CuttingProxy, GatewayProcess, chat_stream, gateway_config
 from tests.serving.gateway.test_gateway import MESSAGES, client, usage_rows
 

@@ -21,7 +21,7 @@ import redis
 import yaml
 from click.testing import CliRunner
 
-from orchestration.cli import main as mlplane
+from cli.main import main as mlplane
 from serving.gateway.store import GatewayStore, hash_key
 from tests.services import REDIS, create_database, drop_database, redis_client
 from tests.serving.conftest import (

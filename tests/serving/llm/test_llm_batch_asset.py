@@ -12,7 +12,7 @@ from dagster import AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
 from assets.llm_batch import ITEM_DESCRIPTIONS
-from engines.lake import Lake
+from engines.data.lake import Lake
 from feature_defs.sources import items
 from orchestration.profiles import resources_for
 from resources.gateway import GatewayResource

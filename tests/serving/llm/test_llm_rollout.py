@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from engines.llm_registry import LlmLineage, LlmReference, materialize_llm, register_llm
-from engines.registry import file_checksums
+from engines.models.llm_registry import LlmLineage, LlmReference, materialize_llm, register_llm
+from engines.models.registry import file_checksums
 from tests.serving.conftest import DRAFTED, NGRAM, ROLLED, GatewayProcess
 
 pytestmark = pytest.mark.services
@@ -31,7 +31,7 @@ def test_llm_and_draft_registered_with_lineage(
     gateway_llm_lake, gateway_llm_path, gateway_llm_draft_path, llm_registry
 ):
     registry = llm_registry
-    from engines.lake import Lake
+    from engines.data.lake import Lake
 
     target = registry.get("gateway_llm", "1")
     draft = registry.get("gateway_llm_draft", "1")

@@ -15,10 +15,10 @@ import pytest
 import torch
 import uvicorn
 
-from engines.registry import LOG_INPUTS_TAG, ModelRegistry
+from engines.models.registry import LOG_INPUTS_TAG, ModelRegistry
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec
-from serving.models.app import create_app
 from serving.models.config import ModelEntry, ServerConfig
+from serving.models.protocols.app import create_app
 from serving.models.server import ModelServer
 from tests.untrained import with_drawn_outputs
 
@@ -143,7 +143,7 @@ def register_random_clip(registry: ModelRegistry, folder: Path) -> str:
     import json
 
     from ml.clip import ClipSpec, load_model
-    from serving.models.encoders import CONFIG_FILE, WEIGHTS_FILE
+    from serving.models.kinds.encoders import CONFIG_FILE, WEIGHTS_FILE
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

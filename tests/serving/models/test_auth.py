@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from orchestration.cli import main as mlplane
-from serving.models.app import create_app
+from cli.main import main as mlplane
 from serving.models.auth import ADMIN, DATA, OPEN, Keys, grpc_role, rest_role
 from serving.models.config import ServerConfig
+from serving.models.protocols.app import create_app
 from tests.serving.models.conftest import ADMIN_KEY, TOWER_ENTRIES, keyed_server
 from tests.serving.test_api_docs import assert_docs_offline
 

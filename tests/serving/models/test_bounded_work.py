@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import ImageFile
 
-from serving.models import app, binary
-from serving.models.encoders import ClipEncoder
+from serving.models.kinds.encoders import ClipEncoder
+from serving.models.protocols import app, binary
 
 HOLD_LIMIT_S = 60  # a held stage gives up after this, so a blocked event loop fails the test, not hangs it
 

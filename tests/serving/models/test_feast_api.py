@@ -18,8 +18,8 @@ import httpx
 import polars as pl
 import pytest
 
-from engines.feast_internals import online_store
-from serving.models import feast_api
+from engines.features.feast_internals import online_store
+from serving.models.protocols import feast_api
 from tests.serving.models.conftest import free_port
 
 SEED = int(os.environ.get("MLPLANE_TEST_SEED", "12"))
@@ -289,7 +289,7 @@ def test_entity_keys_are_serialized_as_feast_serializes_them():
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
 
-    from engines.entity_keys import key_serializer
+    from engines.features.entity_keys import key_serializer
 
     def proto(value, kind):
         return Value(int64_val=value) if kind == ValueType.INT64 else Value(string_val=value)
@@ -314,7 +314,7 @@ def test_read_path_returns_what_feasts_online_read_returns(platform_server, lake
     SqliteOnlineStore.online_read on the same store, view by view, present and missing entities."""
     from feast.infra.online_stores.sqlite import SqliteOnlineStore
 
-    from engines.feature_store import OnlineReader
+    from engines.features.feature_store import OnlineReader
 
     store = platform_server.server.feature_store.store
     reader = OnlineReader(store, "personalization_ranking")

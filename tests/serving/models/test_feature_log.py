@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from engines.registry import LOG_INPUTS_TAG, ModelRegistry
-from serving.models.feature_log import CONSENT, FeatureLog
-from serving.models.recommend import Answer
+from engines.models.registry import LOG_INPUTS_TAG, ModelRegistry
+from serving.models.hooks.feature_log import CONSENT, FeatureLog
+from serving.models.kinds.recommend import Answer
 from tests.serving.models.conftest import tiny_two_tower
 
 

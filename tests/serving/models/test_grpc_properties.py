@@ -1,4 +1,4 @@
-"""Properties of the gRPC front end (serving/models/grpc_server.py) over arbitrary requests, drawn by
+"""Properties of the gRPC front end (serving/models/protocols/grpc_server.py) over arbitrary requests, drawn by
 hypothesis: any model name and version, tensors of any name, datatype and shape (negative, zero, up to
 int64's largest) with typed contents of any field or raw contents of any bytes, any parameters and
 requested outputs. Whatever comes, the answer is OK or a refusal naming the caller's fault

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engines.registry import CHECKSUMS_FILE, ModelRegistry
+from engines.models.registry import CHECKSUMS_FILE, ModelRegistry
 from serving.models.config import ServerConfig
 from tests.serving.models.conftest import TOWER_ENTRIES, register_two_tower, start_server
 from tests.serving.models.test_protocol import valid_body

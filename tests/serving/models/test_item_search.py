@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 import torch
 
-from engines.lake import Lake
-from engines.simulator import simulate
+from engines.data.lake import Lake
 from ml.clip import COMPACT_MODEL, ClipSpec, load_model
 from serving.models.config import ServerConfig
-from serving.models.protocol import ProtocolError
-from serving.models.search import ItemSearchModel
+from serving.models.kinds.search import ItemSearchModel
+from serving.models.protocols.protocol import ProtocolError
+from simulator import simulate
 
 DAY = date(2026, 1, 1)
 

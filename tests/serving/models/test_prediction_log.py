@@ -17,9 +17,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engines.prediction_logs import LIVE, SPOOL, ZONE, PredictionRecord, read_spool, spool_days
-from serving.models.prediction_log import PredictionLog, write_atomically
-from serving.models.protocol import ProtocolError
+from engines.experimentation.prediction_logs import LIVE, SPOOL, ZONE, PredictionRecord, read_spool, spool_days
+from serving.models.hooks.prediction_log import PredictionLog, write_atomically
+from serving.models.protocols.protocol import ProtocolError
 
 START = datetime(2026, 3, 1, 23, 59, 58, tzinfo=UTC)  # records straddle midnight: two day partitions
 
@@ -66,7 +66,7 @@ def logged(lake: Path) -> pl.DataFrame:
 
 
 def expected(n: int) -> pl.DataFrame:
-    from engines.prediction_logs import frame
+    from engines.experimentation.prediction_logs import frame
 
     return frame([record(i) for i in range(n)]).sort("request_id")
 
@@ -146,9 +146,9 @@ def test_an_infer_call_is_logged_with_the_hash_of_its_tensors_and_its_outputs(to
     import numpy as np
     import tritonclient.http as triton
 
-    from engines.prediction_logs import tensors_hash
-    from serving.models.binary import decode_inputs
-    from serving.models.protocol import InferenceRequest
+    from engines.experimentation.prediction_logs import tensors_hash
+    from serving.models.protocols.binary import decode_inputs
+    from serving.models.protocols.protocol import InferenceRequest
     from tests.serving.models.test_protocol import valid_body
 
     body = {
@@ -204,7 +204,7 @@ def test_each_record_names_its_experiments_file_and_the_file_survives_a_full_dis
     the lake refuses, it is spilled with them, and the next start stores both."""
     import dataclasses
 
-    from engines.prediction_logs import config_digest, read_config
+    from engines.experimentation.prediction_logs import config_digest, read_config
 
     files = [b"experiments: []\n", b"experiments: []\n# changed\n"]
     digests = [config_digest(f) for f in files]
@@ -232,7 +232,7 @@ def test_each_record_names_its_experiments_file_and_the_file_survives_a_full_dis
 
 
 def test_a_log_written_before_the_config_column_is_read_with_it_null(tmp_path):
-    from engines.prediction_logs import frame
+    from engines.experimentation.prediction_logs import frame
 
     old = frame([record(i) for i in range(10)]).drop("experiments_config")
     day = START.date()

@@ -16,9 +16,9 @@ from dagster import AssetSelection, DagsterInstance, materialize
 
 from assets import all_assets
 from assets.serving import SERVED_FEATURES, SKEW_CHECK
-from engines.batch_inference import entity_features, existing_items
-from engines.lake import Lake
-from engines.registry import ModelRegistry
+from engines.data.lake import Lake
+from engines.models.batch_inference import entity_features, existing_items
+from engines.models.registry import ModelRegistry
 from feature_defs import personalization_ranking
 from ml.personalization import PersonalizationModel
 from tests.conftest import local_resources
@@ -150,7 +150,7 @@ def test_clip_encoders_batch_and_match_the_model(platform_server, served_lake, t
     import asyncio
 
     from ml.clip import encode_texts, load_model, tokenizer
-    from serving.models.encoders import clip_spec
+    from serving.models.kinds.encoders import clip_spec
 
     url = platform_server.url
     texts = [f"a small {w} model" for w in ("red", "blue", "green", "low-poly", "game", "chair")]

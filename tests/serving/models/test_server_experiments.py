@@ -251,7 +251,7 @@ def test_the_configuration_in_use_is_the_bytes_its_digest_was_taken_from(tower_s
     import hashlib
     from pathlib import Path
 
-    from serving.models.experiments import ExperimentRouter
+    from serving.models.hooks.experiments import ExperimentRouter
 
     path = tmp_path / "experiments.yaml"
     variants = [
@@ -286,8 +286,8 @@ def test_a_rollback_through_the_cli_is_visible_in_the_server(tmp_path, monkeypat
     follows the alias, serves the earlier version at its next poll: polled through its metadata."""
     from click.testing import CliRunner
 
-    from engines.registry import ModelRegistry
-    from orchestration.cli import main
+    from cli.main import main
+    from engines.models.registry import ModelRegistry
     from tests.serving.models.conftest import register_two_tower
 
     monkeypatch.setenv("MLPLANE_PROFILE", "local")

@@ -20,9 +20,9 @@ import polars as pl
 import pytest
 import yaml
 
-from engines.prediction_logs import SHADOW, inputs_hash, read_spool, spool_days
+from engines.experimentation.prediction_logs import SHADOW, inputs_hash, read_spool, spool_days
 from serving.models.config import ServerConfig
-from serving.models.towers import ItemIndex, TwoTowerModel
+from serving.models.kinds.towers import ItemIndex, TwoTowerModel
 from tests.serving.models.conftest import TOWER_ENTRIES, register_two_tower, start_server
 from tests.serving.models.test_hot_swap import wait_for
 
@@ -86,8 +86,8 @@ def brute_force_top_k(served: TwoTowerModel, features: dict, k: int) -> tuple[li
 
 @pytest.fixture()
 def shadowed(tmp_path):
-    from engines.feature_store import FeatureStoreEngine, FeatureStoreSettings
-    from engines.registry import ModelRegistry
+    from engines.features.feature_store import FeatureStoreEngine, FeatureStoreSettings
+    from engines.models.registry import ModelRegistry
 
     registry = ModelRegistry.local(tmp_path / "registry")
     register_two_tower(registry, tmp_path, seed=1, alias="champion")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from serving.models.protocol import encode_output
+from serving.models.protocols.protocol import encode_output
 from tests.serving.models.test_protocol import valid_body, with_input
 
 

@@ -1,4 +1,4 @@
-"""JSON tensors decoded by serving/models/protocol.py: every datatype's values checked and converted
+"""JSON tensors decoded by serving/models/protocols/protocol.py: every datatype's values checked and converted
 exactly as numpy holds them, every mistake a 400 naming the input (no server needed)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.models.protocol import DATATYPES, ProtocolError, RequestInput, decode_input
+from serving.models.protocols.protocol import DATATYPES, ProtocolError, RequestInput, decode_input
 
 
 def tensor(datatype: str, shape: list[int], data) -> RequestInput:

@@ -1,4 +1,4 @@
-"""The numpy user tower (serving/models/towers.py UserTowerKernel) against the torch network it mirrors,
+"""The numpy user tower (serving/models/kinds/towers.py UserTowerKernel) against the torch network it mirrors,
 on random rows of every kind (unknown categories, empty and padded histories, missing values), for
 batch sizes from one row up."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving.models.towers import TwoTowerModel
+from serving.models.kinds.towers import TwoTowerModel
 from tests.serving.models.conftest import tiny_two_tower
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from engines.registry import ModelRegistry
-from engines.simulator.thumbnails import render
+from engines.models.registry import ModelRegistry
 from ml.clip import COMPACT_MODEL, register_model_configs
 from ml.llm import LlmConfig, train_llm
 from ml.vision_llm import PROMPT, assemble, generate_captions, prompt_text
 from serving.models.config import VISION_CAPTIONER, ServerConfig
+from simulator.thumbnails import render
 from tests.serving.conftest import GatewayProcess
 from tests.serving.models.conftest import start_server
 

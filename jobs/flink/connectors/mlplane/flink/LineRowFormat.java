@@ -111,7 +111,7 @@ public final class LineRowFormat extends SimpleStreamFormat<RowData> {
     }
 
     /**
-     * An ISO-8601 text as the UTC instant it names, as polars reads it (engines.ingest): 'T' or a
+     * An ISO-8601 text as the UTC instant it names, as polars reads it (engines.data.ingest): 'T' or a
      * space, optional fractional seconds cut to milliseconds (Flink's time precision, so that an
      * event just before a window end never rounds up into the next window), and 'Z', a UTC offset
      * or none (UTC). Anything else is NULL (malformed): an impossible date, time or offset (February

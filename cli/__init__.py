@@ -1,0 +1,1 @@
+"""The `mlplane` command line: one subcommand group per area."""

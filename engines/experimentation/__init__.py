@@ -1,0 +1,1 @@
+"""Experiments, prediction logs, outcome attribution, online accuracy and sequential statistics."""

@@ -1,0 +1,1 @@
+"""The model registry, exports (Triton, KServe), batch inference and LLM batch work on Ray."""

@@ -1,0 +1,1 @@
+"""Embeddings, the vector database, hybrid search, geometry and CLIP's registry lifecycle."""
