@@ -6,6 +6,7 @@ import hashlib
 import tempfile
 from pathlib import Path
 
+import polars as pl
 from dagster import (
     AssetKey,
     AssetSpec,
@@ -96,31 +97,14 @@ def experiment_report(experiment: Experiment):
             the_lake, the_lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days[:-1]).collect()
         )
         held_out = with_embeddings_as_of(the_lake, the_lake.read_partition(DATASETS_ZONE, TRAINING_SET, day))
-        assigned = held_out.get_column("user_id").map_elements(  # null: a user outside its slice of the layer
-            lambda u: variant.name if (variant := experiment.assign(u)) else None, return_dtype=str
-        )
-        scored = score_variants(
-            model_registry.get_client(), held_out, history, clip_image_vectors(the_lake, day_end(days[-2]))
-        )
-        rows = [
-            {
-                "variant": variant.name,
-                "model": variant.model_ref,
-                "version": version,
-                "traffic": variant.traffic,
-                "assigned_users": held_out.filter(assigned == variant.name).get_column("user_id").n_unique(),
-                "users": int(len(scores.users)),
-                "impressions": held_out.height,
-                **{k: round(float(v), 4) for k, v in scores.metrics().items()},  # numpy floats do not serialize
-            }
-            for variant, (version, scores) in zip(experiment.variants, scored)
-        ]
+        embeddings = clip_image_vectors(the_lake, day_end(days[-2]))
+        scored = score_variants(experiment, model_registry.get_client(), held_out, history, embeddings)
         margin = model_registry.promotion_margin
-        paired = against_control(scored, margin)
-        leader, why = leader_of(paired)
+        paired = against_control(experiment, scored, margin)
+        leader, why = leader_of(experiment, paired)
         return MaterializeResult(
             metadata={
-                "comparison": table(rows),
+                "comparison": table(variant_rows(experiment, held_out, scored)),
                 "against_control": table(paired),
                 "leader": leader,
                 "leader_reason": why,
@@ -130,67 +114,92 @@ def experiment_report(experiment: Experiment):
             }
         )
 
-    def score_variants(registry, held_out, history, embeddings) -> list[tuple[str, evaluation.HeldOutScores]]:
-        """Each variant's registry version and its model's scores of all the held-out rows."""
-        scored = []
-        with tempfile.TemporaryDirectory(prefix="experiment-") as work:
-            for variant in experiment.variants:
-                version = (
-                    registry.by_alias(experiment.model, variant.model_alias)
-                    if variant.model_alias
-                    else registry.get(experiment.model, variant.model_version)
-                )
-                if version is None:
-                    raise Failure(
-                        f"{experiment.name}: variant {variant.name!r} points at {variant.model_ref}, "
-                        f"which {experiment.model!r} does not have"
-                    )
-                folder = registry.load(experiment.model, version.version, Path(work) / variant.name)
-                model = model_code.PersonalizationModel.load(folder)
-                uses = embeddings if model.spec.item.embedding_column else None
-                scored.append((version.version, evaluation.held_out_scores(model, history, held_out, RANK_K, uses)))
-        return scored
-
-    def against_control(scored, margin: float) -> list[dict]:
-        """Each treatment against the control on the same rows, per metric, judged at `margin`."""
-        control = scored[0][1]
-        rows = []
-        for variant, (_, scores) in zip(experiment.variants[1:], scored[1:]):
-            for metric, c in evaluation.paired_comparisons(control, scores).items():
-                verdict = judge(c, margin=margin)
-                rows.append(
-                    {
-                        "variant": variant.name,
-                        "metric": metric,
-                        "control": round(float(c.estimate_a), 4),
-                        "value": round(float(c.estimate_b), 4),
-                        "difference": round(float(c.difference), 4),
-                        "low": round(float(c.low), 4),
-                        "high": round(float(c.high), 4),
-                        "p_value": round(float(c.p_value), 4),
-                        "not_worse": bool(verdict.non_inferior),
-                        "better": bool(verdict.superior),
-                        "test": c.method,
-                    }
-                )
-        return rows
-
-    def leader_of(paired: list[dict]) -> tuple[str, str]:
-        """The treatment shown better on AUC and not worse by more than the margin on any metric (the
-        largest AUC gain among several), else the control."""
-        winners = [
-            v.name
-            for v in experiment.variants[1:]
-            if all(r["not_worse"] for r in paired if r["variant"] == v.name)
-            and any(r["better"] for r in paired if r["variant"] == v.name and r["metric"] == "auc")
-        ]
-        if not winners:
-            return experiment.variants[0].name, "no treatment shown better on AUC and not worse elsewhere: the control"
-        gain = {r["variant"]: r["difference"] for r in paired if r["metric"] == "auc"}
-        best = max(winners, key=gain.get)
-        return best, f"{best}: AUC {gain[best]:+.4f} against the control, its interval above 0; no metric worse"
-
     return report
+
+
+def variant_rows(experiment: Experiment, held_out: pl.DataFrame, scored: list) -> list[dict]:
+    """Each variant's version, traffic, the held-out users the experiment assigns it, and its metrics."""
+    assigned = held_out.get_column("user_id").map_elements(  # null: a user outside its slice of the layer
+        lambda u: variant.name if (variant := experiment.assign(u)) else None, return_dtype=str
+    )
+    return [
+        {
+            "variant": variant.name,
+            "model": variant.model_ref,
+            "version": version,
+            "traffic": variant.traffic,
+            "assigned_users": held_out.filter(assigned == variant.name).get_column("user_id").n_unique(),
+            "users": int(len(scores.users)),
+            "impressions": held_out.height,
+            **{k: round(float(v), 4) for k, v in scores.metrics().items()},  # numpy floats do not serialize
+        }
+        for variant, (version, scores) in zip(experiment.variants, scored)
+    ]
+
+
+def score_variants(
+    experiment: Experiment, registry, held_out, history, embeddings
+) -> list[tuple[str, evaluation.HeldOutScores]]:
+    """Each variant's registry version and its model's scores of all the held-out rows."""
+    scored = []
+    with tempfile.TemporaryDirectory(prefix="experiment-") as work:
+        for variant in experiment.variants:
+            version = (
+                registry.by_alias(experiment.model, variant.model_alias)
+                if variant.model_alias
+                else registry.get(experiment.model, variant.model_version)
+            )
+            if version is None:
+                raise Failure(
+                    f"{experiment.name}: variant {variant.name!r} points at {variant.model_ref}, "
+                    f"which {experiment.model!r} does not have"
+                )
+            folder = registry.load(experiment.model, version.version, Path(work) / variant.name)
+            model = model_code.PersonalizationModel.load(folder)
+            uses = embeddings if model.spec.item.embedding_column else None
+            scored.append((version.version, evaluation.held_out_scores(model, history, held_out, RANK_K, uses)))
+    return scored
+
+
+def against_control(experiment: Experiment, scored: list, margin: float) -> list[dict]:
+    """Each treatment against the control on the same rows, per metric, judged at `margin`."""
+    control = scored[0][1]
+    rows = []
+    for variant, (_, scores) in zip(experiment.variants[1:], scored[1:]):
+        for metric, c in evaluation.paired_comparisons(control, scores).items():
+            verdict = judge(c, margin=margin)
+            rows.append(
+                {
+                    "variant": variant.name,
+                    "metric": metric,
+                    "control": round(float(c.estimate_a), 4),
+                    "value": round(float(c.estimate_b), 4),
+                    "difference": round(float(c.difference), 4),
+                    "low": round(float(c.low), 4),
+                    "high": round(float(c.high), 4),
+                    "p_value": round(float(c.p_value), 4),
+                    "not_worse": bool(verdict.non_inferior),
+                    "better": bool(verdict.superior),
+                    "test": c.method,
+                }
+            )
+    return rows
+
+
+def leader_of(experiment: Experiment, paired: list[dict]) -> tuple[str, str]:
+    """The treatment shown better on AUC and not worse by more than the margin on any metric (the
+    largest AUC gain among several), else the control."""
+    winners = [
+        v.name
+        for v in experiment.variants[1:]
+        if all(r["not_worse"] for r in paired if r["variant"] == v.name)
+        and any(r["better"] for r in paired if r["variant"] == v.name and r["metric"] == "auc")
+    ]
+    if not winners:
+        return experiment.variants[0].name, "no treatment shown better on AUC and not worse elsewhere: the control"
+    gain = {r["variant"]: r["difference"] for r in paired if r["metric"] == "auc"}
+    best = max(winners, key=gain.get)
+    return best, f"{best}: AUC {gain[best]:+.4f} against the control, its interval above 0; no metric worse"
 
 
 experiments = load(EXPERIMENTS_FILE)
