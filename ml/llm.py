@@ -91,16 +91,40 @@ def train_llm(
     """Train tokenizer and model, save both to `out_dir` (Hugging Face format); returns metrics. With
     `tokenizer_dir`, the tokenizer saved there is reused (a draft model must share its target's)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     started = time.perf_counter()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
     if tokenizer_dir is not None:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
     else:
         tokenizer = train_tokenizer(documents, config.vocab_size)
+    train, held_out = _token_streams(documents, tokenizer, config)
+    model = _new_model(tokenizer, config)
+    losses, eval_loss = _fit(model, train, held_out, config, log)
+    out = _save(model, tokenizer, Path(out_dir), config, tokenizer_dir)
+    metrics = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "train_tokens": len(train),
+        "documents": len(documents),
+        "final_train_loss": sum(losses[-10:]) / len(losses[-10:]),
+        "held_out_loss": eval_loss,
+        "held_out_perplexity": math.exp(eval_loss),
+        "unigram_perplexity": _unigram_perplexity(train, held_out if len(held_out) else train),
+        "train_seconds": time.perf_counter() - started,
+        "tokenizer_sha256": tokenizer_sha256(out),
+        "config": asdict(config),
+    }
+    (out / "mlplane_training.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _token_streams(documents: list[str], tokenizer, config: LlmConfig):
+    """The corpus as one token stream (each document between BOS and EOS), split 95/5 into train and held out."""
+    import torch
+
     ids: list[int] = []
     for document in documents:
         ids.extend(
@@ -110,9 +134,13 @@ def train_llm(
         raise ValueError(f"corpus of {len(ids)} tokens is too small for context {config.context}")
     stream = torch.tensor(ids, dtype=torch.long)
     split = int(len(stream) * 0.95)
-    train, held_out = stream[:split], stream[split:]
+    return stream[:split], stream[split:]
 
-    model = LlamaForCausalLM(
+
+def _new_model(tokenizer, config: LlmConfig):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(
         LlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=config.hidden_size,
@@ -128,6 +156,13 @@ def train_llm(
             tie_word_embeddings=True,
         )
     )
+
+
+def _fit(model, train, held_out, config: LlmConfig, log) -> tuple[list[float], float]:
+    """`config.steps` AdamW steps on random windows of `train`; the per-step losses and a held-out loss."""
+    import torch
+
+    rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, config.learning_rate, total_steps=config.steps, pct_start=0.1
@@ -154,8 +189,10 @@ def train_llm(
     with torch.no_grad():
         source = held_out if len(held_out) > config.context + 1 else train
         eval_loss = sum(model(input_ids=(t := batch(source)), labels=t).loss.item() for _ in range(4)) / 4
+    return losses, eval_loss
 
-    out = Path(out_dir)
+
+def _save(model, tokenizer, out: Path, config: LlmConfig, tokenizer_dir: str | Path | None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.max_length = config.context * 4
     model.save_pretrained(out, safe_serialization=True)
@@ -164,21 +201,7 @@ def train_llm(
         for file in Path(tokenizer_dir).iterdir():
             if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
                 shutil.copy2(file, out / file.name)
-    metrics = {
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "vocab_size": len(tokenizer),
-        "train_tokens": len(train),
-        "documents": len(documents),
-        "final_train_loss": sum(losses[-10:]) / len(losses[-10:]),
-        "held_out_loss": eval_loss,
-        "held_out_perplexity": math.exp(eval_loss),
-        "unigram_perplexity": _unigram_perplexity(train, held_out if len(held_out) else train),
-        "train_seconds": time.perf_counter() - started,
-        "tokenizer_sha256": tokenizer_sha256(out),
-        "config": asdict(config),
-    }
-    (out / "mlplane_training.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    return out
 
 
 def tokenizer_sha256(model_dir: str | Path) -> str:

@@ -138,6 +138,36 @@ def create_app(
 ) -> FastAPI:
     """The REST app; its lifespan loads the models, follows the aliases and, with `grpc_port`, runs the
     gRPC front end beside it on the same server core."""
+    from serving.models.protocols.feast_api import add_feast_routes
+
+    app = ModelServerApp(
+        title="mlplane model server",
+        version=SERVER_VERSION,
+        lifespan=_lifespan(server, start, grpc_port, grpc_host),
+        description="Open Inference Protocol v2 over the platform's registry models, real-time "
+        "recommendations and online features.",
+        **NO_CDN_PAGES,
+    )
+    add_offline_docs(app)
+    app.state.server = server
+    app.infer_handler = _infer(server)
+    app.keys = server.keys
+    app.max_body_bytes = server.config.max_body_bytes
+
+    _error_handlers(app)
+    _health_routes(app, server)
+    _model_routes(app, server)
+    _repository_routes(app, server)
+    _recommend_routes(app, server)
+    _operations_routes(app, server)
+    add_feast_routes(app, server)
+    add_openai_routes(app, server)
+    _document_request_bodies(app)
+    return app
+
+
+def _lifespan(server: ModelServer, start: bool, grpc_port: int | None, grpc_host: str):
+    """Loads the models and follows the aliases (`start`), and runs the gRPC front end beside REST."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -155,20 +185,10 @@ def create_app(
         if start:
             server.close()
 
-    app = ModelServerApp(
-        title="mlplane model server",
-        version=SERVER_VERSION,
-        lifespan=lifespan,
-        description="Open Inference Protocol v2 over the platform's registry models, real-time "
-        "recommendations and online features.",
-        **NO_CDN_PAGES,
-    )
-    add_offline_docs(app)
-    app.state.server = server
-    app.infer_handler = _infer(server)
-    app.keys = server.keys
-    app.max_body_bytes = server.config.max_body_bytes
+    return lifespan
 
+
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProtocolError)
     async def protocol_error(request: Request, error: ProtocolError):
         return error_response(error)
@@ -182,10 +202,8 @@ def create_app(
     async def invalid_body(request: Request, error: RequestValidationError):
         return JSONResponse({"error": _validation_message(error.errors())}, status_code=400)
 
-    _health_routes(app, server)
-    _model_routes(app, server)
-    _repository_routes(app, server)
 
+def _recommend_routes(app: FastAPI, server: ModelServer) -> None:
     @app.post(
         "/recommend",
         response_model=RecommendResponse,
@@ -213,6 +231,8 @@ def create_app(
             "timings_ms": answer.timings_ms,
         }
 
+
+def _operations_routes(app: FastAPI, server: ModelServer) -> None:
     @app.get(
         "/v2/experiments",
         tags=["experiments"],
@@ -232,13 +252,6 @@ def create_app(
     )
     async def metrics():
         return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4")
-
-    from serving.models.protocols.feast_api import add_feast_routes
-
-    add_feast_routes(app, server)
-    add_openai_routes(app, server)
-    _document_request_bodies(app)
-    return app
 
 
 def _health_routes(app: FastAPI, server: ModelServer) -> None:
