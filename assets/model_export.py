@@ -14,7 +14,8 @@ from pydantic import Field
 from assets.metadata import table
 from assets.serving import CLIP_REGISTERED
 from engines.models import kserve
-from engines.models.model_export import EXPORTED_KINDS, TRITON_REPOSITORY, ExportTarget, export_target, publish
+from engines.models.kinds import EXPORTED_KINDS
+from engines.models.model_export import TRITON_REPOSITORY, ExportTarget, export_target, publish
 from engines.models.registry import CHECKSUM_TAG, ModelRegistry
 from resources.lake import LakeResource
 from resources.model_server import ModelServerResource

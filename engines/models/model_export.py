@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engines.models.kinds import EXPORTED_KINDS
 from ml.clip import ClipSpec, image_size, load_model
 from ml.personalization import PersonalizationModel, TowerSpec
 
@@ -54,7 +55,6 @@ CLIP_WEIGHTS, CLIP_CONFIG = "clip.pt", "clip.json"  # a registered CLIP folder (
 MAX_BATCH = 64
 HISTORY_LENGTH = 10  # ml.personalization._padded_ids
 TRITON_TYPES = {torch.float32: "TYPE_FP32", torch.int64: "TYPE_INT64"}
-EXPORTED_KINDS = {"two_tower": ("user_tower", "item_tower"), "clip_text": ("text",), "clip_image": ("image",)}
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ExportTarget:
 
     name: str  # the model server's name for it
     registry_model: str
-    kind: str  # serving/models/config.py KINDS
+    kind: str  # engines/models/kinds.py
     version: str
     follows: str  # "alias 'champion'" or "version 3"
     checksum: str  # the registry's checksum of the artifact (engines.models.registry.CHECKSUM_TAG)

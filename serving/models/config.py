@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-KINDS = ("two_tower", "clip_text", "clip_image", "content_violation", "item_search", "vision_llm")
+from engines.models.kinds import KINDS
 
 
 class ModelEntry(BaseModel):
@@ -27,7 +27,7 @@ class ModelEntry(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ModelEntry:
         if self.kind not in KINDS:
-            raise ValueError(f"model {self.name!r}: kind must be one of {KINDS}, not {self.kind!r}")
+            raise ValueError(f"model {self.name!r}: kind must be one of {tuple(KINDS)}, not {self.kind!r}")
         if self.version is not None:
             self.alias = None
         if self.alias is None and self.version is None:

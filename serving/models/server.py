@@ -122,32 +122,54 @@ class ModelServer:
         return served
 
     def _load_kind(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
-        from serving.models.kinds.encoders import ClipEncoder, ContentViolationScorer
+        loader = self.LOADERS.get(entry.kind)
+        if loader is None:
+            raise ValueError(f"unknown model kind {entry.kind!r}")
+        return loader(self, entry, folder, version)
 
-        batching, device = self.config.batching, self.config.device
+    def _load_two_tower(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        service = version.tags.get(FEATURE_SERVICE_TAG) or self.config.feature_service
+        served, rows = load_two_tower(folder, self.lake, service)
+        if rows is not None:  # candidates for recommend, indexed before the version serves
+            self.vectors.index(served, rows, version.version)
+        return served
+
+    def _load_clip(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        from serving.models.kinds.encoders import ClipEncoder
+
         observer = self.metrics.batch_observer(entry.name)
-        if entry.kind == "two_tower":
-            service = version.tags.get(FEATURE_SERVICE_TAG) or self.config.feature_service
-            served, rows = load_two_tower(folder, self.lake, service)
-            if rows is not None:  # candidates for recommend, indexed before the version serves
-                self.vectors.index(served, rows, version.version)
-            return served
-        pixels = self.config.max_image_pixels
-        if entry.kind in ("clip_text", "clip_image"):
-            return ClipEncoder(folder, entry.kind.removeprefix("clip_"), batching, device, observer, pixels)
-        if entry.kind == "content_violation":
-            return ContentViolationScorer(folder, self.lake, batching, device, observer, pixels)
-        if entry.kind == "item_search":
-            from serving.models.kinds.search import ItemSearchModel
+        tower = entry.kind.removeprefix("clip_")
+        config = self.config
+        return ClipEncoder(folder, tower, config.batching, config.device, observer, config.max_image_pixels)
 
-            location = self.config.vector_location()  # a server's, or the version's own folder (one process's)
-            local = not location.startswith(("http://", "https://"))
-            return ItemSearchModel(folder, self.lake, str(folder / "index") if local else location, version.version)
-        if entry.kind == "vision_llm":
-            from serving.models.kinds.captioner import VisionCaptioner
+    def _load_content_violation(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        from serving.models.kinds.encoders import ContentViolationScorer
 
-            return VisionCaptioner(folder, device, pixels)
-        raise ValueError(f"unknown model kind {entry.kind!r}")
+        observer, config = self.metrics.batch_observer(entry.name), self.config
+        return ContentViolationScorer(
+            folder, self.lake, config.batching, config.device, observer, config.max_image_pixels
+        )
+
+    def _load_item_search(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        from serving.models.kinds.search import ItemSearchModel
+
+        location = self.config.vector_location()  # a server's, or the version's own folder (one process's)
+        local = not location.startswith(("http://", "https://"))
+        return ItemSearchModel(folder, self.lake, str(folder / "index") if local else location, version.version)
+
+    def _load_vision_llm(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        from serving.models.kinds.captioner import VisionCaptioner
+
+        return VisionCaptioner(folder, self.config.device, self.config.max_image_pixels)
+
+    LOADERS = {  # one per kind of engines/models/kinds.py
+        "two_tower": _load_two_tower,
+        "clip_text": _load_clip,
+        "clip_image": _load_clip,
+        "content_violation": _load_content_violation,
+        "item_search": _load_item_search,
+        "vision_llm": _load_vision_llm,
+    }
 
     # --- inference --------------------------------------------------------------------------------
     async def infer(
