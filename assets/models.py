@@ -17,6 +17,7 @@ from assets.pipelines import TrainedModel, TrainingRun, training_pipeline
 from engines.data.lake import Lake
 from engines.data.releases import NO_RELEASE, RELEASES_TAG, RELEVANCE_TASK, relevance_labels
 from engines.features.point_in_time import item_embeddings_as_of
+from engines.models import human_relevance
 from engines.retrieval.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, latest_item_embeddings
 from feature_defs import personalization_ranking
 from feature_defs.compile.polars import TIMESTAMP, day_end
@@ -107,7 +108,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     mine = evaluation.held_out_scores(result.model, train_rows, held_out, RANK_K, embeddings)
     strong = evaluation.paired_comparisons(evaluation.taste_cluster_scores(train_rows, held_out, RANK_K), mine)
     labels = relevance_labels(run.lake.root)
-    human = evaluation.model_human_relevance(result.model, train_rows, held_out, labels, embeddings)
+    human = human_relevance.model_human_relevance(result.model, train_rows, held_out, labels, embeddings)
     run.log(f"human relevance ({human['model']['release']}): {human}")
 
     def against(champion_dir) -> dict:  # the champion (a) and this model (b) on the same held-out rows

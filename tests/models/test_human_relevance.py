@@ -20,6 +20,7 @@ from assets.datasets import DATASETS_ZONE, TRAINING_SET
 from assets.models import PUBLISHED_RELEVANCE_RELEASE, human_relevance_metadata, train_personalization
 from engines.data.lake import Lake
 from engines.data.releases import NO_RELEASE, RELEASES_TAG, relevance_labels
+from engines.models import human_relevance
 from engines.models.registry import ModelRegistry
 from ml import evaluation
 from ml.personalization import PersonalizationModel, TrainConfig, TwoTower, build_spec, labelled
@@ -85,7 +86,7 @@ def test_the_human_relevance_auc_is_recomputed_pair_by_pair_from_the_raw_rows(tm
     labels = relevance_labels(tmp_path)
     model = drawn_model(frame)
     train, held_out = evaluation.split_held_out(frame)
-    found = evaluation.model_human_relevance(model, train, held_out, labels)["model"]
+    found = human_relevance.model_human_relevance(model, train, held_out, labels)["model"]
 
     newest = frame.sort("event_timestamp")  # recomputed here: each pair from its user's and item's last rows
 
@@ -109,13 +110,13 @@ def test_a_scorer_that_knows_the_users_tastes_agrees_with_the_humans_better_than
     truth = taste_truth(key, users, items)
     release_truth(tmp_path, truth)
     labels = relevance_labels(tmp_path)
-    rows = evaluation.labelled_pair_rows(impressions(users, items), labels.rows, ["user_id"], ["item_id"])
+    rows = human_relevance.labelled_pair_rows(impressions(users, items), labels.rows, ["user_id"], ["item_id"])
     rng = np.random.default_rng(3)
 
     def knows_the_truth(frame: pl.DataFrame) -> np.ndarray:  # the simulator's click model
         return np.array([key.click_logit(u, i) for u, i in frame.select("user_id", "item_id").iter_rows()])
 
-    found = evaluation.human_relevance(
+    found = human_relevance.human_relevance(
         {"truth": knows_the_truth, "random": lambda frame: rng.random(frame.height)}, rows, labels
     )
     assert found["truth"]["pairs"] == found["random"]["pairs"] == rows.height > 100
@@ -127,7 +128,7 @@ def test_before_the_first_release_the_metrics_say_no_release(tmp_path):
     _, users, items = simulated()
     frame = impressions(users, items)
     train, held_out = evaluation.split_held_out(frame)
-    found = evaluation.model_human_relevance(drawn_model(frame), train, held_out, relevance_labels(tmp_path))
+    found = human_relevance.model_human_relevance(drawn_model(frame), train, held_out, relevance_labels(tmp_path))
     assert set(found) == {"model", "popularity"}
     assert all(m["auc"] == m["release"] == NO_RELEASE and m["pairs"] == 0 for m in found.values())
     shown = human_relevance_metadata(found)
