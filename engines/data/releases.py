@@ -107,7 +107,9 @@ def relevance_labels(lake_root: Path, version: int | None = None) -> RelevanceLa
     return RelevanceLabels(release, pl.DataFrame(rows, schema=RELEVANCE_SCHEMA).sort("user_id", "item_id"))
 
 
-def human_relevance_metrics(scored: pl.DataFrame, scores: Sequence[float], labels: RelevanceLabels) -> dict:
+def human_relevance_metrics(
+    scored: pl.DataFrame, scores: Sequence[float] | np.ndarray, labels: RelevanceLabels
+) -> dict:
     """How a model's scores agree with human judgement: `scored` holds the (user_id, item_id) rows the model
     scored (`scores`, in the same order; a pair scored on several rows counts once, at their mean). Of those,
     the pairs a human labelled: their count, how many are relevant, and the AUC of the scores against the
