@@ -67,50 +67,51 @@ def published_release_metadata(lake_root: Path, task: str = CONTENT_VIOLATION.na
     return DataVersion(newest.name), {"release": newest.name, "path": str(newest.folder)}
 
 
-@multi_observable_source_asset(
-    name="ground_truth__content_violation__published_release",
-    specs=[
-        AssetSpec(
-            PUBLISHED_VIOLATION_RELEASE,
-            group_name="ground_truth",
-            description="The newest content_violation release as its readers find it in the lake: the copy "
-            "flags calibrate on it and the queue draws gold questions from it. The release is written by "
-            "ground_truth/content_violation/release, downstream of the queue the flags feed (the labeling "
-            "loop: flags -> queue -> release -> next flags); this observable source closes the loop without a "
-            "cycle. Observed by the release asset each time it runs, and by observing it; data version: the "
-            "release's name.",
-            owners=["team:trust-and-safety"],
-            tags={"domain": "ground_truth"},
-            kinds={"parquet"},
-        )
-    ],
-)
-def published_violation_release(lake: LakeResource):
-    version, metadata = published_release_metadata(Path(lake.root))
-    yield ObserveResult(asset_key=PUBLISHED_VIOLATION_RELEASE, data_version=version, metadata=metadata)
+OBSERVED = " Observed by the release asset each time it runs, and by observing it; data version: the release's name."
 
 
-@multi_observable_source_asset(
-    name="ground_truth__recommendation_relevance__published_release",
-    specs=[
-        AssetSpec(
-            PUBLISHED_RELEVANCE_RELEASE,
-            group_name="ground_truth",
-            description="The newest recommendation_relevance release as the personalization model's evaluation "
-            "finds it in the lake: its human labels score the model's ranking (AUC over the labelled pairs) and "
-            "its version is recorded in every model version it fed. The release is written by "
-            "ground_truth/recommendation_relevance/release, downstream of the queue the model's champion and "
-            "challenger fill; this observable source closes that loop without a cycle. Observed by the release "
-            "asset each time it runs, and by observing it; data version: the release's name.",
-            owners=["team:ml-platform"],
-            tags={"domain": "ground_truth"},
-            kinds={"parquet"},
-        )
-    ],
+def published_release_source(task: str, owner: str, description: str):
+    """The newest release of `task` as its readers find it in the lake, as an observable source asset: a
+    reader upstream of the release's own queue declares it without making a cycle."""
+    key = PUBLISHED_RELEASES[task]
+
+    @multi_observable_source_asset(
+        name="__".join(key.path),
+        specs=[
+            AssetSpec(
+                key,
+                group_name="ground_truth",
+                description=description + OBSERVED,
+                owners=[owner],
+                tags={"domain": "ground_truth"},
+                kinds={"parquet"},
+            )
+        ],
+    )
+    def observe(lake: LakeResource):
+        version, metadata = published_release_metadata(Path(lake.root), task)
+        yield ObserveResult(asset_key=key, data_version=version, metadata=metadata)
+
+    return observe
+
+
+published_violation_release = published_release_source(
+    CONTENT_VIOLATION.name,
+    "team:trust-and-safety",
+    "The newest content_violation release as its readers find it in the lake: the copy flags calibrate on it "
+    "and the queue draws gold questions from it. The release is written by ground_truth/content_violation/"
+    "release, downstream of the queue the flags feed (the labeling loop: flags -> queue -> release -> next "
+    "flags); this observable source closes the loop without a cycle.",
 )
-def published_relevance_release(lake: LakeResource):
-    version, metadata = published_release_metadata(Path(lake.root), RECOMMENDATION_RELEVANCE.name)
-    yield ObserveResult(asset_key=PUBLISHED_RELEVANCE_RELEASE, data_version=version, metadata=metadata)
+published_relevance_release = published_release_source(
+    RECOMMENDATION_RELEVANCE.name,
+    "team:ml-platform",
+    "The newest recommendation_relevance release as the personalization model's evaluation finds it in the "
+    "lake: its human labels score the model's ranking (AUC over the labelled pairs) and its version is "
+    "recorded in every model version it fed. The release is written by ground_truth/recommendation_relevance/"
+    "release, downstream of the queue the model's champion and challenger fill; this observable source closes "
+    "that loop without a cycle.",
+)
 
 
 class ViolationQueueConfig(Config):
