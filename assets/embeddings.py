@@ -33,6 +33,7 @@ from engines.safety import content_violation as cv
 from engines.safety.copy_calibration import Calibration, calibrate
 from engines.safety.copy_match import CANDIDATES, MATCH_SCHEMA, match_originals, read_thumbnails
 from engines.safety.copy_model import copy_features
+from engines.safety.copy_registry import register_calibration
 from ml.clip import (
     COMPACT_MODEL,
     ClipSpec,
@@ -322,7 +323,9 @@ def copy_pool(store) -> pl.DataFrame:
     "model over the match's features: similarity, margin, own-creator match, time order), flagged at or "
     "above the threshold; model and threshold calibrated out-of-fold on the newest ground-truth release. "
     "Before the first release nothing is flagged. Metadata: precision and recall from held-out folds "
-    "with 95% intervals (content_violations/calibration.json, which the online scorer reads).",
+    "with 95% intervals (content_violations/calibration.json, which the online scorer reads). Each new "
+    "calibration is a version of `copy_detector` in the model registry, tagged mlplane.ground_truth_releases "
+    "with the release that fed it.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[ITEM_EMBEDDINGS, WAREHOUSE_ITEMS, PUBLISHED_VIOLATION_RELEASE],
@@ -330,7 +333,9 @@ def copy_pool(store) -> pl.DataFrame:
     owners=["team:trust-and-safety"],
     tags={"domain": "embeddings"},
 )
-def content_violation_flags(context, config: ViolationConfig, lake: LakeResource):
+def content_violation_flags(
+    context, config: ViolationConfig, lake: LakeResource, model_registry: ModelRegistryResource
+):
     store = lake.get_client()
     days = partition_days(context)
     embedded = {day: day_embeddings(store, day) for day in days}
@@ -346,8 +351,10 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
         else pl.DataFrame(schema=MATCH_SCHEMA)
     )
     calibration = release_calibration(matches, truth) if truth else None
-    if calibration is not None:
+    registered = None
+    if calibration is not None and truth is not None:
         calibration.save(store.root)  # the online scorer uses the same model and threshold
+        registered = register_copy_detector(context, model_registry, calibration, truth, embedded)
     threshold = config.threshold if config.threshold is not None else calibration.threshold if calibration else None
     source = (
         "config: a fixed similarity cut"
@@ -377,6 +384,7 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
             if truth
             else "none yet: nothing flagged until the first ground-truth release",
             "candidates": config.candidates,
+            **({"registry_version": MetadataValue.int(int(registered.version))} if registered is not None else {}),
             "clip_versions": ", ".join(sorted({v for f in embedded.values() for v in f["model_version"].to_list()}))
             or "none",
             "flagged": flags.filter("flagged").height,
@@ -402,6 +410,22 @@ def release_calibration(matches: pl.DataFrame, truth: cv.ReleaseTruth) -> Calibr
         labelled["audit"].to_numpy(),
         truth.release.name,
     )
+
+
+def register_copy_detector(
+    context, model_registry: ModelRegistryResource, calibration: Calibration, truth: cv.ReleaseTruth, embedded
+):
+    """The calibration's registry version (engines.safety.copy_registry), with this run's lineage."""
+    lineage = {
+        "mlplane.code_version": code_version(),
+        "mlplane.dagster_run_id": context.run.run_id,
+        "mlplane.dagster_asset": VIOLATION_FLAGS.to_user_string(),
+        "mlplane.clip_versions": ",".join(sorted({v for f in embedded.values() for v in f["model_version"].to_list()})),
+    }
+    registered, new = register_calibration(model_registry.get_client(), calibration, truth.release, lineage)
+    state = "new" if new else "unchanged"
+    context.log.info(f"copy_detector v{registered.version} ({state}) from {truth.release.lineage}")
+    return registered
 
 
 def cross_validated(calibration: Calibration) -> dict:

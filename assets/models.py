@@ -15,7 +15,7 @@ from assets.metadata import table
 from assets.partitions import daily_partitions
 from assets.pipelines import TrainedModel, TrainingRun, training_pipeline
 from engines.data.lake import Lake
-from engines.data.releases import NO_RELEASE, RELEASES_TAG, RELEVANCE_TASK, relevance_labels
+from engines.data.releases import RELEVANCE_TASK, releases_tag, relevance_labels
 from engines.features.point_in_time import item_embeddings_as_of
 from engines.models import human_relevance
 from engines.retrieval.embeddings import EMBEDDINGS_ZONE, ITEMS_TABLE, latest_item_embeddings
@@ -134,7 +134,7 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
         compare=against,
         data_partitions=[d.isoformat() for d in days],
         feature_service=personalization_ranking.name,
-        lineage={RELEASES_TAG: labels.lineage if labels is not None else NO_RELEASE},
+        lineage=releases_tag(labels.release if labels is not None else None),
         params={
             "dim": str(config.dim),
             "epochs": str(config.epochs),

@@ -34,6 +34,11 @@ class Release:
     def name(self) -> str:
         return f"v{self.version:04d}"
 
+    @property
+    def lineage(self) -> str:
+        """How a model's lineage names this release: "<task>/vNNNN"."""
+        return f"{self.task}/{self.name}"
+
     def labels(self) -> pl.DataFrame:
         return pl.read_parquet(self.folder / LABELS_FILE)
 
@@ -69,6 +74,13 @@ NO_RELEASE = "no release"  # what a model's human-relevance metrics and lineage 
 RELEASES_TAG = "mlplane.ground_truth_releases"
 
 
+def releases_tag(*fed: Release | None) -> dict[str, str]:
+    """The registry tag of a model version fed by `fed` (None: a task with no release yet): every model a
+    release fed records it this way, so one search of the registry finds them all."""
+    names = [release.lineage for release in fed if release is not None]
+    return {RELEASES_TAG: ",".join(names) if names else NO_RELEASE}
+
+
 @dataclass(frozen=True)
 class RelevanceLabels:
     release: Release  # what a model evaluated on these labels records in its lineage (`lineage`)
@@ -76,7 +88,7 @@ class RelevanceLabels:
 
     @property
     def lineage(self) -> str:
-        return f"{self.release.task}/{self.release.name}"
+        return self.release.lineage
 
 
 def relevance_labels(lake_root: Path, version: int | None = None) -> RelevanceLabels | None:

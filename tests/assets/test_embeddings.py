@@ -16,7 +16,7 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
 from assets import all_assets
 from cli.main import main
 from engines.data.lake import Lake
-from engines.data.releases import newest_release
+from engines.data.releases import RELEASES_TAG, newest_release
 from engines.models.registry import ModelRegistry
 from engines.retrieval.embeddings import (
     EmbedConfig,
@@ -32,6 +32,7 @@ from engines.retrieval.embeddings import (
 from engines.retrieval.search import ItemSearch
 from engines.retrieval.vector_store import VectorStore
 from engines.safety.copy_calibration import Calibration
+from engines.safety.copy_registry import MODEL_NAME
 from ml.clip import encode_images, encode_texts, load_model, preprocess_image, tokenizer
 from orchestration.dagster_internals import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from orchestration.profiles import resources_for
@@ -323,6 +324,11 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
     after = materialize_days(lake["dir"], lake["ray_dir"], FIRST_DAY, LAST_DAY, FLAGS_AND_VECTORS)
     metadata = materialization(after, FLAGS_KEY).metadata
     assert metadata["threshold_source"].value == "calibrated on release v0001"
+    # the detector is a registry version that records the release it was fitted on (none before it)
+    (detector,) = ModelRegistry.local(lake["dir"] / "registry").versions(MODEL_NAME)
+    assert detector.version == str(metadata["registry_version"].value)
+    assert detector.tags[RELEASES_TAG] == "content_violation/v0001"
+    assert detector.tags["mlplane.dagster_run_id"] == after.run_id
     flags = pl.concat(
         [store.read_partition("content_violations", "flags", d) for d in (FIRST_DAY, SECOND_DAY, LAST_DAY)]
     )
