@@ -390,7 +390,7 @@ def promotion_verdict(
     offline = offline_verdict(registered.comparisons, trained.gate_metric, margin) if champion else None
     passed, approved = offline is None or offline.passed, registered.version.version
     reason = offline.reason if offline else "no champion yet: nothing to beat"
-    online = {}
+    online: dict = {}
     if evidence == "online":
         passed, approved, online = online_gate(
             registered.lake, registered.day, model_name, registered.under_test, champion, online_margin

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def all_problems(manifests: dict[str, list[dict]]) -> dict[str, list[str]]:
     return {f"{file}[{i}]": p for file, docs in manifests.items() for i, doc in enumerate(docs) if (p := problems(doc))}
 
 
-def write_manifests(folder: Path, manifests: dict[str, list[dict]], keep: set[str] = frozenset()) -> list[Path]:
+def write_manifests(folder: Path, manifests: dict[str, list[dict]], keep: AbstractSet[str] = frozenset()) -> list[Path]:
     """Validate every manifest, then write one multi-document YAML per file name (the folder's other files
     go, but those named in `keep`: a model no longer served loses its manifest). Raises ManifestError before
     writing anything."""
