@@ -349,7 +349,7 @@ def content_violation_flags(context, config: ViolationConfig, lake: LakeResource
         "config: a fixed similarity cut"
         if config.threshold is not None
         else f"calibrated on release {truth.release.name}"
-        if calibration is not None
+        if calibration is not None and truth is not None  # a calibration comes from a release
         else "none: nothing flagged until a ground-truth release with both classes"
     )
     frames = []

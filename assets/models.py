@@ -88,8 +88,7 @@ def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
 )
 def train_personalization(run: TrainingRun) -> TrainedModel:
     days = training_days(run)
-    frame = with_embeddings_as_of(run.lake, run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect())
-    train_rows, held_out = evaluation.split_held_out(frame)
+    train_rows, held_out = evaluation.split_held_out(training_rows(run, days))
     # candidates of the held-out day are ranked with the embeddings known when it began
     embeddings = clip_image_vectors(run.lake, day_end(days[-2]))
     config = model_code.TrainConfig(
@@ -146,6 +145,14 @@ def training_days(run: TrainingRun) -> list[date]:
     if len(days) < 2:
         raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
     return days
+
+
+def training_rows(run: TrainingRun, days: list[date]) -> pl.DataFrame:
+    """The training set's rows of `days`, each with its item's embedding as of the row's time."""
+    scanned = run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days)
+    if scanned is None:  # the days come from the lake's own listing of the table
+        raise ValueError(f"no partitions of {TRAINING_SET} for {days}")
+    return with_embeddings_as_of(run.lake, scanned.collect())
 
 
 def compare_with_champion(train_rows, held_out, embeddings, mine, champion_dir) -> dict:
