@@ -46,7 +46,7 @@ all_pipelines: list[TrainingPipeline | NotebookPipeline] = list(
 def _unique(items) -> list:
     """One definition per set of keys (a module's list and a pipeline can hold the same one, and the
     loaders return copies)."""
-    found = {}
+    found: dict[frozenset, object] = {}
     for item in items:
         keys = item.check_keys if isinstance(item, AssetChecksDefinition) else item.keys
         found.setdefault(frozenset(keys), item)

@@ -1,9 +1,7 @@
 """CLIP embeddings of the catalogue: the model, the daily item embeddings (Ray Data), the vector
 index (Qdrant) and content-violation (copy) flags. Thin: the work is in ml/clip.py and engines/."""
 
-import tempfile
 import time
-from pathlib import Path
 
 import polars as pl
 from dagster import AssetKey, BackfillPolicy, Config, Failure, MaterializeResult, MetadataValue, asset
@@ -13,7 +11,6 @@ from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
 from assets.pipelines import code_version
 from engines.retrieval import clip_registry
-from engines.retrieval.clip_registry import HeldOut
 from engines.retrieval.embeddings import (
     COLLECTION,
     EmbedConfig,
@@ -117,44 +114,20 @@ def clip_model(
     if not spec.checkpoint:
         raise Failure("clip_model chose no weights file (random weights cannot be registered): train or configure one")
     model = load_model(spec)
-    kept = items.filter(held_out)
-    landing = store.root / "landing"
-    evaluation = HeldOut(
-        kept["item_id"].to_numpy(),
-        pixels[held_out],
-        kept["title"].to_list(),
-        [landing / p for p in kept["thumbnail_path"].to_list()],
-    )
+    evaluation = clip_registry.held_out_set(items, pixels, held_out, store.root / "landing")
     metrics = retrieval_recall(
         encode_images(model, evaluation.pixels),
         encode_texts(model, tokenizer(spec)(evaluation.titles).numpy()),
     )
-    version = spec.version
     registry = model_registry.get_client()
-    with tempfile.TemporaryDirectory(prefix="clip-champion-") as work:
-        champion_hits, champion_version = clip_registry.champion_hits(registry, evaluation, Path(work))
-    verdict = (
-        clip_registry.GateVerdict(clip_registry.CHAMPION, "this version is the champion already", None)
-        if champion_version == version
-        else clip_registry.gate(evaluation.hits(model, spec), champion_hits, evaluation.item_ids)
-    )
-    lineage = {
-        "mlplane.code_version": code_version(),
-        "mlplane.data_partitions": ",".join(d.isoformat() for d in store.partition_days("warehouse", "items")),
-        "mlplane.dagster_run_id": context.run.run_id,
-        "mlplane.dagster_asset": CLIP_MODEL.to_user_string(),
-        "mlplane.train_items": str(int((~held_out).sum())),
-        "mlplane.held_out_items": str(int(held_out.sum())),
-    }
-    registered = clip_registry.register(registry, spec, version, lineage, metrics)
-    held = registry.by_alias(clip_registry.MODEL_NAME, verdict.alias)
-    if held is None or held.version != registered.version:
-        who = f"dagster run {context.run.run_id}"
-        registry.set_alias(clip_registry.MODEL_NAME, verdict.alias, registered.version, who=who, reason=verdict.reason)
-    context.log.info(f"{version} (registry v{registered.version}) is the {verdict.alias}: {verdict.reason}")
+    verdict, champion_version = clip_registry.gate_against_champion(registry, model, spec, evaluation)
+    lineage = clip_lineage(context, store, held_out)
+    registered = clip_registry.register(registry, spec, spec.version, lineage, metrics)
+    clip_registry.assign_alias(registry, registered.version, verdict, who=f"dagster run {context.run.run_id}")
+    context.log.info(f"{spec.version} (registry v{registered.version}) is the {verdict.alias}: {verdict.reason}")
     return MaterializeResult(
         metadata={
-            "model_version": version,
+            "model_version": spec.version,
             "registry_version": MetadataValue.int(int(registered.version)),
             "alias": verdict.alias,
             "gate": table(verdict.table()),
@@ -162,28 +135,51 @@ def clip_model(
             "champion_before": champion_version or "none",
             "checkpoint": spec.checkpoint,
             "parameters": sum(p.numel() for p in model.parameters()),
-            "train_items": int((~held_out).sum()),
-            "train_worker_nodes": len(set(history[-1].get("worker_nodes", []))) if history else 0,
-            "held_out_items": int(held_out.sum()),
-            "text_to_image_recall": table(
-                [
-                    {
-                        "k": k,
-                        "recall": round(metrics[f"recall@{k}"], 4),
-                        "random": round(metrics[f"random_recall@{k}"], 4),
-                    }
-                    for k in (1, 5, 10)
-                ]
-            ),
-            **{k: float(v) for k, v in metrics.items()},
+            **clip_training_metadata(held_out, history, metrics),
             **{k: v for k, v in lineage.items() if k != "mlplane.dagster_run_id"},
-            "loss_by_epoch": MetadataValue.md(
-                "| epoch | loss |\n|---|---|\n" + "\n".join(f"| {h['epoch']} | {h['loss']:.4f} |" for h in history)
-            )
-            if history
-            else "pretrained checkpoint, not trained here",
+            "loss_by_epoch": loss_by_epoch(history),
         }
     )
+
+
+def clip_lineage(context, store, held_out) -> dict[str, str]:
+    """The registry tags that say which code, data and run made a CLIP version."""
+    return {
+        "mlplane.code_version": code_version(),
+        "mlplane.data_partitions": ",".join(d.isoformat() for d in store.partition_days("warehouse", "items")),
+        "mlplane.dagster_run_id": context.run.run_id,
+        "mlplane.dagster_asset": CLIP_MODEL.to_user_string(),
+        "mlplane.train_items": str(int((~held_out).sum())),
+        "mlplane.held_out_items": str(int(held_out.sum())),
+    }
+
+
+def clip_training_metadata(held_out, history: list[dict], metrics: dict[str, float]) -> dict:
+    """clip_model's metadata on its training items and held-out recall."""
+    return {
+        "train_items": int((~held_out).sum()),
+        "train_worker_nodes": len(set(history[-1].get("worker_nodes", []))) if history else 0,
+        "held_out_items": int(held_out.sum()),
+        "text_to_image_recall": table(
+            [
+                {
+                    "k": k,
+                    "recall": round(metrics[f"recall@{k}"], 4),
+                    "random": round(metrics[f"random_recall@{k}"], 4),
+                }
+                for k in (1, 5, 10)
+            ]
+        ),
+        **{k: float(v) for k, v in metrics.items()},
+    }
+
+
+def loss_by_epoch(history: list[dict]):
+    """The training loss per epoch as a markdown table, or a line saying the weights were not trained here."""
+    if not history:
+        return "pretrained checkpoint, not trained here"
+    rows = "\n".join(f"| {h['epoch']} | {h['loss']:.4f} |" for h in history)
+    return MetadataValue.md("| epoch | loss |\n|---|---|\n" + rows)
 
 
 def train(context, config: ClipModelConfig, store, ray: RayResource, spec: ClipSpec, items, pixels):
@@ -360,7 +356,7 @@ def content_violation_flags(
         "config: a fixed similarity cut"
         if config.threshold is not None
         else f"calibrated on release {truth.release.name}"
-        if calibration is not None
+        if calibration is not None and truth is not None  # a calibration comes from a release
         else "none: nothing flagged until a ground-truth release with both classes"
     )
     frames = []

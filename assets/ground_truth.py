@@ -336,15 +336,7 @@ def release_asset(spec: TaskSpec):
     def _release(
         context, config: ReleaseConfig, lake: LakeResource, labels: LabelStoreResource, quality: QualityResource
     ):
-        engine = labels.get_client()
-        task = queue.get_task(engine, spec.name)
-        model, _ = review.refresh_model(engine, task)
-        states = review.item_states(engine, task)
-        found = rel.candidate(task, states, review.task_quality(engine, task, states, model), model)
-        summary = found.summary()
-        summary = summary.with_columns(
-            largest_class_share=pl.lit(max(found.class_balance().values(), default=None), dtype=pl.Float64)
-        )
+        found, summary = release_candidate(labels.get_client(), spec)
         yield from quality_gate(
             quality, release_suite(spec, config), {datetime.now(UTC).date(): summary}, f"release of {spec.name}"
         )
@@ -354,28 +346,42 @@ def release_asset(spec: TaskSpec):
         if spec.name in PUBLISHED_RELEASES:  # what its readers (the next flags, the next model) will read
             _, published = published_release_metadata(Path(lake.root), spec.name)
             context.log_event(AssetObservation(asset_key=PUBLISHED_RELEASES[spec.name], metadata=published))
-        manifest = release.manifest()
-        yield MaterializeResult(
-            metadata={
-                "version": release.version,
-                "created": created,
-                "path": str(release.folder),
-                "items": manifest["items"],
-                "content_hash": manifest["content_hash"],
-                "krippendorff_alpha": manifest["agreement"]["krippendorff_alpha"],
-                "krippendorff_alpha_interval": str(manifest["agreement"]["krippendorff_alpha_interval"]),
-                "method": str(manifest["method"]),
-                "answers": manifest["answers"],
-                "flagged_annotators": ", ".join(manifest["flagged_annotators"]) or "none",
-                "class_counts": table([{"label": k, "count": v} for k, v in sorted(manifest["class_counts"].items())]),
-                "source_queues": table(
-                    [{"queue": k, "items": v} for k, v in sorted(manifest["source_queues"].items())]
-                ),
-                "annotators": table([{k: v for k, v in a.items()} for a in manifest["annotators"]]),
-            }
-        )
+        yield MaterializeResult(metadata=release_metadata(release, created))
 
     return _release
+
+
+def release_candidate(engine, spec: TaskSpec) -> tuple[rel.Candidate, pl.DataFrame]:
+    """The release the task's labels make now (the annotator model refreshed first), and its one-row
+    summary for the quality gate, with the largest class's share."""
+    task = queue.get_task(engine, spec.name)
+    model, _ = review.refresh_model(engine, task)
+    states = review.item_states(engine, task)
+    found = rel.candidate(task, states, review.task_quality(engine, task, states, model), model)
+    summary = found.summary().with_columns(
+        largest_class_share=pl.lit(max(found.class_balance().values(), default=None), dtype=pl.Float64)
+    )
+    return found, summary
+
+
+def release_metadata(release: rel.Release, created: bool) -> dict:
+    """A release's manifest as the asset's metadata: version, agreement, method and counts."""
+    manifest = release.manifest()
+    return {
+        "version": release.version,
+        "created": created,
+        "path": str(release.folder),
+        "items": manifest["items"],
+        "content_hash": manifest["content_hash"],
+        "krippendorff_alpha": manifest["agreement"]["krippendorff_alpha"],
+        "krippendorff_alpha_interval": str(manifest["agreement"]["krippendorff_alpha_interval"]),
+        "method": str(manifest["method"]),
+        "answers": manifest["answers"],
+        "flagged_annotators": ", ".join(manifest["flagged_annotators"]) or "none",
+        "class_counts": table([{"label": k, "count": v} for k, v in sorted(manifest["class_counts"].items())]),
+        "source_queues": table([{"queue": k, "items": v} for k, v in sorted(manifest["source_queues"].items())]),
+        "annotators": table([{k: v for k, v in a.items()} for a in manifest["annotators"]]),
+    }
 
 
 ground_truth_assets = [

@@ -1,7 +1,6 @@
 """Batch LLM inference as a daily asset: a short description, written by the gateway's LLM, for each of
 the day's new or changed items whose description is empty. Thin: the engine is engines/models/llm_batch.py."""
 
-from datetime import UTC, datetime
 from typing import Literal
 
 import polars as pl
@@ -21,7 +20,7 @@ from dagster import (
 from assets.ingestion import warehouse_key
 from assets.metadata import table
 from assets.partitions import daily_partitions, partition_days
-from engines.models.llm_batch import BatchSpec, describe_items, describe_items_ray_vllm
+from engines.models.llm_batch import BatchRun, BatchSpec, describe_items, describe_items_ray_vllm, descriptions_frame
 from engines.models.llm_batch import RetryPolicy as CallRetry
 from feature_defs.sources import items
 from resources.gateway import GatewayResource
@@ -88,36 +87,8 @@ def item_descriptions(context, config: ItemDescriptionsConfig, lake: LakeResourc
     for day in partition_days(context):
         wanted = items_without_description(source.read_partition("warehouse", items.name, day))
         rows = wanted.select("item_id", "title", "category").to_dicts()
-        if config.engine == "ray_vllm":
-            if not config.model_dir:
-                raise ValueError("engine ray_vllm needs model_dir (a model folder every Ray worker can read)")
-            run = describe_items_ray_vllm(
-                rows, config.model_dir, spec, config.ray_replicas, config.ray_gpus_per_replica
-            )
-        else:
-            run = describe_items(rows, gateway.call, spec)
-        frame = pl.DataFrame(
-            {
-                "item_id": [r.item_id for r in run.results],
-                "title": [r["title"] for r in rows],
-                "description": [r.description for r in run.results],
-                "model": [config.model] * len(rows),
-                "prompt_tokens": [r.prompt_tokens for r in run.results],
-                "completion_tokens": [r.completion_tokens for r in run.results],
-                "attempts": [r.attempts for r in run.results],
-                "rate_limited": [r.rate_limited for r in run.results],
-                "error": [r.error for r in run.results],
-                "generated_at": [datetime.now(UTC)] * len(rows),
-            },
-            schema_overrides={
-                "item_id": pl.Int64,
-                "title": pl.String,
-                "description": pl.String,
-                "model": pl.String,
-                "error": pl.String,
-                "generated_at": pl.Datetime("us", "UTC"),
-            },
-        )
+        run = describe(rows, config, spec, gateway)
+        frame = descriptions_frame(run, rows, config.model)
         source.write_partition(ZONE, TABLE, day, frame)
         summary.append(
             {
@@ -147,6 +118,15 @@ def item_descriptions(context, config: ItemDescriptionsConfig, lake: LakeResourc
         passed=not problems,
         metadata={"problems": MetadataValue.json(problems[:50]), "count": len(problems)},
     )
+
+
+def describe(rows: list[dict], config: ItemDescriptionsConfig, spec: BatchSpec, gateway: GatewayResource) -> BatchRun:
+    """Describe the items with the configured engine: the gateway, or vLLM's offline batch API on Ray."""
+    if config.engine != "ray_vllm":
+        return describe_items(rows, gateway.call, spec)
+    if not config.model_dir:
+        raise ValueError("engine ray_vllm needs model_dir (a model folder every Ray worker can read)")
+    return describe_items_ray_vllm(rows, config.model_dir, spec, config.ray_replicas, config.ray_gpus_per_replica)
 
 
 def check_day(day, wanted: pl.DataFrame, written: pl.DataFrame) -> list[str]:

@@ -15,7 +15,8 @@ from assets.metadata import table
 from assets.serving import CLIP_REGISTERED
 from engines.models import kserve
 from engines.models.kinds import EXPORTED_KINDS
-from engines.models.model_export import TRITON_REPOSITORY, ExportTarget, export_target, publish
+from engines.models.kserve import TRITON_MANIFEST
+from engines.models.model_export import TRITON_REPOSITORY, ExportTarget, TritonModel, export_target, publish
 from engines.models.registry import CHECKSUM_TAG, ModelRegistry
 from resources.lake import LakeResource
 from resources.model_server import ModelServerResource
@@ -24,7 +25,6 @@ from resources.registry import ModelRegistryResource
 MODEL_EXPORT = AssetKey(["deploy", "model_export"])
 TRITON_CHECK = "triton_export_matches_registry"
 KSERVE_CHECK = "kserve_manifests_valid"
-TRITON_MANIFEST = "mlplane-triton.yaml"
 
 
 class ModelExportConfig(Config):
@@ -120,57 +120,25 @@ def model_export(
     model_registry: ModelRegistryResource,
     model_server: ModelServerResource,
 ):
-    from serving.models.export_check import compare_export
-
     root = lake.get_client().root
     server = server_config(config.server_config or model_server.config_path, root)
     registry = model_registry.get_client()
     targets, skipped = resolve_targets(server.models, registry)
     repository = root / TRITON_REPOSITORY
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=_parent(repository)))
-    try:
-        models, comparisons = [], []
-        with tempfile.TemporaryDirectory(prefix="model-export-") as work:
-            for target in (t for t in targets if t.kind in EXPORTED_KINDS):
-                folder = registry.load(target.registry_model, target.version, Path(work) / target.name)
-                exported = export_target(target, folder, staging)
-                comparisons += [compare_export(staging, m, folder) for m in exported]
-                models += exported
-        exported_ok = all(c.passed for c in comparisons)
-        published = publish(staging, repository, models) if exported_ok else {}
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    models, comparisons, published = export_triton(targets, registry, repository)
+    exported_ok = all(c.passed for c in comparisons)
     settings = config.settings()
-    server_settings = server.model_dump(mode="json")
-    manifests = {
-        f"{kserve.isvc_name(t.name)}.yaml": kserve.predictor_manifests(t, server_settings, str(root), settings)
-        for t in targets
-    }
-    if models and exported_ok:  # a failed export leaves Triton's manifest as it was, like its repository
-        manifests[TRITON_MANIFEST] = [kserve.triton_manifest([m.target for m in models], settings)]
-    problems = {
-        f"{file}[{i}]": p
-        for file, docs in manifests.items()
-        for i, doc in enumerate(docs)
-        if (p := kserve.problems(doc))
-    }
+    # a failed export leaves Triton's manifest as it was, like its repository
+    triton_targets = [m.target for m in models] if exported_ok else []
+    manifests = kserve.deployment_manifests(
+        targets, triton_targets, server.model_dump(mode="json"), str(root), settings
+    )
+    problems = kserve.all_problems(manifests)
     keep = set() if exported_ok else {TRITON_MANIFEST}
     written = kserve.write_manifests(root / kserve.KSERVE_FOLDER, manifests, keep) if not problems else []
     yield MaterializeResult(
         metadata={
-            "served_models": table(
-                [
-                    {
-                        "served_as": t.name,
-                        "registry_model": t.registry_model,
-                        "version": t.version,
-                        "follows": t.follows,
-                        "triton_models": ", ".join(m.name for m in models if m.target == t) or "-",
-                        "inference_service": kserve.isvc_name(t.name),
-                    }
-                    for t in targets
-                ]
-            ),
+            "served_models": table([served_model_row(t, models) for t in targets]),
             "skipped": "; ".join(skipped) or "none",
             "triton_repository": str(repository),
             "triton_published": ", ".join(f"{k}: {len(v)}" for k, v in published.items()) or "nothing (check failed)",
@@ -195,6 +163,40 @@ def model_export(
             "problems": table([{"document": k, "problem": "; ".join(v)} for k, v in problems.items()]),
         },
     )
+
+
+def export_triton(targets: list[ExportTarget], registry: ModelRegistry, repository: Path):
+    """Export the Triton-served targets into a staging folder, compare each export with its registry model,
+    and publish the staging folder to `repository` only when every comparison passes. The exported models,
+    the comparisons and what was published (nothing when one failed)."""
+    from serving.models.export_check import compare_export
+
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=_parent(repository)))
+    try:
+        models: list[TritonModel] = []
+        comparisons = []
+        with tempfile.TemporaryDirectory(prefix="model-export-") as work:
+            for target in (t for t in targets if t.kind in EXPORTED_KINDS):
+                folder = registry.load(target.registry_model, target.version, Path(work) / target.name)
+                exported = export_target(target, folder, staging)
+                comparisons += [compare_export(staging, m, folder) for m in exported]
+                models += exported
+        published = publish(staging, repository, models) if all(c.passed for c in comparisons) else {}
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return models, comparisons, published
+
+
+def served_model_row(target: ExportTarget, models: list[TritonModel]) -> dict:
+    """A served model in the metadata's table: its registry version and what serves it."""
+    return {
+        "served_as": target.name,
+        "registry_model": target.registry_model,
+        "version": target.version,
+        "follows": target.follows,
+        "triton_models": ", ".join(m.name for m in models if m.target == target) or "-",
+        "inference_service": kserve.isvc_name(target.name),
+    }
 
 
 def _parent(repository: Path) -> Path:

@@ -3,7 +3,8 @@ registered, gated pipeline by `assets.pipelines.training_pipeline`."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
+from functools import partial
 
 import polars as pl
 from dagster import AllPartitionMapping, AssetDep, AssetKey, MetadataValue, TimeWindowPartitionMapping
@@ -86,15 +87,8 @@ def with_embeddings_as_of(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
     partitions_def=daily_partitions,
 )
 def train_personalization(run: TrainingRun) -> TrainedModel:
-    days = [
-        d
-        for d in run.lake.partition_days(DATASETS_ZONE, TRAINING_SET)
-        if run.day - timedelta(days=run.training_days - 1) <= d <= run.day
-    ]
-    if len(days) < 2:
-        raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
-    frame = with_embeddings_as_of(run.lake, run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days).collect())
-    train_rows, held_out = evaluation.split_held_out(frame)
+    days = training_days(run)
+    train_rows, held_out = evaluation.split_held_out(training_rows(run, days))
     # candidates of the held-out day are ranked with the embeddings known when it began
     embeddings = clip_image_vectors(run.lake, day_end(days[-2]))
     config = model_code.TrainConfig(
@@ -110,28 +104,18 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
     labels = relevance_labels(run.lake.root)
     human = human_relevance.model_human_relevance(result.model, train_rows, held_out, labels, embeddings)
     run.log(f"human relevance ({human['model']['release']}): {human}")
-
-    def against(champion_dir) -> dict:  # the champion (a) and this model (b) on the same held-out rows
-        champion = model_code.PersonalizationModel.load(champion_dir)
-        theirs = evaluation.held_out_scores(champion, train_rows, held_out, RANK_K, embeddings)
-        return {_metric_name("model", m): c for m, c in evaluation.paired_comparisons(theirs, mine).items()}
-
     model_dir = result.model.save(run.workdir / "model")
     loss_curve_png(result.loss_curve, model_dir / "loss_curve.png")
-    metrics = {_metric_name(name, key): value for name, values in scores.items() for key, value in values.items()}
-    metrics["final_train_loss"] = result.loss_curve[-1]
-    metrics.update({_metric_name(n, "human_auc"): v["auc"] for n, v in human.items() if isinstance(v["auc"], float)})
-    baseline = {_metric_name("model", m): scores["popularity"][m] for m in GATED_METRICS}
     return TrainedModel(
         model_dir=model_dir,
-        metrics=metrics,
+        metrics=personalization_metrics(scores, result, human),
         gate_metric=tuple(_metric_name("model", m) for m in RANKING_METRICS),
-        baseline=baseline,
+        baseline={_metric_name("model", m): scores["popularity"][m] for m in GATED_METRICS},
         baseline_comparisons={f"{_metric_name('model', m)} vs taste_clusters": strong[m] for m in RANKING_METRICS},
         gate_on_comparisons=GATE_ON_STRONG_BASELINE,
         # the platform's own model: its served features feed the training-serving skew check
         log_inputs=True,
-        compare=against,
+        compare=partial(compare_with_champion, train_rows, held_out, embeddings, mine),
         data_partitions=[d.isoformat() for d in days],
         feature_service=personalization_ranking.name,
         lineage=releases_tag(labels.release if labels is not None else None),
@@ -143,30 +127,72 @@ def train_personalization(run: TrainingRun) -> TrainedModel:
             "selected_epoch": str(result.selected_epoch),
         },
         metadata={
-            "held_out_metrics": table(
-                [{"scorer": name, **{k: round(v, 4) for k, v in values.items()}} for name, values in scores.items()]
-            ),
-            "loss_curve": MetadataValue.md(
-                "| epoch | train loss |\n|---|---|\n"
-                + "\n".join(f"| {i + 1} | {loss:.4f} |" for i, loss in enumerate(result.loss_curve))
-            ),
-            "training_rows": train_rows.height,
-            # model selection (ml.epoch_selection): the validation day's score per epoch, 0 the untrained start
-            "epoch_selection": MetadataValue.md(
-                "| epoch | validation (mean of recall@10 and NDCG@10) | kept |\n|---|---|---|\n"
-                + "\n".join(
-                    f"| {i} | {score:.4f} | {'yes' if i == result.selected_epoch else ''} |"
-                    for i, score in enumerate(result.validation_scores)
-                )
-            ),
-            "validation_rows": result.validation_rows,
-            # rows read before a daily view's first run: item attributes filled, the rest counted
-            "feature_coverage": table([{"measure": k, "rows": v} for k, v in result.coverage.items()]),
+            **training_metadata(scores, result, train_rows),
             "held_out_rows": held_out.height,
             **human_relevance_metadata(human),
             "uses_item_embeddings": embeddings is not None,
         },
     )
+
+
+def training_days(run: TrainingRun) -> list[date]:
+    """The training set's days in the run's window, the last one held out; two at least."""
+    days = [
+        d
+        for d in run.lake.partition_days(DATASETS_ZONE, TRAINING_SET)
+        if run.day - timedelta(days=run.training_days - 1) <= d <= run.day
+    ]
+    if len(days) < 2:
+        raise ValueError(f"personalization needs two or more days of {TRAINING_SET} up to {run.day}, found {days}")
+    return days
+
+
+def training_rows(run: TrainingRun, days: list[date]) -> pl.DataFrame:
+    """The training set's rows of `days`, each with its item's embedding as of the row's time."""
+    scanned = run.lake.scan_partitions(DATASETS_ZONE, TRAINING_SET, days)
+    if scanned is None:  # the days come from the lake's own listing of the table
+        raise ValueError(f"no partitions of {TRAINING_SET} for {days}")
+    return with_embeddings_as_of(run.lake, scanned.collect())
+
+
+def compare_with_champion(train_rows, held_out, embeddings, mine, champion_dir) -> dict:
+    """The champion (a) and this model (b, its held-out scores `mine`) on the same held-out rows."""
+    champion = model_code.PersonalizationModel.load(champion_dir)
+    theirs = evaluation.held_out_scores(champion, train_rows, held_out, RANK_K, embeddings)
+    return {_metric_name("model", m): c for m, c in evaluation.paired_comparisons(theirs, mine).items()}
+
+
+def personalization_metrics(scores: dict[str, dict], result, human: dict[str, dict]) -> dict[str, float]:
+    """The metrics registered with the model: every scorer's held-out scores, the final loss, the human AUCs."""
+    metrics = {_metric_name(name, key): value for name, values in scores.items() for key, value in values.items()}
+    metrics["final_train_loss"] = result.loss_curve[-1]
+    metrics.update({_metric_name(n, "human_auc"): v["auc"] for n, v in human.items() if isinstance(v["auc"], float)})
+    return metrics
+
+
+def training_metadata(scores: dict[str, dict], result, train_rows: pl.DataFrame) -> dict:
+    """The UI's view of the training: held-out scores, the loss curve and the epoch kept."""
+    return {
+        "held_out_metrics": table(
+            [{"scorer": name, **{k: round(v, 4) for k, v in values.items()}} for name, values in scores.items()]
+        ),
+        "loss_curve": MetadataValue.md(
+            "| epoch | train loss |\n|---|---|\n"
+            + "\n".join(f"| {i + 1} | {loss:.4f} |" for i, loss in enumerate(result.loss_curve))
+        ),
+        "training_rows": train_rows.height,
+        # model selection (ml.epoch_selection): the validation day's score per epoch, 0 the untrained start
+        "epoch_selection": MetadataValue.md(
+            "| epoch | validation (mean of recall@10 and NDCG@10) | kept |\n|---|---|---|\n"
+            + "\n".join(
+                f"| {i} | {score:.4f} | {'yes' if i == result.selected_epoch else ''} |"
+                for i, score in enumerate(result.validation_scores)
+            )
+        ),
+        "validation_rows": result.validation_rows,
+        # rows read before a daily view's first run: item attributes filled, the rest counted
+        "feature_coverage": table([{"measure": k, "rows": v} for k, v in result.coverage.items()]),
+    }
 
 
 def human_relevance_metadata(human: dict[str, dict]) -> dict:

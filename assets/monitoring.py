@@ -238,14 +238,7 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     scored, waiting = accuracy.with_complete_horizon(logged, until, settings.horizon)
     answers = accuracy.scored_answers(scored, outcomes, settings)
     models = accuracy.by_model(answers, settings)
-    experiment_users = accuracy.experiment_users(answers, day)
-    if not experiment_users.is_empty():
-        the_lake.write_partition(ZONE, EXPERIMENT_USERS_TABLE, day, experiment_users)
-    pooled = accuracy.pooled_days(the_lake, day, experiment_users) if answers.height else experiment_users
-    designs = served_designs(the_lake.root, logged, pooled)
-    ratios = sample_ratios(logged, pooled, designs, settings)
-    compared = experiment_comparisons(the_lake, answers, pooled, designs, settings)
-    comparisons = accuracy.with_sample_ratio(compared, ratios)
+    designs, ratios, comparisons = analyse_experiments(the_lake, day, logged, answers, settings)
     found = accuracy.drops(
         models,
         history(the_lake, day, config.history_days),
@@ -258,23 +251,7 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
     if not comparisons.is_empty():
         the_lake.write_partition(ZONE, COMPARISONS_TABLE, day, comparisons)
     notified = notify(notifier, day, found) if found else False
-    yield AssetCheckResult(
-        check_name=DROP_CHECK,
-        passed=not found,
-        severity=AssetCheckSeverity.ERROR,
-        description="; ".join(
-            f"{d.served_model}: CTR@{config.k} {d.ctr:.4f} vs {d.baseline_ctr:.4f} "
-            f"(-{d.relative_drop:.0%}, p={d.p_value:.2g})"
-            for d in found
-        )
-        or "no drop",
-        metadata={
-            "threshold": config.drop_threshold,
-            "alpha": config.drop_alpha,
-            "notified": notified,
-            "drops": table([d.__dict__ for d in found]),
-        },
-    )
+    yield drop_check(found, notified, config)
     yield sample_ratio_check(ratios, settings)
     latencies = accuracy.latency(logged)
     yield latency_check(notifier, day, latencies, config)
@@ -294,13 +271,53 @@ def online_accuracy(context, config: OnlineAccuracyConfig, lake: LakeResource, n
             "experiment_designs": table(designs_table(designs)),  # the control and split each analysis used
             "answers_without_experiments_config": without_config(logged),  # read with the repository's file
             "ctr_over_time": ctr_picture(the_lake, day, answers, config.k),
-            **{
-                f"ctr/{r['role']}/{r['variant']}": float(r["ctr"])
-                for r in models.iter_rows(named=True)
-                if r["ctr"] is not None and not math.isnan(r["ctr"])
-            },
+            **ctr_by_variant(models),
         }
     )
+
+
+def analyse_experiments(lake, day: date, logged: pl.DataFrame, answers: pl.DataFrame, settings):
+    """The day's experiment users (written to the lake), pooled over each experiment's days, and from them
+    the design each experiment was served with, its sample ratios and its comparisons with the control."""
+    experiment_users = accuracy.experiment_users(answers, day)
+    if not experiment_users.is_empty():
+        lake.write_partition(ZONE, EXPERIMENT_USERS_TABLE, day, experiment_users)
+    pooled = accuracy.pooled_days(lake, day, experiment_users) if answers.height else experiment_users
+    designs = served_designs(lake.root, logged, pooled)
+    ratios = sample_ratios(logged, pooled, designs, settings)
+    compared = experiment_comparisons(lake, answers, pooled, designs, settings)
+    return designs, ratios, accuracy.with_sample_ratio(compared, ratios)
+
+
+def drop_check(found: list[accuracy.Drop], notified: bool, config: OnlineAccuracyConfig) -> AssetCheckResult:
+    """The check that no live model's CTR@k fell against its earlier days: the drops found, and whether the
+    webhook heard of them."""
+    return AssetCheckResult(
+        check_name=DROP_CHECK,
+        passed=not found,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(
+            f"{d.served_model}: CTR@{config.k} {d.ctr:.4f} vs {d.baseline_ctr:.4f} "
+            f"(-{d.relative_drop:.0%}, p={d.p_value:.2g})"
+            for d in found
+        )
+        or "no drop",
+        metadata={
+            "threshold": config.drop_threshold,
+            "alpha": config.drop_alpha,
+            "notified": notified,
+            "drops": table([d.__dict__ for d in found]),
+        },
+    )
+
+
+def ctr_by_variant(models: pl.DataFrame) -> dict[str, float]:
+    """`ctr/<role>/<variant>` -> CTR@k of each live model that has one, as numeric metadata to plot."""
+    return {
+        f"ctr/{r['role']}/{r['variant']}": float(r["ctr"])
+        for r in models.iter_rows(named=True)
+        if r["ctr"] is not None and not math.isnan(r["ctr"])
+    }
 
 
 def experiment_comparisons(lake, answers, users, designs: dict[str, Design], settings) -> pl.DataFrame:

@@ -74,11 +74,48 @@ def notebook_pipeline(
     if not path.is_file():
         raise FileNotFoundError(f"notebook {path} not found")
     name = name or path.stem
-    key = AssetKey([NOTEBOOKS_ZONE, name])
     tags = pipeline_tags(pool, 0, priority, notify)
 
+    run_notebook = notebook_asset(
+        path,
+        name,
+        description=description,
+        partitions_def=partitions_def,
+        deps=deps,
+        group=group,
+        owners=owners,
+        tags=tags,
+        timeout_seconds=timeout_seconds,
+    )
+    checks = build_time_partition_freshness_checks(
+        assets=[run_notebook], deadline_cron=freshness_deadline_cron, timezone="UTC"
+    )
+    job = define_asset_job(
+        f"notebook_{name}",
+        selection=[AssetKey([NOTEBOOKS_ZONE, name])],
+        tags=tags,
+        description=f"Run notebook {path.name} for a day.",
+    )
+    schedule = build_schedule_from_partitioned_job(job, hour_of_day=hour_of_day, minute_of_hour=minute_of_hour)
+    return NotebookPipeline(name, path, [run_notebook], list(checks), job, schedule)
+
+
+def notebook_asset(
+    path: Path,
+    name: str,
+    *,
+    description: str,
+    partitions_def: PartitionsDefinition,
+    deps: list | tuple,
+    group: str,
+    owners: tuple[str, ...],
+    tags: dict[str, str],
+    timeout_seconds: int,
+):
+    """`notebooks/<name>`: the notebook run for the partition's day, the executed copy kept in the lake."""
+
     @asset(
-        key=key,
+        key=AssetKey([NOTEBOOKS_ZONE, name]),
         group_name=group,
         description=f"{description} (notebook {path.name}, run by papermill)",
         partitions_def=partitions_def,
@@ -89,28 +126,11 @@ def notebook_pipeline(
         backfill_policy=BackfillPolicy.multi_run(1),
     )
     def run_notebook(context, lake: LakeResource) -> MaterializeResult:
-        import papermill
-
         day = context.partition_key
         output = output_notebook_path(lake.root, name, day, context.run.run_id)
         output.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        try:
-            papermill.execute_notebook(
-                str(path),
-                str(output),
-                parameters={"day": day, "data_dir": str(Path(lake.root).resolve())},
-                kernel_name="python3",
-                cwd=str(path.parent),
-                progress_bar=False,
-                log_output=False,
-                execution_timeout=timeout_seconds,
-            )
-        except papermill.PapermillExecutionError as error:  # the executed notebook shows the failing cell
-            raise Failure(
-                f"notebook {path.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}",
-                metadata={"output_notebook": MetadataValue.notebook(str(output))},
-            ) from error
+        execute_notebook(path, output, day, Path(lake.root).resolve(), timeout_seconds)
         return MaterializeResult(
             metadata={
                 "output_notebook": MetadataValue.notebook(str(output)),
@@ -119,14 +139,26 @@ def notebook_pipeline(
             }
         )
 
-    checks = build_time_partition_freshness_checks(
-        assets=[run_notebook], deadline_cron=freshness_deadline_cron, timezone="UTC"
-    )
-    job = define_asset_job(
-        f"notebook_{name}",
-        selection=[key],
-        tags=tags,
-        description=f"Run notebook {path.name} for a day.",
-    )
-    schedule = build_schedule_from_partitioned_job(job, hour_of_day=hour_of_day, minute_of_hour=minute_of_hour)
-    return NotebookPipeline(name, path, [run_notebook], list(checks), job, schedule)
+    return run_notebook
+
+
+def execute_notebook(path: Path, output: Path, day: str, data_dir: Path, timeout_seconds: int) -> None:
+    """Run the notebook with papermill into `output`; a failed cell fails the run, naming the cell."""
+    import papermill
+
+    try:
+        papermill.execute_notebook(
+            str(path),
+            str(output),
+            parameters={"day": day, "data_dir": str(data_dir)},
+            kernel_name="python3",
+            cwd=str(path.parent),
+            progress_bar=False,
+            log_output=False,
+            execution_timeout=timeout_seconds,
+        )
+    except papermill.PapermillExecutionError as error:  # the executed notebook shows the failing cell
+        raise Failure(
+            f"notebook {path.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}",
+            metadata={"output_notebook": MetadataValue.notebook(str(output))},
+        ) from error

@@ -186,46 +186,24 @@ def training_pipeline(
     challenger either way."""
     if promotion_evidence not in EVIDENCE:
         raise ValueError(f"promotion_evidence must be one of {', '.join(EVIDENCE)}, not {promotion_evidence!r}")
-    model_key = AssetKey(["models", model_name])
-    champion_key = AssetKey(["models", f"{model_name}_champion"])
+    model_key, champion_key = AssetKey(["models", model_name]), champion_asset_key(model_name)
     tags = pipeline_tags(pool, gpus, priority, notify)
 
     def decorate(fn: Callable[[TrainingRun], TrainedModel]) -> TrainingPipeline:
-        @asset(
-            key=model_key,
-            group_name=group,
+        train = train_asset(
+            fn,
+            model_name,
             description=description,
-            partitions_def=partitions_def,
-            backfill_policy=BackfillPolicy.single_run(),
             deps=deps,
-            kinds={"pytorch", "ray", "mlflow"},
-            owners=list(owners),
-            op_tags=tags,
-            required_resource_keys={"lake", "ray", "model_registry"},
-            check_specs=gate_check_specs(model_key),
-        )
-        def train_and_register(context, config: TrainingConfig):
-            registered = register_trained(context, config, fn, model_name, gpus)
-            verdict = promotion_verdict(context, registered, model_name, promotion_evidence, online_margin)
-            yield MaterializeResult(metadata=registered.metadata(model_name))
-            yield verdict.check_result(registered, promotion_evidence)
-            yield baseline_check(registered.trained)
-
-        @asset(
-            key=champion_key,
-            group_name=group,
-            description=f"Moves the `champion` alias of {model_name!r} to the challenger that passed "
-            f"`{GATE_CHECK}` and `{BASELINE_CHECK}`; `mlplane models rollback` moves it back.",
             partitions_def=partitions_def,
-            backfill_policy=BackfillPolicy.single_run(),
-            deps=[model_key],
-            kinds={"mlflow"},
-            owners=list(owners),
-            required_resource_keys={"model_registry"},
+            group=group,
+            owners=owners,
+            tags=tags,
+            gpus=gpus,
+            promotion_evidence=promotion_evidence,
+            online_margin=online_margin,
         )
-        def promote(context):
-            return promote_approved(context.resources.model_registry.get_client(), model_name, context.run.run_id)
-
+        promote = champion_asset(model_name, partitions_def=partitions_def, group=group, owners=owners)
         job = define_asset_job(
             f"train_{model_name}",
             selection=AssetSelection.assets(model_key, champion_key),
@@ -233,9 +211,74 @@ def training_pipeline(
             description=f"Train {model_name}, register it and promote it if it beats the champion.",
         )
         schedule = build_schedule_from_partitioned_job(job, hour_of_day=hour_of_day)
-        return TrainingPipeline(model_name, [train_and_register, promote], job, schedule)
+        return TrainingPipeline(model_name, [train, promote], job, schedule)
 
     return decorate
+
+
+def champion_asset_key(model_name: str) -> AssetKey:
+    return AssetKey(["models", f"{model_name}_champion"])
+
+
+def train_asset(
+    fn: Callable[[TrainingRun], TrainedModel],
+    model_name: str,
+    *,
+    description: str,
+    deps: list,
+    partitions_def: PartitionsDefinition,
+    group: str,
+    owners: tuple[str, ...],
+    tags: dict[str, str],
+    gpus: int,
+    promotion_evidence: str,
+    online_margin: float,
+):
+    """`models/<name>`: run `fn`, register what it trained as the challenger, and the blocking gate checks."""
+    model_key = AssetKey(["models", model_name])
+
+    @asset(
+        key=model_key,
+        group_name=group,
+        description=description,
+        partitions_def=partitions_def,
+        backfill_policy=BackfillPolicy.single_run(),
+        deps=deps,
+        kinds={"pytorch", "ray", "mlflow"},
+        owners=list(owners),
+        op_tags=tags,
+        required_resource_keys={"lake", "ray", "model_registry"},
+        check_specs=gate_check_specs(model_key),
+    )
+    def train_and_register(context, config: TrainingConfig):
+        registered = register_trained(context, config, fn, model_name, gpus)
+        verdict = promotion_verdict(context, registered, model_name, promotion_evidence, online_margin)
+        yield MaterializeResult(metadata=registered.metadata(model_name))
+        yield verdict.check_result(registered, promotion_evidence)
+        yield baseline_check(registered.trained)
+
+    return train_and_register
+
+
+def champion_asset(model_name: str, *, partitions_def: PartitionsDefinition, group: str, owners: tuple[str, ...]):
+    """`models/<name>_champion`: promote the challenger that passed the gate checks."""
+
+    @asset(
+        key=champion_asset_key(model_name),
+        group_name=group,
+        description=f"Moves the `champion` alias of {model_name!r} to the challenger that passed "
+        f"`{GATE_CHECK}` and `{BASELINE_CHECK}`; `mlplane models rollback` moves it back.",
+        partitions_def=partitions_def,
+        backfill_policy=BackfillPolicy.single_run(),
+        deps=[AssetKey(["models", model_name])],
+        kinds={"mlflow"},
+        owners=list(owners),
+        required_resource_keys={"model_registry"},
+    )
+    def promote(context):
+        return promote_approved(context.resources.model_registry.get_client(), model_name, context.run.run_id)
+
+    return promote
 
 
 @dataclass
@@ -347,7 +390,7 @@ def promotion_verdict(
     offline = offline_verdict(registered.comparisons, trained.gate_metric, margin) if champion else None
     passed, approved = offline is None or offline.passed, registered.version.version
     reason = offline.reason if offline else "no champion yet: nothing to beat"
-    online = {}
+    online: dict = {}
     if evidence == "online":
         passed, approved, online = online_gate(
             registered.lake, registered.day, model_name, registered.under_test, champion, online_margin

@@ -4,7 +4,7 @@ catalogue's thumbnails with their titles. Saved in Hugging Face's LLaVA format a
 as `vision_captioner`; its caption quality on held-out items sits beside a text-only baseline."""
 
 import io
-import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,21 +15,12 @@ from assets.llm import GATEWAY_LLM, gateway_llm_dir, json_metrics, register_vers
 from assets.metadata import table
 from engines.retrieval.embeddings import current_catalogue, current_model, holdout_mask
 from ml.clip import load_model
-from ml.llm import tokenizer_sha256
-from ml.vision_llm import (
-    CaptionerConfig,
-    assemble,
-    generate_captions,
-    text_only_baseline,
-    train_captioner,
-    word_accuracy,
-)
+from ml.vision_llm import CaptionData, CaptionerConfig, train_and_evaluate
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
 
 VISION_CAPTIONER = AssetKey(["models", "vision_captioner"])
 REGISTERED_NAME = "vision_captioner"
-SAMPLES = 8  # held-out captions shown in the metadata
 
 
 class VisionCaptionerConfig(Config):
@@ -93,35 +84,18 @@ def vision_captioner(context, config: VisionCaptionerConfig, lake: LakeResource,
     llm_dir = gateway_llm_dir(lake.root)
     language_model = json_metrics(llm_dir)["tokenizer_sha256"]
     vision_cfg = open_clip.get_model_config(clip_spec.model_name)["vision_cfg"]
-    captioner = CaptionerConfig(steps=config.steps)
 
-    def train(staging: Path) -> dict:
-        model, processor = assemble(load_model(clip_spec), vision_cfg, llm_dir)
-        metrics = train_captioner(
-            model,
-            processor,
-            [images[r] for r in train_rows],
-            [titles[r] for r in train_rows],
-            captioner,
-            log=context.log.info,
-        )
-        captions = generate_captions(model, processor, [images[r] for r in test_rows])
-        baseline = text_only_baseline([titles[r] for r in train_rows], length=4)
-        held_titles = [titles[r] for r in test_rows]
-        model.save_pretrained(staging)
-        processor.save_pretrained(staging)
-        metrics.update(
-            held_out_items=len(test_rows),
-            word_accuracy=word_accuracy(captions, held_titles),
-            baseline_word_accuracy=word_accuracy([baseline] * len(held_titles), held_titles),
-            baseline_caption=baseline,
-            samples=[{"title": t, "caption": c} for t, c in zip(held_titles[:SAMPLES], captions[:SAMPLES])],
-            tokenizer_sha256=tokenizer_sha256(staging),
-        )
-        metrics["config"] = {**metrics["config"], "clip_version": clip_version, "gateway_llm_tokenizer": language_model}
-        (staging / "mlplane_training.json").write_text(json.dumps(metrics, indent=2))
-        return metrics
-
+    data = CaptionData(images, titles, train_rows, test_rows)
+    train = partial(
+        train_and_evaluate,
+        clip_model=load_model(clip_spec),
+        vision_cfg=vision_cfg,
+        llm_dir=llm_dir,
+        data=data,
+        config=CaptionerConfig(steps=config.steps),
+        provenance={"clip_version": clip_version, "gateway_llm_tokenizer": language_model},
+        log=context.log.info,
+    )
     target = vision_captioner_dir(lake.root)
     metrics = train_into(target, train)
     passed = metrics["word_accuracy"] > metrics["baseline_word_accuracy"]

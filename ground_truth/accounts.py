@@ -52,14 +52,17 @@ def create_account(engine: Engine, username: str, password: str, role: Role) -> 
         raise ValueError("password must be at least 8 characters")
     try:
         with engine.begin() as conn:
-            account_id = conn.execute(
+            inserted = conn.execute(
                 insert(accounts).values(
                     username=username,
                     password_hash=hash_password(password),
                     role=Role(role).value,
                     created_at=datetime.now(UTC),
                 )
-            ).inserted_primary_key[0]
+            ).inserted_primary_key
+            if inserted is None:  # an INSERT of one row always has its key; the type covers every statement
+                raise RuntimeError(f"the account {username!r} was inserted without a key")
+            account_id = inserted[0]
     except IntegrityError as error:
         raise AccountExists(f"account {username!r} exists") from error
     return Account(account_id, username, Role(role))

@@ -6,7 +6,7 @@ annotator's accuracy on gold questions)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
 from itertools import permutations
 from math import sqrt
@@ -17,14 +17,14 @@ import numpy as np
 def krippendorff_alpha(units: Sequence[Sequence[Hashable]]) -> float | None:
     """Nominal alpha; each unit is the list of values it received (missing answers left out).
     Units with fewer than two values are not pairable and drop out, as in Krippendorff (2011)."""
-    coincidences: Counter = Counter()
+    coincidences: defaultdict[tuple[Hashable, Hashable], float] = defaultdict(float)
     for values in units:
         m = len(values)
         if m < 2:
             continue
         for a, b in permutations(range(m), 2):
             coincidences[(values[a], values[b])] += 1 / (m - 1)
-    totals: Counter = Counter()
+    totals: defaultdict[Hashable, float] = defaultdict(float)
     for (c, _), weight in coincidences.items():
         totals[c] += weight
     n = sum(totals.values())

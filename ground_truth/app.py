@@ -264,34 +264,42 @@ def _page(request: Request, html: str, status: int = 200) -> HTMLResponse:
     return response
 
 
+def _page_account(access: Access, request: Request, roles: tuple[Role, ...] | None = None) -> acc.Account:
+    """The account behind a page or form (a form's CSRF field is checked by its route first); without one,
+    a redirect to the sign-in page that comes back here."""
+    try:
+        account = access.caller(request, form_checked=True)
+    except HTTPException as error:
+        back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise HTTPException(303, headers={"location": pages.login_url(back)}) from error
+    if roles is not None and account.role not in roles:
+        raise HTTPException(403, f"a {account.role.value} may not open this page")
+    return account
+
+
 def _pages(app: FastAPI, access: Access, media_root: Path | None) -> None:
-    engine = access.engine
-
-    def page_account(request: Request, roles: tuple[Role, ...] | None = None) -> acc.Account:
-        """The account behind a page or form (a form's CSRF field is checked by its route first)."""
-        try:
-            account = access.caller(request, form_checked=True)
-        except HTTPException as error:
-            back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            raise HTTPException(303, headers={"location": pages.login_url(back)}) from error
-        if roles is not None and account.role not in roles:
-            raise HTTPException(403, f"a {account.role.value} may not open this page")
-        return account
-
     _sign_in_pages(app, access)
+    _task_pages(app, access)
+    _admin_pages(app, access)
+    _media_files(app, access, media_root)
+
+
+def _task_pages(app: FastAPI, access: Access) -> None:
+    engine = access.engine
 
     @app.get("/", response_class=HTMLResponse)
     def home(request: Request):
-        return _page(request, pages.home(page_account(request), q.list_tasks(engine), guard.csrf_token(request)))
+        account = _page_account(access, request)
+        return _page(request, pages.home(account, q.list_tasks(engine), guard.csrf_token(request)))
 
     @app.get("/label/{task}", response_class=HTMLResponse)
     def label_page(request: Request, task: str):
-        account = page_account(request, ANNOTATOR)
+        account = _page_account(access, request, ANNOTATOR)
         return _page(request, pages.label(account, q.get_task(engine, task), guard.csrf_token(request)))
 
     @app.get("/review/{task}", response_class=HTMLResponse)
     def review_page(request: Request, task: str):
-        account = page_account(request, REVIEWERS)  # before the lookup: a stranger learns no task names
+        account = _page_account(access, request, REVIEWERS)  # before the lookup: a stranger learns no task names
         found = q.get_task(engine, task)
         states = review.disputes(engine, found)
         shown = {s.item_id: originals.of_item(engine, s.item_id) for s in states}
@@ -300,9 +308,13 @@ def _pages(app: FastAPI, access: Access, media_root: Path | None) -> None:
         )
         return _page(request, html)
 
+
+def _admin_pages(app: FastAPI, access: Access) -> None:
+    engine = access.engine
+
     @app.get("/admin", response_class=HTMLResponse)
     def admin_page(request: Request, created: str | None = None):
-        account = page_account(request, ADMIN)
+        account = _page_account(access, request, ADMIN)
         people, tasks = acc.list_accounts(engine), q.list_tasks(engine)
         return _page(request, pages.admin(account, people, tasks, guard.csrf_token(request), created=created))
 
@@ -315,7 +327,7 @@ def _pages(app: FastAPI, access: Access, media_root: Path | None) -> None:
         csrf: Annotated[str | None, Form(max_length=100)] = None,
     ):
         guard.check_form(request, csrf)
-        account = page_account(request, ADMIN)
+        account = _page_account(access, request, ADMIN)
         try:
             acc.create_account(engine, username, password, role)
         except ValueError as error:  # a bad name or password, or the account exists: say so on the page
@@ -324,9 +336,13 @@ def _pages(app: FastAPI, access: Access, media_root: Path | None) -> None:
             return _page(request, html, 409 if isinstance(error, acc.AccountExists) else 422)
         return RedirectResponse(f"/admin?created={username}", status_code=303)
 
+
+def _media_files(app: FastAPI, access: Access, media_root: Path | None) -> None:
+    engine = access.engine
+
     @app.get("/media/{path:path}")
     def media(request: Request, path: str):
-        account = page_account(request)
+        account = _page_account(access, request)
         # only a file an item the caller may see shows, never the rest of the media root
         if media_root is None or not _plain_path(path) or not seen.may_see_media(engine, account, path):
             raise HTTPException(404, f"no media file {path!r}")

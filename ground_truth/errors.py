@@ -3,6 +3,8 @@ for people everywhere else, each with the status and the problem named."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -22,7 +24,7 @@ class Throttled(Exception):
         self.headers = {"retry-after": str(retry_after)}
 
 
-def problem(request: Request, status: int, detail: str, headers: dict | None = None) -> Response:
+def problem(request: Request, status: int, detail: str, headers: Mapping[str, str] | None = None) -> Response:
     if request.url.path.startswith("/api/"):
         return JSONResponse({"detail": detail}, status_code=status, headers=headers)
     page = pages.error(status, detail, request.url.path)

@@ -74,4 +74,6 @@ def check_cookie_call(request: Request) -> None:
 
 
 def _matches(cookie: str | None, submitted: str | None) -> bool:
-    return bool(cookie) and bool(submitted) and hmac.compare_digest(cookie.encode(), submitted.encode())
+    if not cookie or not submitted:
+        return False
+    return hmac.compare_digest(cookie.encode(), submitted.encode())

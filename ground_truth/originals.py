@@ -103,9 +103,11 @@ class Lookup:
 
 def _task_has_originals(engine: Engine, task: Task) -> bool:
     with engine.begin() as conn:
-        return conn.execute(
-            select(exists(select(item_originals.c.item_id).join(items).where(items.c.task_id == task.id)))
-        ).scalar()
+        return bool(
+            conn.execute(
+                select(exists(select(item_originals.c.item_id).join(items).where(items.c.task_id == task.id)))
+            ).scalar()
+        )
 
 
 def of_item(engine: Engine, item_id: int) -> Original | None:

@@ -30,18 +30,18 @@ from ground_truth.annotator_model import AnnotatorModel
 from ground_truth.queue import Task
 from ground_truth.review import ItemState, TaskQuality
 
-SCHEMA = {
-    "key": pl.String,
-    "label": pl.String,
-    "resolved_by": pl.String,
-    "posterior": pl.Float64,  # the annotator model's probability of the label (1.0 for a verdict: it is given)
-    "answers": pl.Int64,
+SCHEMA: dict[str, pl.DataType] = {
+    "key": pl.String(),
+    "label": pl.String(),
+    "resolved_by": pl.String(),
+    "posterior": pl.Float64(),  # the annotator model's probability of the label (1.0 for a verdict: it is given)
+    "answers": pl.Int64(),
     "annotators": pl.List(pl.String),
     "answer_labels": pl.List(pl.String),
     "queues": pl.List(pl.String),
-    "title": pl.String,
-    "thumbnail": pl.String,
-    "model_score": pl.Float64,
+    "title": pl.String(),
+    "thumbnail": pl.String(),
+    "model_score": pl.Float64(),
 }
 
 
@@ -91,7 +91,7 @@ def candidate(
 ) -> Candidate:
     """The resolved items (verdict, else the annotator model's label at the task's confidence, else a
     unanimous answer) with their posteriors; gold questions and open items left out."""
-    k = task.spec.annotators_per_item
+    k, labels = task.spec.annotators_per_item, task.spec.labels
     if model is None:
         weights = {a.annotator: a.weight for a in quality.annotators if a.weight != 1.0}
         model = review.fit_model(task, states, weights)
@@ -106,7 +106,8 @@ def candidate(
                 "key": s.key,
                 "label": label,
                 "resolved_by": how,
-                "posterior": posterior[task.spec.labels.index(label)] if posterior else None,
+                # a posterior comes from the annotator model, which a task has only with its labels
+                "posterior": posterior[labels.index(label)] if posterior and labels is not None else None,
                 "answers": len(s.answers),
                 "annotators": sorted(s.answers),
                 "answer_labels": [s.answers[a] for a in sorted(s.answers)],

@@ -6,6 +6,7 @@ and the annotators flagged for a gold accuracy below the task's floor (their ans
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from sqlalchemy import exists, func, insert, select
@@ -90,7 +91,7 @@ def item_states(engine: Engine, task: Task) -> list[ItemState]:
             select(item_sources.c.item_id, item_sources.c.queue).join(items).where(items.c.task_id == task.id)
         ).all()
         # an item without regular slots was added as a gold question
-        slotted = dict(
+        slotted: dict[int, int] = dict(
             conn.execute(
                 select(slots.c.item_id, func.count())
                 .join(items)
@@ -249,7 +250,9 @@ def fit_model(task: Task, states: list[ItemState], weights: dict[str, float]) ->
         return None
     answers = [am.Answer(s.key, who, label) for s in states for who, label in s.answers.items()]
     answers += [am.Answer(s.key, who, label) for s in states for who, label in s.gold_answers.items()]
-    known = {s.key: s.verdict or s.gold_label for s in states if (s.verdict or s.gold_label) in labels}
+    known: dict[Hashable, str] = {
+        s.key: given for s in states if (given := s.verdict or s.gold_label) is not None and given in labels
+    }
     return am.fit([a for a in answers if a.label in labels], labels, known, weights)
 
 

@@ -54,8 +54,8 @@ class SignInThrottle:
                 attempts.pop()
 
     def _wait(self, key: tuple[str, str], moment: float) -> int | None:
-        attempts = self._attempts.get(key, ())
-        if len(attempts) < self.limits[key[0]]:
+        attempts = self._attempts.get(key)
+        if attempts is None or len(attempts) < self.limits[key[0]]:
             return None
         return max(1, math.ceil(attempts[0] + self.window_s - moment))
 

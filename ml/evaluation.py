@@ -171,7 +171,7 @@ def paired_comparisons(champion: HeldOutScores, challenger: HeldOutScores) -> di
 def split_held_out(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Train on every day but the newest; hold the newest out."""
     days = frame.get_column("event_timestamp").dt.date()
-    newest = days.max()
+    newest = days.dt.max()
     if days.n_unique() < 2:
         raise ValueError(f"need at least two days of training data to hold one out, got only {newest}")
     return frame.filter(days < newest), frame.filter(days == newest)

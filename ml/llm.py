@@ -10,6 +10,7 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ class LlmConfig:
             raise ValueError(f"head size must be 64 (hidden_size / heads), got {self.hidden_size}/{self.heads}")
 
 
-def corpus_from_frames(chat_texts: list[str], titles: list[str], descriptions: list[str] = ()) -> list[str]:
+def corpus_from_frames(chat_texts: list[str], titles: list[str], descriptions: Sequence[str] = ()) -> list[str]:
     """Training documents: every chat message, and an item listing per title (with its description)."""
     documents = [t for t in chat_texts if t]
     for i, title in enumerate(titles):

@@ -11,6 +11,7 @@ PyPI's CUDA build, whose operators do not load beside the CPU torch that vllm-cp
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
@@ -21,6 +22,7 @@ import numpy as np
 
 IMAGE_TOKEN = "<image>"
 PROMPT = "Describe the item."
+SAMPLES = 8  # held-out captions kept in the training record
 
 
 @dataclass(frozen=True)
@@ -262,3 +264,55 @@ def text_only_baseline(train_titles: list[str], length: int) -> str:
     """The best caption that ignores the image for word_accuracy: the most common word at each position."""
     words = [title.lower().split() for title in train_titles]
     return " ".join(Counter(w[i] for w in words if len(w) > i).most_common(1)[0][0] for i in range(length))
+
+
+@dataclass(frozen=True)
+class CaptionData:
+    """Thumbnails and their titles, by row, and which rows train and which are held out."""
+
+    images: list[np.ndarray]
+    titles: list[str]
+    train_rows: np.ndarray
+    test_rows: np.ndarray
+
+    def train_images(self) -> list[np.ndarray]:
+        return [self.images[r] for r in self.train_rows]
+
+    def train_titles(self) -> list[str]:
+        return [self.titles[r] for r in self.train_rows]
+
+
+def train_and_evaluate(
+    staging: Path,
+    *,
+    clip_model,
+    vision_cfg: dict,
+    llm_dir: str | Path,
+    data: CaptionData,
+    config: CaptionerConfig,
+    provenance: dict[str, str],
+    log=print,
+) -> dict:
+    """Assemble and train the captioner, save it to `staging` with its processor and a training record
+    (mlplane_training.json: the training metrics, held-out word accuracy beside the text-only baseline,
+    sample captions and `provenance` in its config); the record."""
+    from ml.llm import tokenizer_sha256
+
+    model, processor = assemble(clip_model, vision_cfg, llm_dir)
+    metrics = train_captioner(model, processor, data.train_images(), data.train_titles(), config, log=log)
+    captions = generate_captions(model, processor, [data.images[r] for r in data.test_rows])
+    baseline = text_only_baseline(data.train_titles(), length=4)
+    held_titles = [data.titles[r] for r in data.test_rows]
+    model.save_pretrained(staging)
+    processor.save_pretrained(staging)
+    metrics.update(
+        held_out_items=len(data.test_rows),
+        word_accuracy=word_accuracy(captions, held_titles),
+        baseline_word_accuracy=word_accuracy([baseline] * len(held_titles), held_titles),
+        baseline_caption=baseline,
+        samples=[{"title": t, "caption": c} for t, c in zip(held_titles[:SAMPLES], captions[:SAMPLES])],
+        tokenizer_sha256=tokenizer_sha256(staging),
+    )
+    metrics["config"] = {**metrics["config"], **provenance}
+    (staging / "mlplane_training.json").write_text(json.dumps(metrics, indent=2))
+    return metrics

@@ -109,7 +109,7 @@ def notify_run_failure(context: RunFailureSensorContext, notifier: WebhookNotifi
     }
     targets = [t for t in run.tags.get(NOTIFY_TAG, "").split(",") if t]
     posted, unknown = notifier.post_to_targets(targets, payload)
-    if notifier.post(payload):
+    if notifier.url and notifier.post(payload):
         posted.append(notifier.url)
     if unknown:
         context.log.warning(

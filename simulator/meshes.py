@@ -154,7 +154,7 @@ class MeshSpec:
             volume += polygon * h
         points, _ = self.build()
         extent = points.max(axis=0) - points.min(axis=0)
-        return MeshTruth(vertices, faces, area, volume, tuple(float(e) for e in extent))
+        return MeshTruth(vertices, faces, area, volume, (float(extent[0]), float(extent[1]), float(extent[2])))
 
 
 def _unit_prism(n: int) -> tuple[np.ndarray, np.ndarray]:

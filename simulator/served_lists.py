@@ -14,7 +14,7 @@ import polars as pl
 from .answer_key import AnswerKey
 from .files import SCHEMAS
 
-INTERACTIONS = pl.Schema(pl.from_arrow(SCHEMAS["interactions"].empty_table()).schema)
+INTERACTIONS = pl.Schema(pl.DataFrame(SCHEMAS["interactions"].empty_table()).schema)
 
 
 def outcomes_of(answers: pl.DataFrame, key: AnswerKey, seed: int) -> pl.DataFrame:

@@ -140,7 +140,7 @@ def _make_items(rng, first_id: int, creator_ids: np.ndarray, created_at: np.ndar
                 )
             ],
             "price": price,
-            "mesh_path": [mesh_file_name(i) for i in ids],
+            "mesh_path": [mesh_file_name(int(i)) for i in ids],
             # hidden: the mesh's detail, how much of its box the parts fill, and its size in metres
             "mesh_sections": sections,
             "mesh_fill": rng.uniform(0.85, 1.0, n),

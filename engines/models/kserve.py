@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 CONFIG_MOUNT = "/etc/mlplane"
 PORT = 8080  # KServe routes a custom predictor's traffic to this port by default
 LABEL = "mlplane.io"
+TRITON_MANIFEST = "mlplane-triton.yaml"  # the Triton repository's InferenceService, beside one per served model
 
 
 @dataclass(frozen=True)
@@ -193,11 +195,31 @@ def problems(manifest: dict) -> list[str]:
     return found
 
 
-def write_manifests(folder: Path, manifests: dict[str, list[dict]], keep: set[str] = frozenset()) -> list[Path]:
+def deployment_manifests(
+    targets: list[ExportTarget],
+    triton_targets: list[ExportTarget],
+    server: dict,
+    lake_root: str,
+    settings: KServeSettings,
+) -> dict[str, list[dict]]:
+    """file name -> documents: each served model's predictor, and the Triton repository's InferenceService
+    over `triton_targets` (none: no Triton manifest, which a failed export leaves as it was)."""
+    manifests = {f"{isvc_name(t.name)}.yaml": predictor_manifests(t, server, lake_root, settings) for t in targets}
+    if triton_targets:
+        manifests[TRITON_MANIFEST] = [triton_manifest(triton_targets, settings)]
+    return manifests
+
+
+def all_problems(manifests: dict[str, list[dict]]) -> dict[str, list[str]]:
+    """`file[i]` -> its problems, for every document of `manifests` that has any."""
+    return {f"{file}[{i}]": p for file, docs in manifests.items() for i, doc in enumerate(docs) if (p := problems(doc))}
+
+
+def write_manifests(folder: Path, manifests: dict[str, list[dict]], keep: AbstractSet[str] = frozenset()) -> list[Path]:
     """Validate every manifest, then write one multi-document YAML per file name (the folder's other files
     go, but those named in `keep`: a model no longer served loses its manifest). Raises ManifestError before
     writing anything."""
-    bad = {f"{file}[{i}]": p for file, docs in manifests.items() for i, doc in enumerate(docs) if (p := problems(doc))}
+    bad = all_problems(manifests)
     if bad:
         raise ManifestError("; ".join(f"{where}: {', '.join(p)}" for where, p in bad.items()))
     folder.mkdir(parents=True, exist_ok=True)

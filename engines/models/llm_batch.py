@@ -17,6 +17,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import polars as pl
 
 PROMPT = (
     "Write a one-sentence description for this marketplace listing.\nTitle: {title}\nCategory: {category}\nDescription:"
@@ -176,3 +179,30 @@ def describe_items_ray_vllm(
     ]
     order = {int(i["item_id"]): n for n, i in enumerate(items)}
     return BatchRun(sorted(results, key=lambda r: order[r.item_id]), time.perf_counter() - started)
+
+
+def descriptions_frame(run: BatchRun, items: list[dict], model: str) -> pl.DataFrame:
+    """The run's descriptions as the lake's table: a row per item (`items` in the run's order, with their
+    titles), the tokens, attempts and error of each call, and when it was written."""
+    return pl.DataFrame(
+        {
+            "item_id": [r.item_id for r in run.results],
+            "title": [r["title"] for r in items],
+            "description": [r.description for r in run.results],
+            "model": [model] * len(items),
+            "prompt_tokens": [r.prompt_tokens for r in run.results],
+            "completion_tokens": [r.completion_tokens for r in run.results],
+            "attempts": [r.attempts for r in run.results],
+            "rate_limited": [r.rate_limited for r in run.results],
+            "error": [r.error for r in run.results],
+            "generated_at": [datetime.now(UTC)] * len(items),
+        },
+        schema_overrides={
+            "item_id": pl.Int64,
+            "title": pl.String,
+            "description": pl.String,
+            "model": pl.String,
+            "error": pl.String,
+            "generated_at": pl.Datetime("us", "UTC"),
+        },
+    )

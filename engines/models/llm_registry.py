@@ -110,6 +110,8 @@ def resolve_version(registry: ModelRegistry, reference: LlmReference) -> Registe
         if found is None:
             raise LookupError(f"registry model {reference.name!r} has no version with alias {reference.alias!r}")
         return found
+    if reference.version is None:
+        raise LookupError(f"registry reference {reference.name!r} names neither an alias nor a version")
     return registry.get(reference.name, reference.version)
 
 

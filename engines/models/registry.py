@@ -114,8 +114,8 @@ class ModelRegistry:
         try:
             for key, value in (params or {}).items():
                 self.client.log_param(run_id, key, value)
-            for key, value in metrics.items():
-                self.client.log_metric(run_id, key, float(value))
+            for key, metric in metrics.items():
+                self.client.log_metric(run_id, key, float(metric))
             with tempfile.TemporaryDirectory() as staging:
                 folder = Path(staging) / ARTIFACT_PATH
                 shutil.copytree(model_dir, folder)

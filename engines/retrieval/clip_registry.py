@@ -162,3 +162,32 @@ def champion_hits(registry, held_out: HeldOut, cache: Path) -> tuple[np.ndarray 
         return None, None
     spec, version, _ = champion(registry, cache)
     return held_out.hits(load_model(spec), spec), version
+
+
+def held_out_set(items, pixels: np.ndarray, mask, landing: Path) -> HeldOut:
+    """The gate's held-out items out of the catalogue's `items` (item_id, title, thumbnail_path) and their
+    preprocessed `pixels`, where `mask` is true."""
+    kept = items.filter(mask)
+    return HeldOut(
+        kept["item_id"].to_numpy(),
+        pixels[mask],
+        kept["title"].to_list(),
+        [landing / p for p in kept["thumbnail_path"].to_list()],
+    )
+
+
+def gate_against_champion(registry, model, spec: ClipSpec, held_out: HeldOut) -> tuple[GateVerdict, str | None]:
+    """The verdict on `model` against the registry's champion on the same held-out items, and the champion's
+    CLIP version before it (None without one)."""
+    with tempfile.TemporaryDirectory(prefix="clip-champion-") as work:
+        hits, version = champion_hits(registry, held_out, Path(work))
+    if version == spec.version:
+        return GateVerdict(CHAMPION, "this version is the champion already", None), version
+    return gate(held_out.hits(model, spec), hits, held_out.item_ids), version
+
+
+def assign_alias(registry, registry_version: str, verdict: GateVerdict, who: str) -> None:
+    """Point the verdict's alias at `registry_version`, unless it points there already."""
+    held = registry.by_alias(MODEL_NAME, verdict.alias)
+    if held is None or held.version != registry_version:
+        registry.set_alias(MODEL_NAME, verdict.alias, registry_version, who=who, reason=verdict.reason)

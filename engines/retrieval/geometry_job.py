@@ -26,11 +26,13 @@ from engines.retrieval.geometry import MEASURE_TYPES, RESOLUTION, MeshMeasures, 
 GEOMETRY_TABLE = "item_geometry"  # in the warehouse zone, next to the ingested sources
 _ARROW = {"int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
 _POLARS = {"int64": pl.Int64, "float64": pl.Float64, "bool": pl.Boolean, "string": pl.String}
-OUTPUT_SCHEMA = {
-    "item_id": pl.Int64,
-    "updated_at": pl.Datetime("us", "UTC"),
-    **{k: _POLARS[t] for k, t in MEASURE_TYPES.items()},
-}
+OUTPUT_SCHEMA = pl.Schema(
+    {
+        "item_id": pl.Int64,
+        "updated_at": pl.Datetime("us", "UTC"),
+        **{k: _POLARS[t] for k, t in MEASURE_TYPES.items()},
+    }
+)
 
 
 @dataclass(frozen=True)

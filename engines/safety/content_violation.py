@@ -29,7 +29,7 @@ FLAGS_TABLE = "flags"
 TASK = "content_violation"
 VIOLATION = "violation"
 AUDIT = "audit"  # the labeling queue of random catalogue items
-FLAGS_SCHEMA = {**MATCH_SCHEMA, "score": pl.Float32, "flagged": pl.Boolean, "model_version": pl.String}
+FLAGS_SCHEMA = pl.Schema({**MATCH_SCHEMA, "score": pl.Float32, "flagged": pl.Boolean, "model_version": pl.String})
 
 
 @dataclass(frozen=True)

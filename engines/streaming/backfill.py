@@ -99,7 +99,7 @@ def window_rows(job: FlinkJob, view: FeatureView) -> pl.DataFrame:
     if not files:
         return pl.DataFrame(schema=schema)
     # polars' JSON-lines reader: millions of window rows, where json.loads per line took a minute
-    as_written = {WINDOW_END: pl.String, **{c: t for c, t in schema.items() if c != TIMESTAMP}}
+    as_written = {WINDOW_END: pl.String(), **{c: t for c, t in schema.items() if c != TIMESTAMP}}
     frame = (
         pl.scan_ndjson(files, schema=as_written)
         .with_columns(pl.col(WINDOW_END).str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_zone="UTC").alias(TIMESTAMP))

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -125,7 +126,7 @@ class ClusterJob(FlinkJob):
             )
         return job_id
 
-    def start(self, restore: Path | None = None, extra_env: dict[str, str] | None = None) -> str:
+    def start(self, restore: Path | None = None, extra_env: Mapping[str, str] | None = None) -> str:
         """Submits (see submit); stop() cancels the job, keeping its checkpoints for a restart."""
         return self.submit(restore)
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -182,7 +183,7 @@ class FlinkJob:
         }
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def start(self, restore: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(self, restore: Path | None = None, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen:
         """Launch the job process (its own session, so stop() ends the JVM and Python workers too)."""
         self.status_path.unlink(missing_ok=True)
         self.prepare_source()

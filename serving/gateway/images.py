@@ -95,8 +95,9 @@ def check_part(where: str, part: dict, limits: ImageLimits) -> CheckedImage:
     return CheckedImage(where, media_type, len(data), width, height)
 
 
-def decode(data: bytes, where: str, limits: ImageLimits) -> tuple[int, int, str]:
-    """Width, height and format of fully decoded image bytes (a truncated or corrupt image fails here)."""
+def decode(data: bytes, where: str, limits: ImageLimits) -> tuple[int, int, str | None]:
+    """Width, height and format (PIL's name, None where it has none) of fully decoded image bytes (a
+    truncated or corrupt image fails here)."""
     from PIL import Image
 
     try:

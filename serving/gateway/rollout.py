@@ -121,8 +121,9 @@ class Rollout:
     def _resolve(self, deployment: Deployment) -> tuple[ResolvedLlm, ResolvedLlm | None]:
         target = materialize_llm(self.registry, LlmReference.parse(deployment.registry), self.cache_dir)
         draft = None
-        if deployment.speculative and deployment.speculative.method == "draft_model":
-            draft = materialize_llm(self.registry, LlmReference.parse(deployment.speculative.draft), self.cache_dir)
+        speculative = deployment.speculative
+        if speculative and speculative.method == "draft_model" and speculative.draft is not None:  # validated
+            draft = materialize_llm(self.registry, LlmReference.parse(speculative.draft), self.cache_dir)
             check_draft(target, draft)
         return target, draft
 

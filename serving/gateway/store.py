@@ -261,7 +261,7 @@ class GatewayStore:
     def _usage_insert(self) -> tuple[str, tuple[str, ...] | None]:
         """The dialect's INSERT of a usage record and, for a positional paramstyle, its column order."""
         compiled = usage_table.insert().inline().compile(dialect=self.engine.dialect, column_keys=USAGE_COLUMNS)
-        return str(compiled), tuple(compiled.positiontup) if compiled.positional else None
+        return str(compiled), tuple(compiled.positiontup or ()) if compiled.positional else None
 
     def usage_report(
         self, since: float = 0.0, until: float | None = None, group_by: tuple[str, ...] = ("key_id", "team", "model")

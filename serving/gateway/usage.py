@@ -98,7 +98,7 @@ class UsageWriter:
             except TimeoutError:
                 pass
         self.hurry.clear()
-        batch = []
+        batch: list[dict] = []
         while True:
             if item is STOP:
                 return batch, True

@@ -159,10 +159,10 @@ def random_columns(spec: TowerSpec, rng, rows: int) -> dict[str, list]:
 
 
 def _frame(spec: TowerSpec, columns: dict[str, list]) -> pl.DataFrame:
-    schema = {
-        spec.id_column: pl.Int64,
-        **{c: pl.Float64 for c in spec.numeric},
-        **{c: pl.String for c in spec.categorical},
+    schema: dict[str, pl.DataType] = {
+        spec.id_column: pl.Int64(),
+        **{c: pl.Float64() for c in spec.numeric},
+        **{c: pl.String() for c in spec.categorical},
         **{c: pl.List(pl.Int64) for c in spec.histories},
     }
     if spec.embedding_column:

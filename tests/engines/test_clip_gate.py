@@ -3,7 +3,7 @@ recall@10, paired on the same items (an item easy for one model tends to be easy
 
 import numpy as np
 
-from engines.retrieval.clip_registry import CHALLENGER, CHAMPION, gate
+from engines.retrieval.clip_registry import CHALLENGER, CHAMPION, GateVerdict, assign_alias, gate
 
 ITEMS = 300
 
@@ -35,3 +35,29 @@ def test_an_equal_candidate_is_rarely_promoted_and_a_better_one_usually_is():
     assert false_promotions <= 0.025 + 2 * np.sqrt(0.025 * 0.975 / runs), false_promotions
     assert better.count(CHAMPION) / runs >= 0.8, better.count(CHAMPION) / runs
     assert set(equal + better) <= {CHAMPION, CHALLENGER}
+
+
+class Registry:
+    """The registry calls the alias step makes: who holds an alias, and moving it."""
+
+    def __init__(self, held: dict[str, str]):
+        self.held, self.moves = dict(held), []
+
+    def by_alias(self, name, alias):
+        version = self.held.get(alias)
+        return None if version is None else type("Version", (), {"version": version})()
+
+    def set_alias(self, name, alias, version, who, reason):
+        self.moves.append((alias, version, who))
+        self.held[alias] = version
+
+
+def test_the_verdicts_alias_moves_to_the_new_version_only_when_it_points_elsewhere():
+    verdict = GateVerdict(CHALLENGER, "not shown better", None)
+    registry = Registry({CHAMPION: "1", CHALLENGER: "2"})
+    assign_alias(registry, "3", verdict, who="run a")
+    assign_alias(registry, "3", verdict, who="run b")  # the same version again: nothing to move
+    assert registry.moves == [(CHALLENGER, "3", "run a")] and registry.held == {CHAMPION: "1", CHALLENGER: "3"}
+    fresh = Registry({})
+    assign_alias(fresh, "1", GateVerdict(CHAMPION, "no champion yet", None), who="run c")
+    assert fresh.held == {CHAMPION: "1"}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import polars as pl
+
 from engines.models.llm_batch import BatchSpec, RetryPolicy, describe_items
 
 OK = {"choices": [{"message": {"content": " A red chair. "}}], "usage": {"prompt_tokens": 11, "completion_tokens": 4}}
@@ -70,3 +72,14 @@ def test_an_empty_answer_is_an_error_not_a_description():
     script = Script({"x": [(200, {}, {"choices": [{"message": {"content": "  "}}], "usage": {}})]})
     (result,) = describe_items([{"item_id": 1, "title": "x"}], script, BatchSpec("m")).results
     assert result.error == "the model returned an empty description"
+
+
+def test_the_descriptions_table_has_a_typed_row_per_item_in_the_runs_order():
+    from engines.models.llm_batch import BatchRun, ItemResult, descriptions_frame
+
+    items = [{"item_id": 2, "title": "Chair"}, {"item_id": 1, "title": "Lamp"}]
+    run = BatchRun([ItemResult(2, "A red chair.", 11, 4, 1), ItemResult(1, None, attempts=6, error="429")], 1.0)
+    frame = descriptions_frame(run, items, "gateway-llm")
+    assert frame["item_id"].to_list() == [2, 1] and frame["title"].to_list() == ["Chair", "Lamp"]
+    assert frame["description"].to_list() == ["A red chair.", None] and frame["error"].to_list() == [None, "429"]
+    assert frame.schema["generated_at"] == pl.Datetime("us", "UTC") and frame.schema["item_id"] == pl.Int64

@@ -271,3 +271,22 @@ def test_the_pods_server_config_is_a_server_config_pinned_to_the_version(tmp_pat
     assert isvc["metadata"]["annotations"]["mlplane.io/registry-version"] == "3"
     written = kserve.write_manifests(tmp_path, {"mlplane-clip-text.yaml": [config, isvc]})
     assert list(yaml.safe_load_all(written[0].read_text())) == [config, isvc]
+
+
+def test_deployment_manifests_add_triton_only_for_exported_targets_and_name_each_problem():
+    served = [
+        ExportTarget("clip_text", "clip", "clip_text", "3", "alias 'champion'", "abc"),
+        ExportTarget("recs", "personalization", "towers", "7", "alias 'champion'", "def"),
+    ]
+    settings = kserve.KServeSettings(triton_runtime_version="25.01-py3")
+    without = kserve.deployment_manifests(served, [], SERVER, "/data/lake", settings)
+    assert sorted(without) == ["mlplane-clip-text.yaml", "mlplane-recs.yaml"]
+    with_triton = kserve.deployment_manifests(served, served[:1], SERVER, "/data/lake", settings)
+    assert sorted(with_triton) == sorted([*without, kserve.TRITON_MANIFEST])
+    assert kserve.all_problems(with_triton) == {}
+    del with_triton["mlplane-recs.yaml"][1]["spec"]["predictor"]
+    found = kserve.all_problems(with_triton)
+    assert (
+        list(found) == ["mlplane-recs.yaml[1]"]
+        and "'predictor' is a required property" in found["mlplane-recs.yaml[1]"][0]
+    )

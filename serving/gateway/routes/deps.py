@@ -31,7 +31,7 @@ async def caller(request: Request) -> Caller:
 
 def is_admin(gateway: Gateway, secret: str) -> bool:
     expected = gateway.config.admin_key
-    return bool(expected) and hmac.compare_digest(secret.encode(), expected.encode())
+    return expected is not None and expected != "" and hmac.compare_digest(secret.encode(), expected.encode())
 
 
 async def admin(request: Request) -> Gateway:

@@ -23,15 +23,15 @@ from serving.models.kinds.recommend import Answer
 
 log = logging.getLogger("mlplane.models")
 ZONE, TABLE = "serving", "served_features"
-SCHEMA = {
-    "request_id": pl.String,
+SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.String(),
     "served_at": pl.Datetime("us", "UTC"),
-    "user_id": pl.Int64,
-    "model_name": pl.String,
-    "model_version": pl.String,
-    "feature_service": pl.String,
-    "features": pl.String,
-    "consent": pl.String,  # the model card's tag that let the row be written
+    "user_id": pl.Int64(),
+    "model_name": pl.String(),
+    "model_version": pl.String(),
+    "feature_service": pl.String(),
+    "features": pl.String(),
+    "consent": pl.String(),  # the model card's tag that let the row be written
 }
 CONSENT = f"{LOG_INPUTS_TAG}=true"
 
