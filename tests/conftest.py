@@ -151,7 +151,18 @@ def build_pipeline_lake(data_dir: Path) -> None:
     simulate(data_dir, days=DAYS + 1)
     next_day = LAST_DAY + timedelta(days=1)
     run_pipeline(data_dir, next_day, next_day, selection=AssetSelection.groups("ingestion"))
-    run_pipeline(data_dir, FIRST_DAY, LAST_DAY, selection=EVERYTHING_DAILY)
+    result = run_pipeline(data_dir, FIRST_DAY, LAST_DAY, selection=EVERYTHING_DAILY)
+    save_run(result, data_dir.with_name(PIPELINE_RUN))
+
+
+PIPELINE_RUN = "pipeline_lake.run.json"  # beside the lake: copies of the lake leave it out
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(pipeline_dir) -> ExecuteInProcessResult:
+    """The run that built `pipeline_dir` (its first three days, streaming history and training sets
+    included), read back from its events: tests of what it materialized need not run it again."""
+    return read_run(pipeline_dir.with_name(PIPELINE_RUN))
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +180,7 @@ def personalization_run(pipeline_dir, tmp_path_factory) -> Path:
         lake = shutil.copytree(pipeline_dir, folder / "lake")
         with RayResource(num_cpus=2, object_store_mb=300, temp_dir=str(ray_dir)).session() as ray:
             result = train(lake, ray, folder / "registry", raise_on_error=False)
-        (folder / RUN_EVENTS).write_text(serialize_value([result.dagster_run, *result.all_events]))
+        save_run(result, folder / RUN_EVENTS)
 
     return built_once(run_folder(tmp_path_factory) / "personalization_run", build)
 
@@ -178,9 +189,18 @@ RUN_EVENTS = "run.json"
 
 
 def training_result(run_folder: Path) -> ExecuteInProcessResult:
-    """The training run's result, read back from its events: what `materialize` returned to the process
+    """The training run's result (`personalization_run`)."""
+    return read_run(run_folder / RUN_EVENTS)
+
+
+def save_run(result: ExecuteInProcessResult, path: Path) -> None:
+    path.write_text(serialize_value([result.dagster_run, *result.all_events]))
+
+
+def read_run(path: Path) -> ExecuteInProcessResult:
+    """A run's result read back from its events (`save_run`): what `materialize` returned to the process
     that ran it. Without the job's definition, which the result's event queries do not need."""
-    run, *events = deserialize_value((run_folder / RUN_EVENTS).read_text())
+    run, *events = deserialize_value(path.read_text())
     return ExecuteInProcessResult(events, run, None, job_def=None)
 
 

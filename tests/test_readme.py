@@ -64,7 +64,7 @@ class Way:
 # Keyed by the start of a command; commands not listed run as written.
 CLI_BACKFILL = "tests/orchestration/test_definitions.py::test_three_day_backfill_with_the_dagster_cli"
 SMALL_VECTORS = "--vectors 2000 --local-mode-vectors 500"  # the default 100,000-point index takes 40 s
-SMALL_EPOCHS = """ --config-json '{"ops": {"clip_model": {"config": {"epochs": 2}}}}'"""
+SMALL_EPOCHS = """ --config-json '{"ops": {"clip_model": {"config": {"epochs": 1}}}}'"""
 WAYS = {
     "scripts/demo": Way(
         small={"scripts/demo": "scripts/demo --scale 0.2"},
@@ -87,6 +87,9 @@ WAYS = {
     '--select "group:streaming_history': Way(covered_by=CLI_BACKFILL),
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     "--select clip_model": Way(small={"--select clip_model": "--select clip_model" + SMALL_EPOCHS}),
+    # one day's items, as the search after reads the champion's vectors of whatever was embedded
+    "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
+    '--select "embeddings/items,content_violations/flags,vectors/items"': Way(small={"'3 days ago'": "yesterday"}),
     # the gate may refuse the third version (docs/models.md): the run then fails on that check, as documented
     "DAGSTER_HOME=$PWD/.dagster_home .venv/bin/dagster asset materialize -m orchestration.definitions "
     '--select "models/personalization,models/personalization_champion"': Way(
@@ -101,10 +104,10 @@ WAYS = {
         covered_by="tests/serving/gateway/test_gateway.py"
     ),
     ".venv/bin/python benchmarks/online_features.py": Way(
-        small={"online_features.py": "online_features.py --data-dir data --repeat 20"}
+        small={"online_features.py": "online_features.py --data-dir data --repeat 2"}
     ),
     ".venv/bin/python benchmarks/embeddings.py": Way(
-        small={"embeddings.py": "embeddings.py --images 64 --vit-images 0 --repeat 1 " + SMALL_VECTORS}
+        small={"embeddings.py": "embeddings.py --images 16 --vit-images 0 --repeat 1 " + SMALL_VECTORS}
     ),
     ".venv/bin/python benchmarks/geometry.py": Way(small={"--items 2000 --repeat 5": "--items 40 --repeat 1"}),
     ".venv/bin/python benchmarks/pusher_poll.py": Way(

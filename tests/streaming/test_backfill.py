@@ -31,17 +31,19 @@ HISTORY = AssetSelection.groups("streaming_history")
 
 
 @pytest.fixture(scope="module")
-def lake_dir(pipeline_dir, tmp_path_factory):
-    """What the backfill reads (landing, offline tables), copied: it writes into the lake."""
-    root = tmp_path_factory.mktemp("backfill_lake")
-    for zone in ("landing", OFFLINE_ZONE):
-        shutil.copytree(pipeline_dir / zone, root / zone)
-    return root
+def first_run(pipeline_run):
+    """The backfill of the three days: the pipeline lake's run, which materialized `streaming_history`."""
+    return pipeline_run
 
 
 @pytest.fixture(scope="module")
-def first_run(lake_dir):
-    return run_pipeline(lake_dir, FIRST_DAY, LAST_DAY, selection=HISTORY)
+def lake_dir(pipeline_dir, tmp_path_factory):
+    """What the backfill reads (landing, offline tables) and what the first run wrote, copied: the tests
+    run it again into the lake."""
+    root = tmp_path_factory.mktemp("backfill_lake")
+    for zone in ("landing", OFFLINE_ZONE, HISTORY_ZONE):
+        shutil.copytree(pipeline_dir / zone, root / zone)
+    return root
 
 
 def history(lake_dir, view) -> pl.DataFrame:
