@@ -224,6 +224,14 @@ SETTINGS = (
         REQUIRED,
     ),
     Setting(
+        "MLPLANE_FEAST_TYPECHECKS",
+        "1: Feast's classes checked by typeguard at every call, instrumented at import (seconds per process)",
+        "0",
+        "0",
+        flag,
+        "every process that imports Feast",
+    ),
+    Setting(
         "MLPLANE_STREAMING_SLIDE_SECONDS",
         "How often the live streaming windows emit",
         "60",

@@ -27,7 +27,7 @@ def _unchecked(target: Any = None, **_options: Any) -> Any:
 
 
 def skip_feast_typechecks() -> None:
-    if os.environ.get(TYPECHECKS_SETTING) == "1" or "feast" in sys.modules:
+    if os.environ.get(TYPECHECKS_SETTING, "").strip().lower() in ("1", "true", "yes") or "feast" in sys.modules:
         return  # asked for, or too late: Feast already holds the instrumented classes
     import typeguard
 
