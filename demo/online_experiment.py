@@ -10,7 +10,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -63,7 +63,8 @@ def run_experiment(
     from engines.data.lake import Lake
 
     lake, today = Lake(data_dir), datetime.now(UTC).date()
-    refuse_real_interactions(lake, today)
+    for day in (today, today + timedelta(days=1)):  # outcomes late in the day fall on the next one
+        refuse_real_interactions(lake, day)
     users = lake.scan_partitions("warehouse", "users", lake.partition_days("warehouse", "users"))
     if users is None:
         raise RuntimeError(f"no users in {data_dir}: run the demo (scripts/demo) first")
@@ -115,7 +116,8 @@ def serve(data_dir: Path, experiments_file: Path, users: list[int], say) -> Coun
 
 def simulate_outcomes(lake, data_dir: Path, day: date, seed: int) -> int:
     """The simulated users' clicks and plays after every live answer of the day so far, written as the
-    day's warehouse interactions (all of them again, so a second experiment on the day adds to the first)."""
+    warehouse interactions of the days they happen on (all of them again, so a second experiment on the day
+    adds to the first)."""
     from engines.experimentation.prediction_logs import read_spool
     from simulator import SimulatorConfig
     from simulator.answer_key import AnswerKey
@@ -124,8 +126,18 @@ def simulate_outcomes(lake, data_dir: Path, day: date, seed: int) -> int:
     logged = read_spool(data_dir, day).filter(pl.col("role") == "live").sort("served_at", "request_id")
     key = AnswerKey.on(SimulatorConfig.load(Path(data_dir) / "sim_truth" / "simulator_config.json"), day)
     outcomes = outcomes_of(logged, key, seed)
-    lake.write_partition("warehouse", "interactions", day, outcomes)
+    write_outcomes(lake, day, outcomes)
     return outcomes.height
+
+
+def write_outcomes(lake, day: date, outcomes: pl.DataFrame) -> None:
+    """`outcomes` into the interactions partitions of their own days: those of answers served near midnight
+    fall on the next day, and the day's monitoring reads them from there (answers whose horizon ends past
+    the day's interactions wait for the next day's)."""
+    for when in (day, day + timedelta(days=1)):
+        on_day = outcomes.filter(pl.col("event_timestamp").dt.date() == when)
+        if when == day or not on_day.is_empty():
+            lake.write_partition("warehouse", "interactions", when, on_day)
 
 
 ACCURACY_COLUMNS = ["role", "variant", "model_version", "users", "answers", "ctr", "ctr_low", "ctr_high", "ndcg"]

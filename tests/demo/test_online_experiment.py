@@ -3,13 +3,13 @@ outcomes never replace a day of real interactions. (The whole flow runs in the R
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 import polars as pl
 import pytest
 import yaml
 
-from demo.online_experiment import SIMULATED, ab_with_shadow, refuse_real_interactions
+from demo.online_experiment import SIMULATED, ab_with_shadow, refuse_real_interactions, write_outcomes
 from engines.data.lake import Lake
 from engines.experimentation.experiments import load_file
 
@@ -42,3 +42,29 @@ def test_a_day_with_real_interactions_is_refused_and_one_of_simulated_outcomes_i
     lake.write_partition("warehouse", "interactions", DAY, interactions([f"{SIMULATED}r1-1", "e-17"]))
     with pytest.raises(RuntimeError, match="2026-03-04 has warehouse interactions"):
         refuse_real_interactions(lake, DAY)
+
+
+def test_outcomes_after_midnight_land_on_the_next_day_and_complete_the_horizon(tmp_path):
+    """An experiment run late in the day: the clicks after midnight belong to the next day's partition, and
+    the day's monitoring then scores the late answers instead of leaving every one waiting."""
+    from assets.monitoring import read_interactions
+    from engines.experimentation.online_accuracy import with_complete_horizon
+    from simulator.served_lists import INTERACTIONS
+
+    lake, served = Lake(tmp_path), datetime(2026, 3, 4, 23, 50, tzinfo=UTC)
+    times = [served + timedelta(minutes=m) for m in (3, 8, 15, 19)]  # two before midnight, two after
+    rows = [{"event_id": f"{SIMULATED}r{k}", "event_timestamp": t, "user_id": k} for k, t in enumerate(times)]
+    outcomes = pl.DataFrame(rows, schema=INTERACTIONS)
+    write_outcomes(lake, DAY, outcomes)
+    on_day = lake.read_partition("warehouse", "interactions", DAY)
+    next_day = lake.read_partition("warehouse", "interactions", DAY + timedelta(days=1))
+    assert on_day["event_timestamp"].to_list() == times[:2] and next_day["event_timestamp"].to_list() == times[2:]
+
+    late_answer = pl.DataFrame({"served_at": [served], "role": ["live"], "endpoint": ["recommend"]})
+    scored, waiting = with_complete_horizon(late_answer, read_interactions(lake, DAY)[1], timedelta(minutes=30))
+    assert (scored.height, waiting) == (1, 0)
+
+    # a day whose outcomes all fall on it leaves the next day's partition as it was
+    earlier = outcomes.with_columns(pl.col("event_timestamp") - timedelta(days=1, hours=1))
+    write_outcomes(lake, DAY - timedelta(days=1), earlier)
+    assert lake.read_partition("warehouse", "interactions", DAY).height == 2
