@@ -319,9 +319,9 @@ def copy_pool(store) -> pl.DataFrame:
     "model over the match's features: similarity, margin, own-creator match, time order), flagged at or "
     "above the threshold; model and threshold calibrated out-of-fold on the newest ground-truth release. "
     "Before the first release nothing is flagged. Metadata: precision and recall from held-out folds "
-    "with 95% intervals (content_violations/calibration.json, which the online scorer reads). Each new "
-    "calibration is a version of `copy_detector` in the model registry, tagged mlplane.ground_truth_releases "
-    "with the release that fed it.",
+    "with 95% intervals (also in content_violations/calibration.json). Each new calibration is a version of "
+    "`copy_detector` in the model registry, tagged mlplane.ground_truth_releases with the release that fed "
+    "it; the model server's content_violation model flags with the newest version.",
     partitions_def=daily_partitions,
     backfill_policy=BackfillPolicy.single_run(),
     deps=[ITEM_EMBEDDINGS, WAREHOUSE_ITEMS, PUBLISHED_VIOLATION_RELEASE],

@@ -66,8 +66,10 @@ class Calibration:
     @classmethod
     def load(cls, lake_root: Path) -> Calibration | None:
         path = lake_root / CALIBRATION_FILE
-        if not path.exists():
-            return None
+        return cls.read(path) if path.exists() else None
+
+    @classmethod
+    def read(cls, path: Path) -> Calibration:
         saved = json.loads(path.read_text())
         estimates = {k: Estimate(**v) for k, v in saved.items() if isinstance(v, dict) and k != "model"}
         return cls(**{**saved, **estimates, "model": CopyModel.from_json(saved["model"])})

@@ -57,3 +57,14 @@ def register_calibration(
     with tempfile.TemporaryDirectory(prefix="copy-detector-") as work:
         (Path(work) / MODEL_FILE).write_text(text)
         return registry.register(MODEL_NAME, Path(work), tags, calibration_metrics(calibration)), True
+
+
+def newest_calibration(registry: ModelRegistry, work: Path) -> tuple[Calibration, RegisteredVersion] | None:
+    """The newest registered calibration (what the flags asset fitted last) and its version, downloaded into
+    `work` and verified against its checksums; None before the first release calibrated one."""
+    versions = registry.versions(MODEL_NAME)
+    if not versions:
+        return None
+    newest = versions[-1]
+    folder = registry.load(MODEL_NAME, newest.version, work / f"{MODEL_NAME}-v{newest.version}")
+    return Calibration.read(folder / MODEL_FILE), newest

@@ -143,11 +143,14 @@ class ModelServer:
         return ClipEncoder(folder, tower, config.batching, config.device, observer, config.max_image_pixels)
 
     def _load_content_violation(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:
+        from engines.safety.copy_registry import newest_calibration
         from serving.models.kinds.encoders import ContentViolationScorer
 
         observer, config = self.metrics.batch_observer(entry.name), self.config
+        newest = newest_calibration(self.registry, config.work_path())  # the one the batch flags registered last
+        detector = (newest[0], newest[1].version) if newest else None
         return ContentViolationScorer(
-            folder, self.lake, config.batching, config.device, observer, config.max_image_pixels
+            folder, self.lake, config.batching, config.device, observer, config.max_image_pixels, detector
         )
 
     def _load_item_search(self, entry: ModelEntry, folder: Path, version: RegisteredVersion) -> ServedModel:

@@ -5,6 +5,8 @@ asset itself registers through this: tests/assets/test_embeddings.py reads its v
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,13 @@ from engines.data.releases import NO_RELEASE, RELEASES_TAG, Release, releases_ta
 from engines.models.registry import ModelRegistry
 from engines.safety import content_violation as cv
 from engines.safety.copy_calibration import calibrate
-from engines.safety.copy_registry import MODEL_NAME, register_calibration
+from engines.safety.copy_registry import (
+    CALIBRATION_TAG,
+    MODEL_NAME,
+    calibration_json,
+    newest_calibration,
+    register_calibration,
+)
 from ground_truth import accounts, queue, review
 from ground_truth import release as rel
 from ground_truth.db import connect
@@ -64,6 +72,7 @@ def test_each_release_the_detector_was_fitted_on_is_its_registry_tag(tmp_path):
     make_accounts(engine, 3, reviewers=0, admins=0)
     task = queue.create_task(engine, TASK)
     registry = ModelRegistry.local(tmp_path / "registry")
+    assert newest_calibration(registry, tmp_path / "served") is None  # nothing to flag with yet
 
     label_and_release(tmp_path, engine, task, range(1, 37))
     first, new = calibrate_on_newest(tmp_path, registry)
@@ -82,6 +91,11 @@ def test_each_release_the_detector_was_fitted_on_is_its_registry_tag(tmp_path):
     assert registry.get(MODEL_NAME, second.version).tags[RELEASES_TAG] == "content_violation/v0002"
     assert registry.get(MODEL_NAME, second.version).metrics["labelled_items"] == ITEMS
     assert registry.get(MODEL_NAME, first.version).tags[RELEASES_TAG] == "content_violation/v0001"
+
+    # what the model server flags with: the newest version, read back whole (its checksum is the registered one)
+    served, version = newest_calibration(registry, tmp_path / "served")
+    assert version.version == second.version and served.release == "v0002"
+    assert hashlib.sha256(calibration_json(served).encode()).hexdigest() == second.tags[CALIBRATION_TAG]
     engine.dispose()
 
 

@@ -118,8 +118,18 @@ class ContentViolationScorer(ServedModel):
     platform = "pytorch_open_clip"
 
     def __init__(
-        self, folder: Path, lake: Lake, batching, device: str = "cpu", on_batch=None, max_pixels: int | None = None
+        self,
+        folder: Path,
+        lake: Lake,
+        batching,
+        device: str = "cpu",
+        on_batch=None,
+        max_pixels: int | None = None,
+        detector: tuple[Calibration, str] | None = None,
     ):
+        """`detector`: the copy_detector's calibration and its registry version (the batch flags' model and
+        threshold, engines.safety.copy_registry.newest_calibration); None: no release calibrated one yet, and
+        nothing is flagged."""
         from engines.retrieval.embeddings import catalogue_images, current_catalogue
 
         self.encoder = ClipEncoder(folder, "image", batching, device, on_batch, max_pixels)
@@ -138,7 +148,7 @@ class ContentViolationScorer(ServedModel):
             else pl.DataFrame(schema=POOL_SCHEMA)
         )
         self.pixels = copy_match.read_thumbnails(lake.root / "landing", items) if items.height else {}
-        self.calibration = Calibration.load(lake.root)  # the batch flags' model and threshold; none: no flags
+        self.calibration, self.detector_version = detector if detector else (None, None)
         self.threshold = self.calibration.threshold if self.calibration else None
         self.release = self.calibration.release if self.calibration else None
         self.inputs = [TensorSpec("image", "BYTES", (-1,))]
@@ -150,7 +160,12 @@ class ContentViolationScorer(ServedModel):
         ]
 
     def parameters(self) -> dict:
-        return {"catalogue_items": len(self.pixels), "threshold": self.threshold, "calibrated_on": self.release}
+        return {
+            "catalogue_items": len(self.pixels),
+            "threshold": self.threshold,
+            "calibrated_on": self.release,
+            "copy_detector_version": self.detector_version,
+        }
 
     def queries(self, images: np.ndarray, embeddings: np.ndarray, parameters: dict) -> pl.DataFrame:
         """The images as items to match: as catalogue item `item_id` when given, else as new items of an
