@@ -148,14 +148,16 @@ def test_corrupt_image_and_empty_title_are_skipped_with_a_reason(lake):
 
 def test_failure_in_a_batch_or_a_killed_encoder_still_yields_one_row_per_item(lake, tmp_path):
     """An exception in a batch and a worker process killed mid-batch, in the fused CPU tasks and with an
-    encoder actor pool (the GPU layout): exactly one row per item each time, the same values as a
-    clean run, and those values equal to an independent recomputation in this process."""
+    encoder actor pool (the GPU layout): exactly one row per item each time, the same values as the
+    clean run the embeddings asset made of that day, and those values equal to an independent
+    recomputation in this process."""
     store = Lake(lake["dir"])
     spec, version = current_model(store)
     items = catalogue_day(store, FIRST_DAY)
     victim = int(items["item_id"][len(items) // 2])
     RayResource(temp_dir=lake["ray_dir"]).ensure_started()
-    clean = embed_items(items, store.root / "landing", spec, EmbedConfig(read_block_rows=64), version)
+    clean = store.read_partition("embeddings", "items", FIRST_DAY).sort("item_id")
+    assert clean["model_version"].unique().to_list() == [version]
     for actors, stage in ((0, "preprocess"), (0, "encode"), (1, "encode")):
         marker = tmp_path / f"{stage}-{actors}.failed"
         drilled = embed_items(
