@@ -17,6 +17,7 @@ from assets import all_assets
 from cli.main import main
 from engines.data.lake import Lake
 from engines.data.releases import RELEASES_TAG, newest_release
+from engines.models.llm_registry import PARTITIONS_TAG, ROLE_TAG, TOKENIZER_TAG
 from engines.models.registry import ModelRegistry
 from engines.retrieval.embeddings import (
     EmbedConfig,
@@ -147,14 +148,16 @@ def test_corrupt_image_and_empty_title_are_skipped_with_a_reason(lake):
 
 def test_failure_in_a_batch_or_a_killed_encoder_still_yields_one_row_per_item(lake, tmp_path):
     """An exception in a batch and a worker process killed mid-batch, in the fused CPU tasks and with an
-    encoder actor pool (the GPU layout): exactly one row per item each time, the same values as a
-    clean run, and those values equal to an independent recomputation in this process."""
+    encoder actor pool (the GPU layout): exactly one row per item each time, the same values as the
+    clean run the embeddings asset made of that day, and those values equal to an independent
+    recomputation in this process."""
     store = Lake(lake["dir"])
     spec, version = current_model(store)
     items = catalogue_day(store, FIRST_DAY)
     victim = int(items["item_id"][len(items) // 2])
     RayResource(temp_dir=lake["ray_dir"]).ensure_started()
-    clean = embed_items(items, store.root / "landing", spec, EmbedConfig(read_block_rows=64), version)
+    clean = store.read_partition("embeddings", "items", FIRST_DAY).sort("item_id")
+    assert clean["model_version"].unique().to_list() == [version]
     for actors, stage in ((0, "preprocess"), (0, "encode"), (1, "encode")):
         marker = tmp_path / f"{stage}-{actors}.failed"
         drilled = embed_items(
@@ -442,32 +445,56 @@ def test_items_gone_from_the_catalogue_are_deleted_from_the_index(lake, tmp_path
         assert not set(map(str, gone)) & set(vectors.ids("items"))
 
 
-def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(lake, tmp_path):
-    """The vision-language model built from this lake's CLIP and a gateway_llm trained here: its
-    held-out captions, recomputed from the registered folder, match titles better than the best caption
-    that ignores the image, the registry holds it with its lineage, and the model server answers a chat
-    about a thumbnail with the same caption."""
+@pytest.fixture(scope="module")
+def gateway_llm_lake(tmp_path_factory):
+    """The run's gateway LLM lake (tests/serving/conftest.py): gateway_llm trained by its asset and
+    registered, built once per run for this module and tests/serving. Read-only."""
+    from tests.serving.conftest import trained_gateway_llm
+
+    return trained_gateway_llm(tmp_path_factory)
+
+
+LINEAGE_TAGS = (PARTITIONS_TAG, TOKENIZER_TAG, ROLE_TAG, "mlplane.code_version", "mlplane.produced_by")
+
+
+def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(lake, gateway_llm_lake, tmp_path):
+    """The vision-language model built from this lake's CLIP and the run's gateway_llm (trained by its asset
+    for tests/serving, loaded here from its registry, checksums verified, and registered in this lake's
+    registry with its lineage): its held-out captions, recomputed from the registered folder, match titles
+    better than the best caption that ignores the image, the registry holds it with its lineage (that
+    gateway_llm's tokenizer), and the model server answers a chat about a thumbnail with the same caption."""
+    import shutil
     from base64 import b64encode
 
     import httpx
     from PIL import Image
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from assets.vision_llm import VISION_CAPTIONER, catalogue_thumbnails
-    from engines.models.registry import ModelRegistry
+    from assets.llm import gateway_llm_dir, json_metrics
+    from assets.vision_llm import VISION_CAPTIONER, catalogue_thumbnails, vision_captioner_dir
+    from engines.models.llm_registry import LlmReference, materialize_llm
+    from engines.models.registry import CHECKSUMS_FILE
     from engines.retrieval.embeddings import holdout_mask
     from ml.vision_llm import generate_captions, text_only_baseline, word_accuracy
     from serving.models.background import running_model_server
     from serving.models.config import VISION_CAPTIONER as SERVED_CAPTIONER
     from serving.models.config import ServerConfig
 
-    warehouse = AssetSelection.assets(["warehouse", "chat_messages"])
-    run_pipeline(lake["dir"], FIRST_DAY, LAST_DAY, selection=warehouse)  # gateway_llm reads the chats too
-    ops = {"models__gateway_llm": {"config": {"steps": 60, "context": 64}}}
-    ops["models__vision_captioner"] = {"config": {"steps": 200}}
+    registry = ModelRegistry.local(lake["dir"] / "registry")
+    llm = materialize_llm(
+        ModelRegistry.local(gateway_llm_lake / "registry"), LlmReference.parse("gateway_llm/1"), tmp_path / "llm"
+    )
+    shutil.copytree(llm.path, gateway_llm_dir(lake["dir"]), ignore=shutil.ignore_patterns(CHECKSUMS_FILE))
+    language_model = registry.register(
+        "gateway_llm",
+        gateway_llm_dir(lake["dir"]),
+        {tag: llm.version.tags[tag] for tag in LINEAGE_TAGS},
+        llm.version.metrics,
+    )
+    ops = {"models__vision_captioner": {"config": {"steps": 200}}}
     result = materialize(
         all_assets,
-        selection=AssetSelection.assets(["models", "gateway_llm"], VISION_CAPTIONER),
+        selection=AssetSelection.assets(VISION_CAPTIONER),
         resources=resources(lake["dir"], lake["ray_dir"]),
         instance=DagsterInstance.ephemeral(),
         run_config={"ops": ops},
@@ -483,7 +510,6 @@ def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(la
     held_out = holdout_mask(catalogue[rows]["item_id"], 0.2)
     titles = catalogue[rows]["title"].to_list()
     test_rows = np.flatnonzero(held_out)
-    registry = ModelRegistry.local(lake["dir"] / "registry")
     version = registry.by_alias("vision_captioner", "champion")
     folder = registry.load("vision_captioner", version.version, lake["dir"] / "downloaded")
     model, processor = (
@@ -496,8 +522,11 @@ def test_vision_captioner_from_clip_and_gateway_llm_beats_a_text_only_caption(la
     baseline_accuracy = word_accuracy([baseline] * len(test_rows), [titles[r] for r in test_rows])
     assert metadata["word_accuracy"].value == pytest.approx(accuracy)
     assert metadata["baseline_word_accuracy"].value == pytest.approx(baseline_accuracy)
+    print(f"vision captioner word accuracy {accuracy:.3f}, the text-only caption's {baseline_accuracy:.3f}")
     assert accuracy >= baseline_accuracy + 0.15, (accuracy, baseline_accuracy)  # colour and pattern, from the image
     assert version.tags["mlplane.llm_role"] == "vision" and version.tags["mlplane.tokenizer_sha256"]
+    built_from = json_metrics(vision_captioner_dir(lake["dir"]))["config"]["gateway_llm_tokenizer"]
+    assert built_from == language_model.tags[TOKENIZER_TAG] == llm.tokenizer_sha256
 
     config = ServerConfig(
         registry_root=str(lake["dir"] / "registry"),

@@ -30,7 +30,7 @@ from feature_defs.sources import chat_messages, items
 from orchestration.profiles import PROJECT_ROOT, resources_for
 from serving.gateway.store import GatewayStore
 from serving.gateway.vllm_process import CPU_ENV
-from tests.conftest import FIRST_DAY, run_pipeline, simulate
+from tests.conftest import FIRST_DAY, built_once, copy_registry, run_folder, run_pipeline, simulate
 
 VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 MODEL_NAME = "gateway-llm"
@@ -70,11 +70,16 @@ def stop_process(process: subprocess.Popen, timeout: float = 60) -> int:
     return process.returncode
 
 
-@pytest.fixture(scope="session")
-def gateway_llm_lake(tmp_path_factory) -> Path:
+def trained_gateway_llm(tmp_path_factory) -> Path:
     """A lake with the gateway LLM asset materialized through Dagster on two simulated days (few steps:
-    tests need a real model in Hugging Face format, not a good one); registered in its registry."""
-    data_dir = tmp_path_factory.mktemp("llm_lake")
+    tests need a real model in Hugging Face format, not a good one), registered in its registry as v1.
+    Built once per run (`built_once`), beside the xdist workers' folders: tests/serving's
+    `gateway_llm_lake` copies it and tests/assets/test_embeddings.py's vision captioner loads the model
+    from its registry. Read-only."""
+    return built_once(run_folder(tmp_path_factory) / "gateway_llm_lake", build_gateway_llm_lake)
+
+
+def build_gateway_llm_lake(data_dir: Path) -> None:
     simulate(data_dir, days=2)
     run_pipeline(
         data_dir,
@@ -83,6 +88,18 @@ def gateway_llm_lake(tmp_path_factory) -> Path:
         AssetSelection.assets(warehouse_key(chat_messages), warehouse_key(items)),
     )
     materialize_llm_assets(data_dir, GATEWAY_LLM)
+
+
+@pytest.fixture(scope="session")
+def gateway_llm_lake(tmp_path_factory) -> Path:
+    """This session's copy of the run's gateway LLM lake (`trained_gateway_llm`), its registry its own:
+    the draft model, deployments and promotions under test write to it."""
+    import shutil
+
+    shared = trained_gateway_llm(tmp_path_factory)
+    data_dir = tmp_path_factory.mktemp("llm_lake") / "lake"
+    shutil.copytree(shared, data_dir, ignore=lambda folder, names: ["registry"] if Path(folder) == shared else [])
+    copy_registry(shared / "registry", data_dir / "registry")
     return data_dir
 
 
