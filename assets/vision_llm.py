@@ -14,7 +14,7 @@ from assets.embeddings import CLIP_MODEL, WAREHOUSE_ITEMS
 from assets.llm import GATEWAY_LLM, gateway_llm_dir, json_metrics, register_version, train_into
 from assets.metadata import table
 from engines.retrieval.embeddings import current_catalogue, current_model, holdout_mask
-from ml.clip import load_model
+from ml.clip import load_model, model_config
 from ml.vision_llm import CaptionData, CaptionerConfig, train_and_evaluate
 from resources.lake import LakeResource
 from resources.registry import ModelRegistryResource
@@ -70,9 +70,6 @@ def catalogue_thumbnails(landing: Path, catalogue) -> tuple[list[int], list[np.n
     ],
 )
 def vision_captioner(context, config: VisionCaptionerConfig, lake: LakeResource, model_registry: ModelRegistryResource):
-    from ml.clip import import_open_clip
-
-    open_clip = import_open_clip()
     store = lake.get_client()
     catalogue = current_catalogue(store)
     rows, images = catalogue_thumbnails(store.root / "landing", catalogue)
@@ -83,7 +80,7 @@ def vision_captioner(context, config: VisionCaptionerConfig, lake: LakeResource,
     clip_spec, clip_version = current_model(store)
     llm_dir = gateway_llm_dir(lake.root)
     language_model = json_metrics(llm_dir)["tokenizer_sha256"]
-    vision_cfg = open_clip.get_model_config(clip_spec.model_name)["vision_cfg"]
+    vision_cfg = model_config(clip_spec.model_name)["vision_cfg"]
 
     data = CaptionData(images, titles, train_rows, test_rows)
     train = partial(

@@ -61,6 +61,15 @@ def register_model_configs() -> None:
         open_clip.add_model_config(MODEL_CONFIGS)
 
 
+def model_config(model_name: str) -> dict:
+    """open_clip's config of `model_name` (the project's own included, in a process that has loaded none)."""
+    register_model_configs()
+    config = import_open_clip().get_model_config(model_name)
+    if config is None:
+        raise ValueError(f"open_clip knows no model config {model_name!r}")
+    return config
+
+
 @dataclass(frozen=True)
 class ClipSpec:
     """Which model: an open_clip config name and, optionally, a local checkpoint with its weights."""
@@ -100,12 +109,7 @@ def image_size(model) -> int:
 
 
 def image_size_of_config(model_name: str) -> int:
-    open_clip = import_open_clip()
-    register_model_configs()
-    config = open_clip.get_model_config(model_name)
-    if config is None:
-        raise ValueError(f"unknown open_clip model config {model_name!r}")
-    return int(config["vision_cfg"]["image_size"])
+    return int(model_config(model_name)["vision_cfg"]["image_size"])
 
 
 @functools.lru_cache(maxsize=4)

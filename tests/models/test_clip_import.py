@@ -12,8 +12,10 @@ pytestmark = pytest.mark.services  # two fresh processes that load torch: 13 s, 
 
 CHECK = """
 import sys
-from ml.clip import ClipSpec, enable_hf_text_towers, import_open_clip, load_model
+from ml.clip import COMPACT_MODEL, ClipSpec, enable_hf_text_towers, import_open_clip, load_model, model_config
 
+# the project's compact config is known before any model loaded it (as the vision captioner reads it)
+assert model_config(COMPACT_MODEL)["vision_cfg"]["image_size"] > 0
 open_clip = import_open_clip()
 model = load_model(ClipSpec())  # the compact config: no text tower of Hugging Face's
 assert "transformers" not in sys.modules, "open_clip imported transformers"
