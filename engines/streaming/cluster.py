@@ -27,6 +27,7 @@ import httpx
 from engines.streaming.job import (
     DEFAULT_FLINK_PYTHON,
     PROJECT_ROOT,
+    SHORT_LIVED_JVM_OPTIONS,
     FlinkJob,
     JobHealth,
     StreamingJobError,
@@ -106,6 +107,13 @@ class ClusterJob(FlinkJob):
             raise StreamingJobError("a cluster job needs the JobManager's REST address (settings.rest)")
         super().__init__(settings, catalogue, mode)
         self.rest = FlinkRest(settings.rest)
+
+    def env(self) -> dict[str, str]:
+        """The job body's process here is a client: it plans the job, submits it and exits, while the
+        cluster's TaskManagers run it. So it runs as a short-lived JVM (SHORT_LIVED_JVM_OPTIONS),
+        whatever `settings.jvm_options` asks of a local job."""
+        heap = self.settings.batch_jvm_heap if self.mode == "batch" else self.settings.jvm_heap
+        return {**super().env(), "JVM_ARGS": f"-Xmx{heap} {SHORT_LIVED_JVM_OPTIONS}"}
 
     def command(self, restore: Path | None = None) -> list[str]:
         address = self.settings.rest.split("://")[-1].rstrip("/")

@@ -27,6 +27,11 @@ JOB_BODY = PROJECT_ROOT / "jobs" / "flink" / "run_job.py"
 JOB_LOG_CONFIG = PROJECT_ROOT / "jobs" / "flink" / "log4j.properties"  # keeps a crashed run's log
 DEFAULT_FLINK_PYTHON = PROJECT_ROOT / ".venv-flink" / "bin" / "python"
 CONNECTORS_JAR = "mlplane-connectors.jar"  # in the Flink environment; built by scripts/setup-flink
+# for a JVM that lives seconds or minutes, not hours: the first tier of the JIT only. Most of a
+# job's start is the planner's code running cold, and the optimizing compiler's (C2) compilations
+# compete with it for the cores while they pay off only in a long run. The submitting client of a
+# cluster job always runs so (ClusterJob.env); a local job, when its settings ask for it
+SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 class StreamingJobError(RuntimeError):
@@ -70,6 +75,10 @@ class StreamingJobSettings:
     batch_parallelism: int = 2
     batch_jvm_heap: str = "2g"
     batch_managed_memory: str = "1g"
+    # more options for the local mini-cluster's JVM, e.g. SHORT_LIVED_JVM_OPTIONS for a run of
+    # minutes over little data, which then starts sooner; a long-running job keeps the default,
+    # whose optimizing compiler serves its throughput
+    jvm_options: str = ""
     # HOST:PORT of a session cluster's JobManager REST API: the job runs there (engines.streaming.cluster);
     # empty: on a local mini-cluster, a process of .venv-flink. The state folder must be storage
     # that the cluster and the pusher share.
@@ -177,7 +186,7 @@ class FlinkJob:
         heap = self.settings.batch_jvm_heap if self.mode == "batch" else self.settings.jvm_heap
         return {
             **os.environ,
-            "JVM_ARGS": f"-Xmx{heap}",
+            "JVM_ARGS": f"-Xmx{heap} {self.settings.jvm_options}".strip(),
             "FLINK_LOG_DIR": str(self.log_dir),
             "LOG4J_PROPERTIES": str(JOB_LOG_CONFIG),
         }

@@ -36,6 +36,7 @@ from engines.streaming import (
     StreamingJobSettings,
     read_committed_rows,
 )
+from engines.streaming.job import SHORT_LIVED_JVM_OPTIONS
 from engines.streaming.sink import committed_files, read_rows
 from feature_defs.compile.polars import TIMESTAMP, build_rows_at
 from feature_defs.dsl import Aggregation
@@ -280,6 +281,7 @@ def streaming_run(pipeline_dir, stream_days, tmp_path_factory) -> StreamingRun:
             watermark_delay_seconds=WATERMARK_DELAY,
             checkpoint_interval_ms=1000,
             live_rows=True,
+            jvm_options=SHORT_LIVED_JVM_OPTIONS,  # a run of a minute or two: it starts sooner
         )
     )
     pusher = OnlinePusher(engine.store, job.spec(), live_keep_seconds=3600)  # the tests read every live row

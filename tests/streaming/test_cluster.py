@@ -7,7 +7,7 @@ different producers write them (UTC offsets, no fractional seconds)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from datetime import time as day_time
 
@@ -18,12 +18,14 @@ import pytest
 
 from engines.streaming import (
     ClusterJob,
+    FlinkJob,
     JobHealth,
     SourceOptions,
     StandaloneCluster,
     StreamingJobSettings,
 )
 from engines.streaming.backlog import resume
+from engines.streaming.job import SHORT_LIVED_JVM_OPTIONS
 from feature_defs import catalogue
 from simulator.stream import EventStream
 from tests.streaming.conftest import (
@@ -154,3 +156,14 @@ def test_every_window_equals_the_polars_plan_through_the_lost_taskmanager(cluste
     # duplicates would show a re-emitted window; counts off, events lost or read twice; a time
     # parsed to another instant, events in the wrong window
     assert assert_windows_equal_polars(sink, pl.from_arrow(cluster_run.streamed), view) > 300
+
+
+def test_the_submitting_client_runs_as_a_short_lived_jvm_and_a_local_job_as_its_settings_say(tmp_path):
+    """The job body's JVM only plans and submits a cluster job; a local one runs the job itself."""
+    settings = StreamingJobSettings("interactions", tmp_path / "job", SourceOptions(path=str(tmp_path)), rest="h:8081")
+    assert ClusterJob(settings).env()["JVM_ARGS"].split() == ["-Xmx2g", *SHORT_LIVED_JVM_OPTIONS.split()]
+    assert ClusterJob(settings, mode="batch").env()["JVM_ARGS"].split() == ["-Xmx2g", *SHORT_LIVED_JVM_OPTIONS.split()]
+    local = replace(settings, rest="")
+    assert FlinkJob(local).env()["JVM_ARGS"] == "-Xmx2g"  # a long-running job keeps the optimizing compiler
+    short = replace(local, jvm_options=SHORT_LIVED_JVM_OPTIONS, jvm_heap="1g")
+    assert FlinkJob(short).env()["JVM_ARGS"].split() == ["-Xmx1g", *SHORT_LIVED_JVM_OPTIONS.split()]

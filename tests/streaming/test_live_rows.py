@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from engines.streaming import FlinkJob, SourceOptions, StreamingJobSettings
+from engines.streaming.job import SHORT_LIVED_JVM_OPTIONS
 from feature_defs.compile.flink_live import LIVE_FUNCTION, LIVE_SUFFIX
 from feature_defs.compile.polars import TIMESTAMP, build_rows_at
 from feature_defs.dsl import (
@@ -118,6 +119,7 @@ def live_run(tmp_path_factory):
             watermark_delay_seconds=DELAY,
             checkpoint_interval_ms=500,
             live_rows=True,
+            jvm_options=SHORT_LIVED_JVM_OPTIONS,  # a run of a minute or two: it starts sooner
         ),
         catalogue=Catalogue(entities=(user, item), sources=(interactions,), views=VIEWS, services=()),
     )

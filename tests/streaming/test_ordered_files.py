@@ -19,7 +19,13 @@ import polars as pl
 import pytest
 
 from engines.streaming import SourceOptions, StreamingJobSettings
-from engines.streaming.job import CONNECTORS_JAR, DEFAULT_FLINK_PYTHON, FlinkJob, StreamingJobError
+from engines.streaming.job import (
+    CONNECTORS_JAR,
+    DEFAULT_FLINK_PYTHON,
+    SHORT_LIVED_JVM_OPTIONS,
+    FlinkJob,
+    StreamingJobError,
+)
 from feature_defs.compile.flink import _timestamp_of
 
 FIELDS = ["s", "n", "f", "b", "z", "o"]
@@ -85,7 +91,7 @@ def read_back(tmp_path_factory) -> dict[str, list[list]]:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "JVM_ARGS": "-Xmx512m"},
+        env={**os.environ, "JVM_ARGS": f"-Xmx512m {SHORT_LIVED_JVM_OPTIONS}"},  # a read of seconds
     )
     assert out.returncode == 0, out.stderr[-3000:]
     rows: dict[str, list[list]] = {"fields": [], "timestamps": []}
