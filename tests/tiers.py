@@ -12,8 +12,8 @@ its module fixtures start once; packages whose fixtures outlive a module (the Fl
 of tests/streaming, the vLLM backends and gateways of tests/serving/gateway and tests/serving/llm, which
 share one trained LLM) are one group each, and so are the modules that use one session-scoped served
 model (SHARED_FIXTURES), which a worker would otherwise set up again. What both workers read (the
-pipeline's lake, the personalization model trained on it) is built once per run: tests/conftest.py's
-`built_once`."""
+pipeline's lake, the personalization model trained on it, the gateway LLM that tests/serving and the vision
+captioner's test use) is built once per run: tests/conftest.py's `built_once`."""
 
 from __future__ import annotations
 

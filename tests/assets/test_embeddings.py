@@ -362,11 +362,12 @@ def test_violation_flags_come_from_ground_truth_releases(lake):
 
 
 def test_online_scorer_flags_as_the_batch_job_did(lake, tmp_path):
-    """The served content_violation model, over this lake's CLIP, scores items' thumbnails as those items
-    (parameter item_id) with the batch flags' similarity, original and verdict, at the threshold the
-    batch job calibrated (run after the release in the test above)."""
+    """The served content_violation model, over this lake's CLIP and the registry's newest copy_detector (the
+    version the flags asset registered in the test above), scores items' thumbnails as those items (parameter
+    item_id) with the batch flags' similarity, original and verdict, at the threshold the batch job calibrated."""
     import shutil
 
+    from engines.safety.copy_registry import newest_calibration
     from serving.models.config import BatchingConfig
     from serving.models.kinds.encoders import CONFIG_FILE, WEIGHTS_FILE, ContentViolationScorer
 
@@ -377,9 +378,12 @@ def test_online_scorer_flags_as_the_batch_job_did(lake, tmp_path):
     flags = pl.concat([store.read_partition("content_violations", "flags", d) for d in (FIRST_DAY, LAST_DAY)])
     sample = pl.concat([flags.filter("flagged").head(3), flags.filter(~pl.col("flagged")).sample(5, seed=1)])
     thumbnails = current_catalogue(store).select("item_id", "thumbnail_path")
-    scorer = ContentViolationScorer(tmp_path, store, BatchingConfig())
+    calibration, version = newest_calibration(ModelRegistry.local(lake["dir"] / "registry"), tmp_path / "detector")
+    scorer = ContentViolationScorer(tmp_path, store, BatchingConfig(), detector=(calibration, version.version))
     try:
-        assert scorer.threshold == Calibration.load(lake["dir"]).threshold
+        # the registry holds what the batch job wrote: its threshold and version are the ones served
+        assert calibration == Calibration.load(lake["dir"])
+        assert scorer.parameters()["copy_detector_version"] == version.version
         for row in sample.join(thumbnails, on="item_id").iter_rows(named=True):
             image = (lake["dir"] / "landing" / row["thumbnail_path"]).read_bytes()
             online = scorer.infer({"image": np.array([image], dtype=object)}, {"item_id": row["item_id"]})
