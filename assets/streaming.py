@@ -249,6 +249,7 @@ def write_history(the_lake, view: str, frames: dict, slide: int, counts: dict, j
             ),
             "lines_read": counts["records"],
             "malformed_events": counts["malformed"],
+            "flink_jvm_options": counts["jvm_options"] or "default",  # a short backfill skips the optimizing JIT
             "flink_job_dir": MetadataValue.path(str(job_dir)),
         },
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from engines.streaming.cluster import make_job
-from engines.streaming.job import FlinkJob, StreamingJobSettings
+from engines.streaming.job import SHORT_LIVED_JVM_OPTIONS, FlinkJob, StreamingJobSettings
 from engines.streaming.sink import committed_files
 from feature_defs import catalogue as default_catalogue
 from feature_defs.compile.flink import WINDOW_END, SourceOptions
@@ -21,6 +21,10 @@ from feature_defs.compile.polars import TIMESTAMP, day_end, output_schema
 from feature_defs.dsl import Catalogue, FeatureView
 
 HISTORY_ZONE = "streaming_history"  # the lake zone of backfilled window results
+
+# Up to this many staged lines a backfill runs with SHORT_LIVED_JVM_OPTIONS: the sizes measured faster so
+# (docs/benchmarks.md, "Streaming backfill"); longer backfills keep the optimizing compiler
+SHORT_BACKFILL_LINES = 200_000
 
 
 def stage_landing(lake, source: str, days: list, out: Path, key: str | None = None) -> int:
@@ -80,9 +84,21 @@ def backfill(
     staged = stage_landing(lake, settings.source, staged_days, run_dir / "input", key=source.key)
     # on the cluster settings.rest names, if any: its TaskManagers must read the staged folder
     staged_at = SourceOptions(path=str((run_dir / "input").resolve()))
-    job = make_job(replace(settings, state_dir=run_dir, source_options=staged_at), catalogue, mode="batch")
+    run = replace(settings, state_dir=run_dir, source_options=staged_at, jvm_options=backfill_jvm_options(staged))
+    job = make_job(run, catalogue, mode="batch")
     job.run_to_end(timeout)
-    return job, {"lines_staged": staged, "days_staged": len(staged_days), **job.metrics()}
+    return job, {
+        "lines_staged": staged,
+        "days_staged": len(staged_days),
+        "jvm_options": run.jvm_options,
+        **job.metrics(),
+    }
+
+
+def backfill_jvm_options(lines: int) -> str:
+    """A backfill of few lines runs in a JVM of a minute or less: the first JIT tier only, as a short test job.
+    Beyond that the optimizing compiler's work pays off over the run, so a long backfill keeps it."""
+    return SHORT_LIVED_JVM_OPTIONS if lines <= SHORT_BACKFILL_LINES else ""
 
 
 def days_before(source: str, catalogue: Catalogue = default_catalogue) -> int:

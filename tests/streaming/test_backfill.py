@@ -18,6 +18,8 @@ from assets.streaming import MATCHES_OFFLINE, history_key
 from engines.data.lake import Lake
 from engines.features.feature_tables import OFFLINE_ZONE
 from engines.streaming import HISTORY_ZONE
+from engines.streaming.backfill import SHORT_BACKFILL_LINES
+from engines.streaming.job import SHORT_LIVED_JVM_OPTIONS
 from feature_defs import catalogue
 from feature_defs.compile.polars import TIMESTAMP
 from feature_defs.dsl import Aggregation
@@ -64,6 +66,8 @@ def test_one_flink_job_reads_every_landing_line(first_run, pipeline_dir):
     for view in STREAMING_VIEWS:
         meta = metadata(first_run, view)
         assert meta["lines_read"] == landed and meta["malformed_events"] == 0
+        # a backfill this small runs without the optimizing JIT (engines.streaming.backfill)
+        assert landed <= SHORT_BACKFILL_LINES and meta["flink_jvm_options"] == SHORT_LIVED_JVM_OPTIONS
         # hourly windows: a running total is emitted every hour up to its period's end, a sliding window
         # only while it holds events (the simulated days are quiet from 23:00)
         running = all(f.spec.running for f in view.features if isinstance(f.spec, Aggregation))
