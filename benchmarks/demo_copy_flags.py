@@ -13,7 +13,6 @@ item is scored by the calibration fitted on it. Intervals here are Wilson 95% ov
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -23,12 +22,11 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    if trials == 0:
-        return (math.nan, math.nan)
-    p = successes / trials
-    centre, half = p + z * z / (2 * trials), z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
-    return ((centre - half) / (1 + z * z / trials), (centre + half) / (1 + z * z / trials))
+def interval(successes: int, trials: int) -> str:
+    from ground_truth.agreement import wilson_interval
+
+    bounds = wilson_interval(successes, trials)
+    return f"[{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else "[-]"
 
 
 def flags_and_truth(lake: Path) -> pl.DataFrame:
@@ -64,10 +62,10 @@ def main() -> None:
     right_original = int((matched["original_id"] == matched["reference_item_id"]).sum())
     copies, flags = int(violation.sum()), int(flagged.sum())
     print(f"{lake}: {scored.height} items in the flags, {copies} copies (answer key), {flags} flagged")
-    low, high = wilson(tp, flags)
-    print(f"answer key: precision {precision:.3f} [{low:.3f}, {high:.3f}]", end="")
-    low, high = wilson(tp, copies)
-    print(f", recall {recall:.3f} [{low:.3f}, {high:.3f}]; flagged copies naming their original {right_original}/{tp}")
+    print(
+        f"answer key: precision {precision:.3f} {interval(tp, flags)}, recall {recall:.3f} {interval(tp, copies)}; "
+        f"flagged copies naming their original {right_original}/{tp}"
+    )
     estimates = platform_estimates(lake)
     if estimates is None:
         print("platform: no copy_detector version in the registry (no release yet)")
